@@ -1,0 +1,511 @@
+"""Distributions of a global matrix over ranks: pure Python, no GPU, MPI or JAX.
+
+Semantics follow ``nvmath.distributed.distribution`` (nvmath-python 1.0), so a
+``Slab.X`` means the same on every backend. Conventions used throughout:
+
+* Matrices are 2-D; dimension 0 is rows, dimension 1 is columns.
+* Ranks are numbered ``0 .. nranks-1``. A :class:`ProcessGrid` maps grid
+  coordinates ``(r, c)`` to ranks in ``"row"`` order (``rank = r*cols + c``) or
+  ``"col"`` order (``rank = r + c*rows``), through :mod:`dmatmul.layout`.
+* A rank's local block holds the global rows and columns that
+  :meth:`Distribution.global_indices` lists, in that (increasing) order.
+* A distribution describes the *stored* matrix: with ``transpose_a=True`` the
+  distribution of ``a`` is that of the stored ``(K, M)`` matrix.
+
+Worked examples (read off nvmath 1.0)::
+
+    >>> [Slab.X.shape(r, (10, 6), nranks=4) for r in range(4)]
+    [(3, 6), (3, 6), (2, 6), (2, 6)]
+    >>> g = ProcessGrid((2, 2), layout="col")
+    >>> [BlockCyclic(g, (3, 2)).shape(r, (10, 7)) for r in range(4)]
+    [(6, 4), (4, 4), (6, 3), (4, 3)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from . import _runtime
+from ._errors import DistributionError
+from .layout import Layout, groups as _layout_groups, left_inverse
+
+__all__ = [
+    "Distribution",
+    "ProcessGrid",
+    "Slab",
+    "BlockNonCyclic",
+    "BlockCyclic",
+    "Replicated",
+    "split",
+    "join",
+]
+
+GridLayout = Literal["row", "col"]
+
+
+# --------------------------------------------------------------------------- #
+# argument checking
+# --------------------------------------------------------------------------- #
+def _as_int(value: Any, what: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < minimum:
+        raise DistributionError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def _as_pair(value: Any, what: str, *, minimum: int) -> tuple[int, int]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise TypeError(f"{what} must be a pair of ints, got {value!r}")
+    return (
+        _as_int(value[0], f"{what}[0]", minimum=minimum),
+        _as_int(value[1], f"{what}[1]", minimum=minimum),
+    )
+
+
+def _global_shape(global_shape: Any) -> tuple[int, int]:
+    return _as_pair(global_shape, "global_shape", minimum=0)
+
+
+# --------------------------------------------------------------------------- #
+# one-dimensional partitions (the per-dimension building blocks)
+# --------------------------------------------------------------------------- #
+def slab_extent(size: int, parts: int, index: int) -> tuple[int, int]:
+    """``(start, length)`` of part ``index`` when ``size`` items split in ``parts``.
+
+    nvmath's rule: every part gets ``size // parts`` and the first
+    ``size % parts`` parts one more.
+
+    >>> [slab_extent(10, 4, p) for p in range(4)]
+    [(0, 3), (3, 3), (6, 2), (8, 2)]
+    """
+    base, extra = divmod(size, parts)
+    return index * base + min(index, extra), base + (index < extra)
+
+
+def numroc(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> int:
+    """ScaLAPACK's NUMROC: how many of ``n`` items, dealt in blocks of ``nb``
+    round-robin over ``nprocs`` processes starting at ``isrcproc``, land on
+    process ``iproc``.
+
+    >>> [numroc(10, 3, p, 0, 2) for p in range(2)]
+    [6, 4]
+    """
+    mydist = (nprocs + iproc - isrcproc) % nprocs
+    nblocks, rest = divmod(n, nb)
+    count = (nblocks // nprocs) * nb
+    extra = nblocks % nprocs
+    if mydist < extra:
+        count += nb
+    elif mydist == extra:
+        count += rest
+    return count
+
+
+def _cyclic_indices(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> np.ndarray:
+    """Global ids held by ``iproc`` under a 1-D block-cyclic deal (local order)."""
+    mydist = (nprocs + iproc - isrcproc) % nprocs
+    starts = np.arange(mydist * nb, n, nprocs * nb)
+    ids = (starts[:, None] + np.arange(nb)[None, :]).ravel()
+    return ids[ids < n]
+
+
+# --------------------------------------------------------------------------- #
+# process grids
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True, init=False)
+class ProcessGrid:
+    """A grid of ranks, e.g. ``ProcessGrid((2, 4))``.
+
+    ``layout="row"`` numbers the ranks row-major (``rank = r*cols + c``, the
+    last grid axis fastest); ``"col"`` column-major (``rank = r + c*rows``), as
+    ScaLAPACK's ``'C'`` order and nvmath's ``ProcessGrid.Layout.COL_MAJOR``.
+    The layout may be left out for a 1-D grid.
+
+    >>> g = ProcessGrid((2, 4))
+    >>> g.coords(6), g.rank((1, 2))
+    ((1, 2), 6)
+    >>> g.groups(0)
+    [[0, 4], [1, 5], [2, 6], [3, 7]]
+    >>> ProcessGrid((2, 4), layout="col").groups(1)
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+
+    shape: tuple[int, ...]
+    layout: GridLayout
+
+    def __init__(self, shape: int | Sequence[int], layout: GridLayout = "row") -> None:
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shape = (int(shape),)
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape:
+            raise TypeError(f"ProcessGrid shape must be a tuple of positive ints, got {shape!r}")
+        dims = tuple(_as_int(s, f"ProcessGrid shape[{i}]", minimum=1) for i, s in enumerate(shape))
+        if layout not in ("row", "col"):
+            raise DistributionError(
+                f"ProcessGrid layout must be 'row' (rank = r*cols + c) or 'col' "
+                f"(rank = r + c*rows), got {layout!r}"
+            )
+        if len(dims) == 1:
+            layout = "row"  # the two orders agree on a 1-D grid: keep one value
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "layout", layout)
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the grid."""
+        return int(np.prod(self.shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def rank_layout(self) -> Layout:
+        """The CuTe layout mapping grid coordinates to ranks.
+
+        >>> ProcessGrid((2, 4)).rank_layout
+        Layout((2, 4), (4, 1))
+        >>> ProcessGrid((2, 4), layout="col").rank_layout
+        Layout((2, 4), (1, 2))
+        """
+        if self.layout == "row":
+            return Layout(self.shape)
+        strides, acc = [], 1
+        for s in self.shape:
+            strides.append(acc)
+            acc *= s
+        return Layout(self.shape, tuple(strides))
+
+    def _check_rank(self, rank: Any) -> int:
+        rank = _as_int(rank, "rank", minimum=0)
+        if rank >= self.size:
+            raise DistributionError(f"rank must be in [0, {self.size}) for grid {self!r}, got {rank}")
+        return rank
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        """Grid coordinates of ``rank``."""
+        flat = left_inverse(self.rank_layout)(self._check_rank(rank))
+        out = []
+        for s in reversed(self.shape):
+            flat, c = divmod(flat, s)
+            out.append(c)
+        return tuple(reversed(out))
+
+    def rank(self, coords: Sequence[int]) -> int:
+        """Rank at grid coordinates ``coords``."""
+        if isinstance(coords, (int, np.integer)) and self.ndim == 1:
+            coords = (coords,)
+        if not isinstance(coords, Sequence) or len(coords) != self.ndim:
+            raise TypeError(f"coords must be a tuple of {self.ndim} ints for grid {self!r}, got {coords!r}")
+        for i, (c, s) in enumerate(zip(coords, self.shape)):
+            if _as_int(c, f"coords[{i}]", minimum=0) >= s:
+                raise DistributionError(f"coords[{i}] must be in [0, {s}) for grid {self!r}, got {c}")
+        return int(self.rank_layout(tuple(int(c) for c in coords)))
+
+    def groups(self, axis: int) -> list[list[int]]:
+        """The rank groups that communicate along grid axis ``axis``.
+
+        Each group holds the ranks that differ only in coordinate ``axis``,
+        ordered by that coordinate; groups are ordered by their first rank.
+        """
+        axis = _as_int(axis, "axis", minimum=0)
+        if axis >= self.ndim:
+            raise DistributionError(f"axis must be in [0, {self.ndim}) for grid {self!r}, got {axis}")
+        return _layout_groups(self.rank_layout, axis)
+
+    def __repr__(self) -> str:
+        if self.ndim == 1:
+            return f"ProcessGrid({self.shape})"
+        return f"ProcessGrid({self.shape}, layout={self.layout!r})"
+
+
+# --------------------------------------------------------------------------- #
+# distributions
+# --------------------------------------------------------------------------- #
+class Distribution:
+    """Base class: how a global 2-D matrix is laid out over ranks.
+
+    Subclasses are immutable values: equal distributions compare and hash
+    equal. Subclasses define :meth:`_dim_indices` (the global ids along one
+    matrix dimension that a rank holds) and, if gridded, :attr:`grid`.
+    """
+
+    grid: ProcessGrid | None = None
+
+    def nranks(self, nranks: int | None = None) -> int:
+        """The number of ranks this distribution spans.
+
+        A grid's own size wins; ``nranks`` must then agree with it. Without a
+        grid, ``nranks`` is used, else the size of an active multi-process run.
+        """
+        if self.grid is not None:
+            if nranks is not None and _as_int(nranks, "nranks", minimum=1) != self.grid.size:
+                raise DistributionError(
+                    f"{self!r} spans {self.grid.size} ranks (its grid {self.grid.shape}) "
+                    f"but nranks={nranks}: use a grid of {nranks} ranks"
+                )
+            return self.grid.size
+        if nranks is not None:
+            return _as_int(nranks, "nranks", minimum=1)
+        world = _runtime.world_size()
+        if world is None:
+            raise DistributionError(
+                f"{self!r} has no process grid and no multi-process run is active: "
+                "pass nranks=<number of ranks>"
+            )
+        return world
+
+    def _check(self, rank: Any, global_shape: Any, nranks: int | None) -> tuple[int, tuple[int, int], int]:
+        shape = _global_shape(global_shape)
+        p = self.nranks(nranks)
+        rank = _as_int(rank, "rank", minimum=0)
+        if rank >= p:
+            raise DistributionError(f"rank must be in [0, {p}) for {self!r}, got {rank}")
+        return rank, shape, p
+
+    def global_indices(
+        self, rank: int, global_shape: tuple[int, int], nranks: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, cols)``: the global row and column ids held by ``rank``, in
+        local order (``local[i, j] == global[rows[i], cols[j]]``)."""
+        rank, shape, p = self._check(rank, global_shape, nranks)
+        return self._dim_indices(0, rank, shape[0], p), self._dim_indices(1, rank, shape[1], p)
+
+    def shape(self, rank: int, global_shape: tuple[int, int], nranks: int | None = None) -> tuple[int, int]:
+        """The local shape of ``rank``'s block."""
+        rows, cols = self.global_indices(rank, global_shape, nranks)
+        return (len(rows), len(cols))
+
+    def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def global_shape(self, local_shapes: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """The global shape whose blocks have ``local_shapes`` (``local_shapes[r]``
+        is rank ``r``'s), as nvmath infers it from one allgather of local shapes.
+
+        Raises :class:`DistributionError` naming the first rank whose block does
+        not fit the inferred shape.
+
+        >>> Slab.X.global_shape([(3, 6), (3, 6), (2, 6), (2, 6)])
+        (10, 6)
+        """
+        shapes = [tuple(int(x) for x in s) for s in local_shapes]
+        p = self.nranks(len(shapes))
+        rows, cols = self._infer_extents(shapes)
+        for rank, got in enumerate(shapes):
+            want = self.shape(rank, (rows, cols), p)
+            if got != want:
+                raise DistributionError(
+                    f"the block of rank {rank} has shape {got} but {self!r} over {p} ranks gives it {want} "
+                    f"for the global shape {(rows, cols)} implied by the other blocks"
+                )
+        return rows, cols
+
+    def _infer_extents(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+        return shapes[0][0], shapes[0][1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Slab(Distribution):
+    """A 1-D split of dimension ``dim`` (``Slab.X``: rows, ``Slab.Y``: columns).
+
+    Rank ``p`` of ``P`` holds the contiguous part ``slab_extent(S, P, p)`` of
+    that dimension (``S//P`` items, one more for the first ``S%P`` ranks) and
+    all of the other dimension.
+
+    >>> Slab.Y.global_indices(1, (2, 5), nranks=2)
+    (array([0, 1]), array([3, 4]))
+    """
+
+    dim: int
+    X: ClassVar[Slab]
+    Y: ClassVar[Slab]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or self.dim not in (0, 1):
+            raise DistributionError(f"Slab dim must be 0 (rows, Slab.X) or 1 (columns, Slab.Y), got {self.dim!r}")
+        object.__setattr__(self, "dim", int(self.dim))
+
+    def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
+        if dim != self.dim:
+            return np.arange(size)
+        start, length = slab_extent(size, nranks, rank)
+        return np.arange(start, start + length)
+
+    def _infer_extents(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+        split = sum(s[self.dim] for s in shapes)
+        return (split, shapes[0][1]) if self.dim == 0 else (shapes[0][0], split)
+
+    def __repr__(self) -> str:
+        return "Slab.X" if self.dim == 0 else "Slab.Y"
+
+
+Slab.X = Slab(0)
+Slab.Y = Slab(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicated(Distribution):
+    """Every rank holds the whole matrix."""
+
+    def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
+        return np.arange(size)
+
+    def __repr__(self) -> str:
+        return "Replicated()"
+
+
+class _GridDistribution(Distribution):
+    grid: ProcessGrid
+    first_process: tuple[int, int]
+
+    def _init_grid(self, grid: Any, first_process: Any) -> None:
+        if not isinstance(grid, ProcessGrid):
+            raise TypeError(f"{type(self).__name__} grid must be a dm.ProcessGrid, got {grid!r}")
+        if grid.ndim != 2:
+            raise DistributionError(
+                f"{type(self).__name__} needs a 2-D ProcessGrid, got shape {grid.shape}: "
+                f"use ProcessGrid(({grid.size}, 1)) or ({(1, grid.size)}) for a 1-D split"
+            )
+        fp = _as_pair(first_process, "first_process", minimum=0)
+        for i in range(2):
+            if fp[i] >= grid.shape[i]:
+                raise DistributionError(
+                    f"first_process[{i}] must be in [0, {grid.shape[i]}) for grid {grid.shape}, got {fp[i]}"
+                )
+        object.__setattr__(self, "grid", grid)
+        object.__setattr__(self, "first_process", fp)
+
+    def _infer_extents(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+        # rows: down the first grid column; columns: along the first grid row
+        first_col, first_row = self.grid.groups(0)[0], self.grid.groups(1)[0]
+        return sum(shapes[r][0] for r in first_col), sum(shapes[r][1] for r in first_row)
+
+
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
+class BlockNonCyclic(_GridDistribution):
+    """One contiguous block per rank on a 2-D :class:`ProcessGrid`.
+
+    Each matrix dimension is split over the matching grid axis as
+    :class:`Slab` splits it; the grid coordinate ``p`` holds part
+    ``(p - first_process) mod P`` of that axis. nvmath 1.0 accepts only
+    uniform splits here; dmatmul goes beyond it and accepts any size.
+
+    >>> d = BlockNonCyclic(ProcessGrid((2, 2)))
+    >>> [d.shape(r, (5, 3)) for r in range(4)]
+    [(3, 2), (3, 1), (2, 2), (2, 1)]
+    """
+
+    grid: ProcessGrid
+    first_process: tuple[int, int]
+
+    def __init__(self, grid: ProcessGrid, first_process: Sequence[int] = (0, 0)) -> None:
+        self._init_grid(grid, first_process)
+
+    def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
+        parts = self.grid.shape[dim]
+        part = (self.grid.coords(rank)[dim] - self.first_process[dim]) % parts
+        start, length = slab_extent(size, parts, part)
+        return np.arange(start, start + length)
+
+    def __repr__(self) -> str:
+        fp = "" if self.first_process == (0, 0) else f", first_process={self.first_process}"
+        return f"BlockNonCyclic({self.grid!r}{fp})"
+
+
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
+class BlockCyclic(_GridDistribution):
+    """ScaLAPACK's 2-D block-cyclic distribution.
+
+    Blocks of ``block_sizes = (mb, nb)`` are dealt round-robin over the grid's
+    rows and columns, starting at grid coordinates ``first_process``; the
+    local size per dimension is ScaLAPACK's :func:`numroc`.
+
+    >>> g = ProcessGrid((2, 2), layout="row")
+    >>> [BlockCyclic(g, (3, 2)).shape(r, (10, 7)) for r in range(4)]
+    [(6, 4), (6, 3), (4, 4), (4, 3)]
+    """
+
+    grid: ProcessGrid
+    block_sizes: tuple[int, int]
+    first_process: tuple[int, int]
+
+    def __init__(
+        self, grid: ProcessGrid, block_sizes: Sequence[int], first_process: Sequence[int] = (0, 0)
+    ) -> None:
+        self._init_grid(grid, first_process)
+        object.__setattr__(self, "block_sizes", _as_pair(block_sizes, "block_sizes", minimum=1))
+
+    def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
+        return _cyclic_indices(
+            size,
+            self.block_sizes[dim],
+            self.grid.coords(rank)[dim],
+            self.first_process[dim],
+            self.grid.shape[dim],
+        )
+
+    def __repr__(self) -> str:
+        fp = "" if self.first_process == (0, 0) else f", first_process={self.first_process}"
+        return f"BlockCyclic({self.grid!r}, {self.block_sizes}{fp})"
+
+
+# --------------------------------------------------------------------------- #
+# split / join
+# --------------------------------------------------------------------------- #
+def _check_distribution(d: Any, what: str = "distribution") -> Distribution:
+    if not isinstance(d, Distribution):
+        raise TypeError(
+            f"{what} must be a dmatmul distribution (Slab.X, Slab.Y, Replicated(), "
+            f"BlockNonCyclic(grid), BlockCyclic(grid, blocks)), got {d!r}"
+        )
+    return d
+
+
+def split(a: Any, d: Distribution, nranks: int | None = None) -> list[np.ndarray]:
+    """Each rank's local block of the global matrix ``a`` under ``d``.
+
+    >>> [b.tolist() for b in split(np.arange(6).reshape(3, 2), Slab.X, nranks=2)]
+    [[[0, 1], [2, 3]], [[4, 5]]]
+    """
+    d = _check_distribution(d)
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise ValueError(f"split: a must be a 2-D matrix, got shape {a.shape}")
+    p = d.nranks(nranks)
+    out = []
+    for rank in range(p):
+        rows, cols = d.global_indices(rank, a.shape, p)
+        out.append(a[np.ix_(rows, cols)])
+    return out
+
+
+def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) -> np.ndarray:
+    """The global matrix from every rank's block (the inverse of :func:`split`).
+
+    ``blocks[r]`` is rank ``r``'s block; ``len(blocks)`` is the number of ranks.
+    For :class:`Replicated` the blocks must agree; rank 0's is returned.
+    """
+    d = _check_distribution(d)
+    shape = _global_shape(global_shape)
+    if isinstance(blocks, np.ndarray) or not isinstance(blocks, Sequence) or not blocks:
+        raise TypeError(f"join: blocks must be a non-empty list of per-rank blocks, got {type(blocks).__name__}")
+    p = d.nranks(len(blocks))
+    arrays = [np.asarray(b) for b in blocks]
+    dtype = np.result_type(*arrays)
+    out = np.zeros(shape, dtype=dtype)
+    for rank, block in enumerate(arrays):
+        rows, cols = d.global_indices(rank, shape, p)
+        if block.shape != (len(rows), len(cols)):
+            raise DistributionError(
+                f"join: block of rank {rank} must have shape {(len(rows), len(cols))} "
+                f"under {d!r} for global shape {shape}, got {block.shape}"
+            )
+        out[np.ix_(rows, cols)] = block
+    return out
+
