@@ -1,0 +1,268 @@
+"""Backend-neutral planning: which algorithm runs, and what moves first.
+
+Every operand is described by its *role*: which logical dimension of the
+product ``D[M, N] = op(A)[M, K] @ op(B)[K, N]`` its distribution splits over
+the ranks, or ``"R"`` when every rank holds it whole. Roles are read off the
+distribution of the *stored* matrix and its transpose flag.
+
+An algorithm ("kernel") takes operands in fixed roles. A plan is a kernel plus
+the redistributions that bring each operand from its given role to the
+kernel's (free when the given role is ``R``: a rank just slices what it
+holds), and the result from the kernel's role to the requested one. Among all
+plans the cheapest under the alpha-beta-gamma model of :mod:`dmatmul._cost`
+is chosen; a named algorithm only admits plans that move nothing beyond the
+algorithm's own collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Literal
+
+from . import _cost
+from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
+
+__all__ = ["Role", "Kernel", "KERNELS", "Move", "Plan", "role_of", "choose", "ALGORITHMS"]
+
+Role = Literal["M", "K", "N", "R"]
+Operand = Literal["a", "b", "d"]
+
+#: The algorithm names of the contract, in order of preference on ties.
+ALGORITHMS: tuple[str, ...] = ("local", "allgather", "reduce_scatter", "allreduce", "summa")
+
+_LOGICAL: dict[str, tuple[str, str]] = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
+
+
+def stored_dims(operand: Operand, transposed: bool) -> tuple[str, str]:
+    """Logical dimension names of the stored matrix's (rows, cols).
+
+    >>> stored_dims("a", False), stored_dims("a", True), stored_dims("b", True)
+    (('M', 'K'), ('K', 'M'), ('N', 'K'))
+    """
+    dims = _LOGICAL[operand]
+    return (dims[1], dims[0]) if transposed else dims
+
+
+def role_of(dist: Distribution, operand: Operand, transposed: bool, nranks: int) -> Role | None:
+    """The 1-D role of a distribution, or None when it needs a 2-D grid.
+
+    ``BlockNonCyclic`` on a ``(P, 1)`` or ``(1, P)`` grid with
+    ``first_process=(0, 0)`` splits exactly as a Slab does, so it gets the
+    Slab's role. On one rank every distribution is ``R``.
+
+    >>> role_of(Slab.X, "a", True, 4)
+    'K'
+    """
+    if nranks == 1 or isinstance(dist, Replicated):
+        return "R"
+    dims = stored_dims(operand, transposed)
+    if isinstance(dist, Slab):
+        return dims[dist.dim]  # type: ignore[return-value]
+    if isinstance(dist, BlockNonCyclic) and dist.first_process == (0, 0):
+        split = [i for i, s in enumerate(dist.grid.shape) if s > 1]
+        if len(split) == 1:
+            return dims[split[0]]  # type: ignore[return-value]
+    return None
+
+
+def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
+    """How a user writes a role as a distribution of the stored operand."""
+    if role == "R":
+        return "Replicated()"
+    return "Slab.X" if stored_dims(operand, transposed).index(role) == 0 else "Slab.Y"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """An algorithm on fixed operand roles. ``moving`` names the operand whose
+    blocks travel the ring (AllGather+GEMM)."""
+
+    algorithm: str
+    a: Role
+    b: Role
+    d: Role
+    moving: Operand | None = None
+
+    def role(self, operand: Operand) -> Role:
+        return {"a": self.a, "b": self.b, "d": self.d}[operand]
+
+
+#: cuBLASMp's 1-D algorithms and dmatmul's local ones, by operand roles.
+KERNELS: tuple[Kernel, ...] = (
+    Kernel("local", "M", "R", "M"),
+    Kernel("local", "R", "N", "N"),
+    Kernel("local", "R", "R", "R"),
+    Kernel("allgather", "M", "N", "M", moving="b"),
+    Kernel("allgather", "M", "K", "M", moving="b"),
+    Kernel("allgather", "M", "N", "N", moving="a"),
+    Kernel("allgather", "K", "N", "N", moving="a"),
+    Kernel("reduce_scatter", "K", "K", "M"),
+    Kernel("reduce_scatter", "K", "K", "N"),
+    Kernel("allreduce", "K", "K", "R"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """One redistribution of an operand between roles."""
+
+    operand: str
+    src: Role
+    dst: Role
+    collective: str
+    nbytes: float
+    messages: float
+
+    def describe(self) -> str:
+        return f"{self.operand}: {self.src} -> {self.dst} by {self.collective} ({_fmt_bytes(self.nbytes)}/rank)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem1D:
+    """Sizes of one product, for costing."""
+
+    m: int
+    n: int
+    k: int
+    p: int
+    itemsize: int
+    acc_itemsize: int
+
+    def elements(self, operand: str) -> int:
+        return {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n, "d": self.m * self.n}[operand]
+
+
+def move(problem: Problem1D, operand: str, src: Role, dst: Role, itemsize: int | None = None) -> Move:
+    """Cost of bringing ``operand`` from role ``src`` to ``dst`` (per rank)."""
+    p = problem.p
+    size = problem.elements(operand) * (itemsize or problem.itemsize)
+    if src == dst or src == "R":
+        return Move(operand, src, dst, "none" if src == dst else "local slice", 0.0, 0.0)
+    if dst == "R":
+        return Move(operand, src, dst, "all-gather", (p - 1) / p * size, p - 1)
+    return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, p - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A kernel with the moves around it and its modelled cost per rank."""
+
+    kernel: Kernel
+    moves: tuple[Move, ...]
+    kernel_bytes: float
+    kernel_messages: float
+    flops: float
+    time: float
+
+    @property
+    def algorithm(self) -> str:
+        return self.kernel.algorithm
+
+    @property
+    def nbytes(self) -> float:
+        return self.kernel_bytes + sum(m.nbytes for m in self.moves)
+
+    @property
+    def messages(self) -> float:
+        return self.kernel_messages + sum(m.messages for m in self.moves)
+
+    @property
+    def communication_free_moves(self) -> bool:
+        return all(m.nbytes == 0 for m in self.moves)
+
+
+def _kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float]:
+    """(bytes received, messages, flops) per rank of the kernel itself."""
+    m, n, k, p = problem.m, problem.n, problem.k, problem.p
+    roles = (kernel.a, kernel.b, kernel.d)
+    # a rank computes its share of the product, or all of it when nothing splits it
+    flops = 2.0 * m * n * k / (1 if roles == ("R", "R", "R") else p)
+    if kernel.algorithm == "allgather":
+        moving = kernel.moving or "b"
+        return (p - 1) / p * problem.elements(moving) * problem.itemsize, p - 1, flops
+    if kernel.algorithm == "reduce_scatter":
+        return (p - 1) / p * m * n * problem.acc_itemsize, p - 1, flops
+    if kernel.algorithm == "allreduce":
+        return 2 * (p - 1) / p * m * n * problem.acc_itemsize, 2 * (p - 1), flops
+    return 0.0, 0.0, flops
+
+
+def plans(problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel) -> list[Plan]:
+    """Every 1-D plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first."""
+    out = []
+    for kernel in KERNELS:
+        moves = [move(problem, "a", roles["a"], kernel.a), move(problem, "b", roles["b"], kernel.b)]
+        # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
+        moves.append(move(problem, "d", kernel.d, roles["d"]))
+        kb, km, flops = _kernel_cost(problem, kernel)
+        moves = tuple(mv for mv in moves if mv.collective != "none")
+        nbytes = kb + sum(mv.nbytes for mv in moves)
+        messages = km + sum(mv.messages for mv in moves)
+        out.append(Plan(kernel, moves, kb, km, flops, model.time(messages=messages, nbytes=nbytes, flops=flops)))
+    order = {name: i for i, name in enumerate(ALGORITHMS)}
+    out.sort(key=lambda pl: (pl.time, len(pl.moves), order[pl.algorithm]))
+    return out
+
+
+def choose(
+    problem: Problem1D,
+    roles: dict[str, Role],
+    *,
+    algorithm: str,
+    model: _cost.MachineModel,
+    transposes: tuple[bool, bool],
+) -> Plan:
+    """The cheapest plan, or the cheapest of a named algorithm that fits as given.
+
+    Raises ValueError naming the distributions the algorithm needs when it
+    does not fit.
+    """
+    candidates = plans(problem, roles, model)
+    if algorithm == "auto":
+        return candidates[0]
+    fitting = [pl for pl in candidates if pl.algorithm == algorithm and pl.communication_free_moves]
+    if fitting:
+        return fitting[0]
+    raise ValueError(_needs_message(algorithm, roles, transposes))
+
+
+def needs(algorithm: str, transposes: tuple[bool, bool]) -> list[str]:
+    """The distribution triples (a, b, result) an algorithm accepts as given."""
+    ta, tb = transposes
+    out = []
+    for kernel in KERNELS:
+        if kernel.algorithm == algorithm:
+            out.append(
+                f"(a={dist_for_role('a', kernel.a, ta)}, b={dist_for_role('b', kernel.b, tb)}, "
+                f"result={dist_for_role('d', kernel.d, False)})"
+            )
+    return out
+
+
+def _needs_message(algorithm: str, roles: dict[str, Role], transposes: tuple[bool, bool]) -> str:
+    ta, tb = transposes
+    given = (
+        f"(a={dist_for_role('a', roles['a'], ta)}, b={dist_for_role('b', roles['b'], tb)}, "
+        f"result={dist_for_role('d', roles['d'], False)})"
+    )
+    options = needs(algorithm, transposes)
+    if not options:
+        return f"algorithm={algorithm!r} does not apply to 1-D distributions; given {given}"
+    return (
+        f"algorithm={algorithm!r} does not fit the distributions {given} "
+        f"(transpose_a={ta}, transpose_b={tb}); it needs one of: {', '.join(options)} "
+        "(Replicated() also fits wherever a Slab is needed); or use algorithm='auto'"
+    )
+
+
+def describe_roles(roles: Iterable[tuple[str, Role]]) -> str:
+    return ", ".join(f"{op}:{role}" for op, role in roles)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"

@@ -1,0 +1,191 @@
+"""The multi-process runtime: MPI (mpi4py) plus ``jax.distributed``.
+
+One rank = one process = one device. A single-process run never touches MPI:
+:func:`active` looks at the launcher's environment first and imports mpi4py
+only when a launcher says there are several processes.
+
+* :func:`init` starts the runtime explicitly (optionally on a communicator the
+  caller owns); :func:`finalize` shuts ``jax.distributed`` down again.
+* Otherwise the first distributed call under ``mpiexec -n P`` (P > 1) starts
+  it implicitly on ``MPI.COMM_WORLD``.
+* :func:`agree` runs a check on every rank and raises on every rank if it
+  failed on any: no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["Runtime", "init", "finalize", "runtime", "active", "world_size", "rank", "agree", "launched_size"]
+
+T = TypeVar("T")
+
+# launcher variables that give the number of processes (MPICH/Hydra, PMIx, Open MPI, Slurm, MVAPICH)
+_SIZE_VARS = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """The active multi-process run: this process's rank, the size, the communicator."""
+
+    rank: int
+    size: int
+    comm: Any  # an mpi4py communicator
+    local_rank: int
+    device: Any = None  # this process's JAX device, once JAX is up
+    owns_jax: bool = False  # dmatmul started jax.distributed (and will shut it down)
+
+
+_state: Runtime | None = None
+
+
+def launched_size() -> int:
+    """The process count a launcher announced in the environment (1 if none)."""
+    for var in _SIZE_VARS:
+        value = os.environ.get(var)
+        if value and value.isdigit():
+            return int(value)
+    return 1
+
+
+def runtime() -> Runtime | None:
+    """The active runtime, or None in a single-process run."""
+    return _state
+
+
+def active() -> Runtime | None:
+    """The runtime, started implicitly when a launcher says P > 1; else None."""
+    if _state is None and launched_size() > 1:
+        return init()
+    return _state
+
+
+def world_size() -> int | None:
+    """Number of processes of the active multi-process run, or None in one process."""
+    return None if _state is None else _state.size
+
+
+def rank() -> int:
+    """This process's rank (0 in a single-process run)."""
+    return 0 if _state is None else _state.rank
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _abort_on_uncaught(comm: Any) -> None:
+    """An uncaught exception on one rank ends the whole job (as ``python -m mpi4py``)."""
+    previous = sys.excepthook
+
+    def hook(*exc: Any) -> None:
+        previous(*exc)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = hook
+
+
+def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
+    """Start the multi-process runtime on ``comm`` (default ``MPI.COMM_WORLD``).
+
+    Initializes ``jax.distributed`` across the communicator's processes with one
+    device per process (on CPU: one CPU device; on GPU: the local rank's GPU),
+    unless it already runs. Idempotent. Returns the :class:`Runtime`.
+    """
+    global _state
+    if _state is not None:
+        return _state
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise RuntimeError("dmatmul under mpiexec needs mpi4py: pip install 'dmatmul[mpi]'") from e
+    comm = MPI.COMM_WORLD if comm is None else comm
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = local.Get_rank()
+    local.Free()
+    state = Runtime(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm, local_rank=local_rank)
+    if comm.Get_size() > 1:
+        _abort_on_uncaught(comm)
+    if start_jax:
+        state = _start_jax(state)
+    _state = state
+    return state
+
+
+def _start_jax(state: Runtime) -> Runtime:
+    import jax
+
+    comm = state.comm
+    owns = False
+    if state.size > 1 and not jax.distributed.is_initialized():
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        on_cpu = platforms.startswith("cpu") or not _has_accelerator()
+        if on_cpu:
+            jax.config.update("jax_num_cpu_devices", 1)
+        address = comm.bcast(f"{socket.gethostname()}:{_free_port()}" if state.rank == 0 else None, root=0)
+        jax.distributed.initialize(
+            coordinator_address=address,
+            num_processes=state.size,
+            process_id=state.rank,
+            local_device_ids=None if on_cpu else [state.local_rank],
+        )
+        owns = True
+    device = jax.local_devices()[0]
+    return dataclasses.replace(state, device=device, owns_jax=owns)
+
+
+def _has_accelerator() -> bool:
+    """Whether a GPU/TPU JAX backend is installed (checked without starting JAX)."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(p) is not None for p in ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu"))
+
+
+def finalize() -> None:
+    """Shut down what :func:`init` started (``jax.distributed``); MPI stays up."""
+    global _state
+    if _state is not None and _state.owns_jax:
+        import jax
+
+        jax.distributed.shutdown()
+    _state = None
+
+
+def agree(check: Callable[[], T], what: str = "dmatmul") -> T:
+    """Run ``check()`` on every rank; if it raised on any rank, raise on all.
+
+    The failing rank re-raises its own error; the others raise the same type
+    with a message naming the failing rank and its error. In one process this
+    is just ``check()``.
+    """
+    state = _state
+    if state is None or state.size == 1:
+        return check()
+    try:
+        result, failure = check(), None
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
+        result, failure = None, e
+    report = None if failure is None else (type(failure).__name__, str(failure))
+    reports = state.comm.allgather(report)
+    bad = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
+    if not bad:
+        return result  # type: ignore[return-value]
+    if failure is not None:
+        raise failure
+    first_rank, (name, message) = bad[0]
+    exc_type: type[Exception] = next(
+        (t for t in (TypeError, ValueError, RuntimeError, NotImplementedError) if t.__name__ == name), RuntimeError
+    )
+    from ._errors import DistributionError
+
+    if name == "DistributionError":
+        exc_type = DistributionError
+    raise exc_type(f"{what} failed on rank {first_rank} (this is rank {state.rank}): {message}")

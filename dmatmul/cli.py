@@ -1,0 +1,127 @@
+"""The ``dmatmul`` command: ``info`` and ``demo``.
+
+``dmatmul demo`` runs every algorithm on simulated CPU devices (JAX), checks
+each result against numpy and exits non-zero on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main"]
+
+
+def _start_jax_cpu(ndevices: int) -> Any:
+    """Import JAX with ``ndevices`` simulated CPU devices (before JAX starts)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", ndevices)
+    except RuntimeError as e:  # JAX already started by the caller
+        if len(jax.devices("cpu")) < ndevices:
+            raise SystemExit(f"dmatmul: JAX started with fewer than {ndevices} CPU devices: {e}") from None
+    return jax
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from . import __version__, backends
+
+    print(f"dmatmul {__version__}  (Python {platform.python_version()}, numpy {np.__version__})")
+    for name in backends.BACKENDS:
+        reason = backends.probe(name)
+        print(f"backend {name:7s}: {'available' if reason is None else 'unavailable: ' + reason}")
+    if importlib.util.find_spec("jax") is not None:
+        import jax
+
+        devs = jax.devices()
+        print(f"jax {jax.__version__}: {len(devs)} device(s): {', '.join(sorted({d.platform for d in devs}))}")
+    if importlib.util.find_spec("mpi4py") is not None:
+        from mpi4py import MPI
+
+        print(f"mpi4py: {MPI.Get_library_version().splitlines()[0].strip()}; world size {MPI.COMM_WORLD.Get_size()}")
+    else:
+        print("mpi4py: not installed (pip install 'dmatmul[mpi]')")
+    return 0
+
+
+# the demo's cases: (algorithm, distributions of a, b, result, transpose_a, transpose_b)
+def _demo_cases(dm: Any) -> list[tuple[str, tuple[Any, Any, Any], bool, bool]]:
+    X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
+    return [
+        ("allgather", (X, Y, X), False, False),
+        ("allgather", (X, Y, Y), False, False),
+        ("allgather", (X, X, X), False, True),
+        ("reduce_scatter", (Y, X, Y), False, False),
+        ("reduce_scatter", (X, Y, Y), True, True),
+        ("allreduce", (Y, X, R), False, False),
+        ("local", (X, R, X), False, False),
+        ("auto", (Y, Y, X), False, False),
+        ("auto", (Y, Y, X), True, False),
+    ]
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    _start_jax_cpu(args.devices)
+    import dmatmul as dm
+
+    rng = np.random.default_rng(0)
+    m, n, k = args.m, args.n, args.k
+    print(
+        f"dmatmul demo: D = 0.5 * op(A) @ op(B) + 2 * C, M={m} N={n} K={k} float32, "
+        f"JAX backend on {args.devices} simulated CPU devices"
+    )
+    header = f"{'algorithm':15s} {'ran':15s} {'a':8s} {'b':8s} {'result':12s} {'op':4s} {'max rel err':>11s} {'ms':>8s}"
+    print(header)
+    print("-" * len(header))
+    failed = 0
+    for algorithm, dists, ta, tb in _demo_cases(dm):
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        c = rng.standard_normal((m, n)).astype(np.float32)
+        ref = 0.5 * (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64) + 2.0 * c
+        with dm.Matmul(
+            a, b, c, distribution=dists, alpha=0.5, beta=2.0, transpose_a=ta, transpose_b=tb,
+            algorithm=algorithm, devices=args.devices, backend="jax",
+        ) as mm:
+            mm.execute()  # compile
+            t0 = time.perf_counter()
+            d = mm.execute()
+            ms = (time.perf_counter() - t0) * 1e3
+            err = float(np.abs(d - ref).max() / np.abs(ref).max())
+            ok = err < 1e-5
+            failed += not ok
+            op = ("T" if ta else "N") + ("T" if tb else "N")
+            print(
+                f"{algorithm:15s} {mm.algorithm:15s} {dists[0]!r:8s} {dists[1]!r:8s} {dists[2]!r:12s} {op:4s} "
+                f"{err:11.2e} {ms:8.2f}{'' if ok else '  MISMATCH'}"
+            )
+    print(f"{len(_demo_cases(dm)) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dmatmul", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="backends found, devices, MPI").set_defaults(func=cmd_info)
+    demo = sub.add_parser("demo", help="every algorithm on simulated CPU devices, checked against numpy")
+    demo.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
+    demo.add_argument("-m", type=int, default=1001, help="rows of the result (default 1001: uneven)")
+    demo.add_argument("-n", type=int, default=768, help="columns of the result (default 768)")
+    demo.add_argument("-k", type=int, default=517, help="inner dimension (default 517: prime-ish, uneven)")
+    demo.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""dm.matmul / dm.Matmul on the JAX backend, one process, simulated CPU devices.
+
+Every result is checked against the float64 numpy reference of _reference.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import dmatmul as dm  # noqa: E402
+from _reference import TOLERANCE, assert_close, random_matrix, reference  # noqa: E402
+
+X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
+ONE_D = (X, Y, R)
+TRIPLES = list(itertools.product(ONE_D, ONE_D, ONE_D))
+TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
+
+
+def operands(rng, m, n, k, ta, tb, dtype="float32", c=False):
+    a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
+    b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
+    return a, b, (random_matrix(rng, (m, n), dtype) if c else None)
+
+
+def check(a, b, c=None, dtype="float32", **kw):
+    d = dm.matmul(a, b, c, backend="jax", **kw)
+    assert isinstance(d, np.ndarray) and d.dtype == a.dtype
+    kw = {k: v for k, v in kw.items() if k not in ("distribution", "algorithm", "devices")}
+    assert_close(d, reference(a, b, c, **kw), dtype)
+    return d
+
+
+# --------------------------------------------------------------------------- #
+# the differential matrix
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("ndev", [3, 8])
+@pytest.mark.parametrize("ta, tb", TRANSPOSES, ids=lambda t: "T" if t else "N")
+@pytest.mark.parametrize("dists", TRIPLES, ids=lambda d: repr(d).replace("Replicated()", "R"))
+def test_every_layout_triple_and_transpose(dists, ta, tb, ndev):
+    rng = np.random.default_rng(hash((repr(dists), ta, tb, ndev)) % 2**32)
+    a, b, _ = operands(rng, 13, 11, 7, ta, tb)  # uneven over 3 and 8, primes
+    check(a, b, distribution=dists, transpose_a=ta, transpose_b=tb, devices=ndev)
+
+
+@pytest.mark.parametrize("ndev", [1, 3, 8])
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (1, 5, 1), (2, 1, 9), (8, 16, 24), (17, 19, 23), (64, 3, 2), (5, 40, 3)])
+@pytest.mark.parametrize(
+    "algorithm, dists",
+    [
+        ("allgather", (X, Y, X)),
+        ("allgather", (X, Y, Y)),
+        ("allgather", (X, X, X)),
+        ("allgather", (Y, Y, Y)),
+        ("reduce_scatter", (Y, X, Y)),
+        ("reduce_scatter", (Y, X, X)),
+        ("allreduce", (Y, X, R)),
+        ("local", (X, R, X)),
+        ("local", (R, Y, Y)),
+    ],
+)
+def test_named_algorithms_over_sizes(algorithm, dists, mnk, ndev):
+    rng = np.random.default_rng(sum(mnk) + ndev)
+    m, n, k = mnk
+    a, b, c = operands(rng, m, n, k, False, False, c=True)
+    with dm.Matmul(a, b, c, distribution=dists, algorithm=algorithm, alpha=0.7, beta=-1.3,
+                   devices=ndev, backend="jax") as mm:
+        d = mm.execute()
+        assert mm.algorithm == algorithm
+    assert_close(d, reference(a, b, c, alpha=0.7, beta=-1.3), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"])
+@pytest.mark.parametrize(
+    "algorithm, dists, ta, tb",
+    [
+        ("allgather", (X, Y, X), False, True),
+        ("allgather", (Y, Y, Y), True, False),
+        ("reduce_scatter", (Y, X, Y), False, False),
+        ("reduce_scatter", (X, Y, X), True, True),
+        ("allreduce", (Y, X, R), False, False),
+        ("local", (X, R, X), False, False),
+    ],
+)
+def test_dtypes(dtype, algorithm, dists, ta, tb):
+    rng = np.random.default_rng(7)
+    a, b, c = operands(rng, 21, 10, 19, ta, tb, dtype, c=True)
+    alpha, beta = (0.5 - 0.25j, 1.5j) if dtype.startswith("complex") else (0.5, 2.0)
+    d = check(a, b, c, dtype, distribution=dists, algorithm=algorithm, alpha=alpha, beta=beta,
+              transpose_a=ta, transpose_b=tb, devices=8)
+    assert d.dtype == np.dtype(a.dtype)
+
+
+@pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
+@pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (Y, X, R), (Y, Y, X)], ids=repr)
+def test_epilogues(epilog, dists):
+    rng = np.random.default_rng(3)
+    a, b, c = operands(rng, 13, 9, 6, False, False, c=True)
+    bias = rng.standard_normal(13).astype(np.float32) if epilog.endswith("bias") else None
+    check(a, b, c, distribution=dists, epilog=epilog, bias=bias, alpha=1.5, beta=0.5, devices=8)
+
+
+@given(
+    m=st.integers(1, 20), n=st.integers(1, 20), k=st.integers(1, 20),
+    ndev=st.sampled_from([1, 2, 3, 5, 8]),
+    da=st.sampled_from(ONE_D), db=st.sampled_from(ONE_D), dd=st.sampled_from(ONE_D),
+    ta=st.booleans(), tb=st.booleans(),
+    alpha=st.floats(-2, 2), beta=st.sampled_from([0.0, 1.0, -0.5]),
+    epilog=st.sampled_from([None, "relu", "bias", "gelu_bias"]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=40, deadline=None)
+def test_generated_products(m, n, k, ndev, da, db, dd, ta, tb, alpha, beta, epilog, seed):
+    rng = np.random.default_rng(seed)
+    a, b, c = operands(rng, m, n, k, ta, tb, c=True)
+    bias = rng.standard_normal(m).astype(np.float32) if epilog and epilog.endswith("bias") else None
+    check(a, b, c, distribution=(da, db, dd), transpose_a=ta, transpose_b=tb, alpha=alpha, beta=beta,
+          epilog=epilog, bias=bias, devices=ndev)
+
+
+def test_distribution_left_out_is_chosen_by_the_model():
+    rng = np.random.default_rng(0)
+    a, b, _ = operands(rng, 64, 48, 32, False, False)
+    with dm.Matmul(a, b, backend="jax", devices=8) as mm:
+        assert_close(mm.execute(), reference(a, b), "float32")
+        assert "chosen by the cost model" in mm.explain()
+
+
+# --------------------------------------------------------------------------- #
+# refusals of named algorithms
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize(
+    "algorithm, dists, needed",
+    [
+        ("allgather", (Y, X, Y), "a=Slab.X, b=Slab.Y, result=Slab.X"),
+        ("reduce_scatter", (X, Y, X), "a=Slab.Y, b=Slab.X, result=Slab.X"),
+        ("allreduce", (X, Y, X), "a=Slab.Y, b=Slab.X, result=Replicated()"),
+        ("local", (X, Y, X), "a=Slab.X, b=Replicated(), result=Slab.X"),
+    ],
+)
+def test_named_algorithm_that_does_not_fit_names_what_it_needs(algorithm, dists, needed):
+    a, b = np.ones((8, 8), np.float32), np.ones((8, 8), np.float32)
+    with pytest.raises(ValueError, match=algorithm) as info:
+        dm.matmul(a, b, distribution=dists, algorithm=algorithm, devices=4, backend="jax")
+    assert needed in str(info.value)
+
+
+def test_refusal_accounts_for_transposes():
+    a, b = np.ones((8, 8), np.float32), np.ones((8, 8), np.float32)
+    with pytest.raises(ValueError) as info:
+        dm.matmul(a, b, distribution=(X, Y, Y), algorithm="reduce_scatter", transpose_a=True, devices=4)
+    # with transpose_a, op(a) is split on K when the stored a is split on rows
+    assert "a=Slab.X, b=Slab.X, result=Slab.Y" in str(info.value)
+
+
+# --------------------------------------------------------------------------- #
+# plans, inputs, array families
+# --------------------------------------------------------------------------- #
+def test_plan_reuse_and_reset_operands():
+    rng = np.random.default_rng(1)
+    a, b, c = operands(rng, 19, 12, 10, False, False, c=True)
+    with dm.Matmul(a, b, c, distribution=(Y, X, Y), alpha=2.0, beta=1.0, devices=8) as mm:
+        mm.plan()
+        assert mm.algorithm == "reduce_scatter"
+        assert_close(mm.execute(), reference(a, b, c, alpha=2.0, beta=1.0), "float32")
+        for step in range(3):
+            a2, b2, c2 = operands(rng, 19, 12, 10, False, False, c=True)
+            mm.reset_operands(a=a2, b=b2, c=c2)
+            assert_close(mm.execute(), reference(a2, b2, c2, alpha=2.0, beta=1.0), "float32")
+        mm.reset_operands(alpha=-1.0, beta=0.0)
+        assert_close(mm.execute(), reference(a2, b2, alpha=-1.0), "float32")
+        with pytest.raises(ValueError, match=r"reset_operands: a must match .*\(19, 10\).*\(10, 19\)"):
+            mm.reset_operands(a=a2.T.copy())
+        with pytest.raises(ValueError, match="reset_operands: b .*float64"):
+            mm.reset_operands(b=b2.astype(np.float64))
+    with pytest.raises(dm.PlanFreedError, match="freed"):
+        mm.execute()
+    with pytest.raises(dm.PlanFreedError):
+        mm.reset_operands(a=a)
+
+
+def test_inputs_are_never_modified():
+    rng = np.random.default_rng(2)
+    a, b, c = operands(rng, 13, 11, 7, False, False, c=True)
+    bias = rng.standard_normal(13).astype(np.float32)
+    copies = [x.copy() for x in (a, b, c, bias)]
+    for dists in [(X, Y, X), (Y, X, Y), (Y, X, R)]:
+        dm.matmul(a, b, c, distribution=dists, beta=1.0, epilog="relu_bias", bias=bias, devices=8)
+    for x, x0 in zip((a, b, c, bias), copies):
+        np.testing.assert_array_equal(x, x0)
+
+
+def test_beta_zero_does_not_read_c():
+    a, b = np.ones((4, 4), np.float32), np.ones((4, 4), np.float32)
+    c = np.full((4, 4), np.nan, np.float32)
+    d = dm.matmul(a, b, c, distribution=(X, Y, X), beta=0.0, devices=4)
+    np.testing.assert_array_equal(d, np.full((4, 4), 4.0))
+
+
+@pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (Y, X, R), (X, X, Y)], ids=repr)
+def test_nan_propagates_only_where_math_says(dists):
+    rng = np.random.default_rng(4)
+    a, b, _ = operands(rng, 11, 9, 7, False, False)
+    a[3, 2] = np.nan  # poisons row 3 of the result, nothing else
+    d = dm.matmul(a, b, distribution=dists, devices=8)
+    assert np.all(np.isnan(d[3]))
+    mask = np.ones(d.shape, bool)
+    mask[3] = False
+    assert np.all(np.isfinite(d[mask]))
+    assert_close(d[mask].reshape(10, 9), reference(np.delete(a, 3, 0), b), "float32")
+
+
+@pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (X, Y, Y), (Y, X, R)], ids=repr)
+def test_jax_in_jax_out_sharded_as_the_result_distribution(dists):
+    from jax.sharding import NamedSharding
+
+    rng = np.random.default_rng(5)
+    a, b, _ = operands(rng, 16, 24, 32, False, False)
+    ref = reference(a, b)
+    mm = dm.Matmul(a, b, distribution=dists, devices=8)  # numpy plan, to read its mesh
+    mm.plan()
+    plan = mm._plan
+    ja = jax.device_put(a, plan.sharding("a", plan.layouts.roles["a"]))
+    jb = jax.device_put(b, plan.sharding("b", plan.layouts.roles["b"]))
+    with jax.transfer_guard("disallow"):  # already laid out: no host round trip
+        d = dm.matmul(ja, jb, distribution=dists, devices=8)
+    assert isinstance(d, jax.Array)
+    assert isinstance(d.sharding, NamedSharding)
+    assert d.sharding.is_equivalent_to(plan.sharding("d", plan.layouts.roles["d"]), 2)
+    assert_close(np.asarray(d), ref, "float32")
+
+
+def test_jax_inputs_uneven_and_on_one_device():
+    rng = np.random.default_rng(6)
+    a, b, _ = operands(rng, 13, 11, 7, False, False)
+    ja, jb = jax.device_put(a, jax.devices()[0]), jnp.asarray(b)
+    d = dm.matmul(ja, jb, distribution=(X, Y, X), devices=8)
+    assert isinstance(d, jax.Array) and d.shape == (13, 11)
+    assert_close(np.asarray(d), reference(a, b), "float32")
+
+
+def test_distribution_inferred_from_jax_shardings():
+    rng = np.random.default_rng(8)
+    a, b, _ = operands(rng, 16, 16, 16, False, False)
+    mm = dm.Matmul(a, b, distribution=(X, Y, X), devices=8)
+    mm.plan()
+    ja = jax.device_put(a, mm._plan.sharding("a", "M"))
+    jb = jax.device_put(b, mm._plan.sharding("b", "N"))
+    with dm.Matmul(ja, jb, devices=8) as inferred:
+        assert inferred._plan is None and inferred.algorithm in ("allgather", "local")
+        assert "a       Slab.X" in inferred.explain() and "b       Slab.Y" in inferred.explain()
+        assert_close(np.asarray(inferred.execute()), reference(a, b), "float32")
+
+
+# --------------------------------------------------------------------------- #
+# autodiff: the transpose of a ring is the dual ring
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize(
+    "dists, algorithm", [((X, Y, X), "allgather"), ((Y, X, Y), "reduce_scatter"), ((Y, X, R), "allreduce")]
+)
+def test_gradients_against_numpy(dists, algorithm):
+    rng = np.random.default_rng(9)
+    a, b, _ = operands(rng, 16, 8, 24, False, False)
+    g = rng.standard_normal((16, 8)).astype(np.float32)
+
+    def loss(x, y):
+        return jnp.sum(dm.matmul(x, y, distribution=dists, algorithm=algorithm, devices=8) * g)
+
+    ga, gb = jax.grad(loss, argnums=(0, 1))(jnp.asarray(a), jnp.asarray(b))
+    assert_close(np.asarray(ga), g.astype(np.float64) @ b.T.astype(np.float64), "float32")
+    assert_close(np.asarray(gb), a.T.astype(np.float64) @ g.astype(np.float64), "float32")
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(a), jnp.asarray(b)))
+    if algorithm != "allreduce":
+        # forward ring + its transpose: collective permutes, no all-gather
+        assert jaxpr.count("ppermute") >= 2 and "all_gather" not in jaxpr
+
+
+def test_gradient_with_transposes_and_uneven_sizes():
+    rng = np.random.default_rng(10)
+    a, b, _ = operands(rng, 13, 7, 11, True, True)
+
+    def loss(x, y):
+        d = dm.matmul(x, y, distribution=(Y, Y, X), transpose_a=True, transpose_b=True, devices=8)
+        return jnp.sum(d**2)
+
+    ga, gb = jax.grad(loss, argnums=(0, 1))(jnp.asarray(a), jnp.asarray(b))
+    d = a.T.astype(np.float64) @ b.T.astype(np.float64)
+    assert_close(np.asarray(ga), (2 * d @ b.astype(np.float64)).T, "float32")
+    assert_close(np.asarray(gb), (2 * a.T.astype(np.float64).T @ d).T, "float32")
+
+
+def test_tolerances_are_meaningful():
+    # guard against a tolerance table that would accept anything
+    assert all(t < 0.05 for t in TOLERANCE.values())

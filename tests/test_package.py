@@ -1,0 +1,75 @@
+"""Package hygiene: light import, doctests, the command line, README vs CI."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_import_is_light():
+    code = (
+        "import sys, dmatmul\n"
+        "heavy = [m for m in ('jax', 'jaxlib', 'nvmath', 'cupy', 'mpi4py') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = run(sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_names_resolve():
+    import dmatmul
+
+    for name in dmatmul.__all__:
+        assert getattr(dmatmul, name) is not None
+    assert dmatmul.Slab.X == dmatmul.Slab(0) and callable(dmatmul.matmul)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["dmatmul._distribution", "dmatmul._cost", "dmatmul._plan", "dmatmul.layout", "dmatmul.backends.jax._layout"],
+)
+def test_doctests(module):
+    if module.startswith("dmatmul.backends.jax"):
+        pytest.importorskip("jax")
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_cli_demo_passes_and_prints_the_table():
+    pytest.importorskip("jax")
+    out = run(sys.executable, "-m", "dmatmul", "demo", "-m", "37", "-n", "29", "-k", "23")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "max rel err" in out.stdout
+    assert re.search(r"^\d+ passed, 0 failed$", out.stdout, re.M)
+    for name in ("allgather", "reduce_scatter", "allreduce", "local"):
+        assert name in out.stdout
+
+
+def test_cli_info():
+    out = run(sys.executable, "-m", "dmatmul", "info")
+    assert out.returncode == 0, out.stderr
+    assert "backend jax" in out.stdout and "backend nvmath" in out.stdout
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```(?:sh|bash|console)?\n(.*?)```", readme, re.S)
+    commands = [line.strip() for block in blocks[:1] for line in block.splitlines() if line.strip()]
+    assert len(commands) == 2, f"README must open with two commands, found {commands}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[1] in ci, f"{commands[1]!r} not in .ci/run"
