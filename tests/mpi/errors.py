@@ -1,0 +1,82 @@
+"""Run under ``mpiexec -n P`` (P >= 2): an error on one rank raises on every rank.
+
+Prints one ``ok <scenario>`` line per scenario on rank 0; exits 1 if any rank
+saw something else. No rank may hang: the launcher's timeout catches that.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import dmatmul as dm
+
+rt = dm.init()
+P, me = rt.size, rt.rank
+X, Y = dm.Slab.X, dm.Slab.Y
+M, N, K = 10, 6, 7
+a = np.arange(M * K, dtype=np.float32).reshape(M, K)
+b = np.ones((K, N), np.float32)
+la, lb = dm.split(a, X)[me], dm.split(b, Y)[me]
+problems = []
+
+
+def expect(scenario, exc_type, words, call):
+    try:
+        call()
+    except exc_type as e:
+        missing = [w for w in words(me) if w not in str(e)]
+        if missing:
+            problems.append(f"rank {me} {scenario}: {missing} not in {e}")
+    except Exception as e:  # noqa: BLE001 - report what else came
+        problems.append(f"rank {me} {scenario}: {type(e).__name__}: {e}")
+    else:
+        problems.append(f"rank {me} {scenario}: no error")
+    if me == 0:
+        print(f"ok {scenario}" if not problems else f"FAILED {scenario}", flush=True)
+
+
+# 1. one rank's block has the wrong shape: every rank names rank 1, a and the shapes
+bad_a = la[:, :-1] if me == 1 else la
+expect(
+    "bad-shape-on-one-rank",
+    dm.DistributionError,
+    lambda r: ["a:", "rank 1", f"{tuple(bad_a.shape) if r == 1 else ''}"],
+    lambda: dm.matmul(bad_a, lb, distribution=(X, Y, X)),
+)
+
+# 2. one rank's dtype differs (a local check): rank 0 raises its own error, others name rank 0
+odd_b = lb.astype(np.float64) if me == 0 else lb
+expect(
+    "bad-dtype-on-one-rank",
+    TypeError,
+    lambda r: ["float64"] + ([] if r == 0 else ["rank 0", f"this is rank {r}"]),
+    lambda: dm.matmul(la, odd_b, distribution=(X, Y, X)),
+)
+
+# 3. no distribution under several processes
+expect("missing-distribution", ValueError, lambda r: ["distribution is required"], lambda: dm.matmul(la, lb))
+
+# 4. a named algorithm that does not fit: refused on every rank
+expect(
+    "algorithm-does-not-fit",
+    ValueError,
+    lambda r: ["reduce_scatter", "needs one of"],
+    lambda: dm.matmul(la, lb, distribution=(X, Y, X), algorithm="reduce_scatter"),
+)
+
+# 5. after all that, the ranks still work together
+d = dm.matmul(la, lb, distribution=(X, Y, X))
+if not np.allclose(d, dm.split(a @ b, X)[me]):
+    problems.append(f"rank {me}: wrong result after the errors")
+if me == 0:
+    print("ok still-in-step" if not problems else "FAILED still-in-step", flush=True)
+
+all_problems = rt.comm.allgather(problems)
+if me == 0:
+    for p in all_problems:
+        for line in p:
+            print(line, flush=True)
+dm.finalize()
+sys.exit(1 if any(all_problems) else 0)

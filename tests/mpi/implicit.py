@@ -1,0 +1,39 @@
+"""Run under ``mpiexec -n P``: no dm.init() call (implicit start), or init on the caller's communicator.
+
+Usage: implicit.py implicit|comm
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import dmatmul as dm
+
+if sys.argv[1] == "comm":
+    from mpi4py import MPI
+
+    mine = MPI.COMM_WORLD.Dup()
+    rt = dm.init(mine)
+    assert rt.comm is mine
+    rank, size = mine.Get_rank(), mine.Get_size()
+else:
+    from mpi4py import MPI  # only to know our rank for the test's own bookkeeping
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    assert dm.runtime() is None
+
+a = np.arange(77, dtype=np.float64).reshape(11, 7)
+b = np.arange(35, dtype=np.float64).reshape(7, 5) / 10
+dists = (dm.Slab.X, dm.Slab.Y, dm.Slab.X)
+la, lb = dm.split(a, dists[0], nranks=size)[rank], dm.split(b, dists[1], nranks=size)[rank]
+d = dm.matmul(la, lb, distribution=dists)
+rt = dm.runtime()
+assert rt is not None and rt.size == size and rt.rank == rank, rt
+ok = np.allclose(d, dm.split(a @ b, dists[2])[rank])
+ok = all(rt.comm.allgather(ok))
+if rank == 0:
+    print(f"{sys.argv[1]}: {size} ranks, matches numpy: {ok}", flush=True)
+dm.finalize()
+sys.exit(0 if ok else 1)

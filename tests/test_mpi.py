@@ -1,0 +1,88 @@
+"""The mpirun mode, through real ``mpiexec`` launches (subprocesses with timeouts).
+
+Each launch runs a script of tests/mpi/ or mpi_examples/ that checks its own
+results against numpy on every rank and exits non-zero on any mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("mpi4py")
+pytest.importorskip("jax")
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.mpi
+
+
+def mpiexec() -> str:
+    beside = pathlib.Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("mpi4py is installed but no mpiexec was found: pip install mpich (the 'mpi' extra)")
+    return found
+
+
+def launch(n: int, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``mpiexec -n n python script args`` (``script`` "-m" runs a module)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PMI_", "OMPI_"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    target = [script] if script == "-m" else [str(ROOT / script)]
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *target, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def output(proc: subprocess.CompletedProcess[str]) -> str:
+    return "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("[Gloo]"))
+
+
+@pytest.mark.parametrize("n, mode", [(2, "full"), (4, "--quick")])
+def test_products_match_numpy_on_every_rank(n, mode):
+    proc = launch(n, "tests/mpi/products.py", mode, timeout=600)
+    assert proc.returncode == 0, output(proc)
+    assert f"on {n} processes" in proc.stdout and "MISMATCH" not in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_an_error_on_one_rank_raises_on_every_rank(n):
+    proc = launch(n, "tests/mpi/errors.py", timeout=240)
+    assert proc.returncode == 0, output(proc)
+    for scenario in ("bad-shape-on-one-rank", "bad-dtype-on-one-rank", "missing-distribution",
+                     "algorithm-does-not-fit", "still-in-step"):
+        assert f"ok {scenario}" in proc.stdout, output(proc)
+
+
+@pytest.mark.parametrize("mode", ["exit", "raise"])
+def test_a_rank_that_dies_ends_the_job(mode):
+    proc = launch(3, "tests/mpi/dies.py", mode, timeout=120)  # a hang fails by TimeoutExpired
+    assert proc.returncode != 0
+    assert "UNREACHABLE" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "example", ["allgather_gemm.py", "gemm_reduce_scatter.py", "nvmath_example.py", "plan_reuse.py"]
+)
+def test_mpi_examples_check_themselves(example):
+    proc = launch(4, f"mpi_examples/{example}", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "matches numpy: True" in proc.stdout
+
+
+def test_demo_under_mpiexec():
+    proc = launch(4, "-m", "dmatmul", "demo", "-m", "101", "-n", "67", "-k", "53", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "4 processes (mpiexec)" in proc.stdout
+    assert "9 passed, 0 failed" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["implicit", "comm"])
+def test_runtime_starts_implicitly_or_on_a_given_communicator(mode):
+    proc = launch(2, "tests/mpi/implicit.py", mode, timeout=180)
+    assert proc.returncode == 0, output(proc)
+    assert f"{mode}: 2 ranks, matches numpy: True" in proc.stdout
