@@ -21,6 +21,7 @@ from ._distribution import (
 from ._errors import DistributionError, PlanFreedError
 from ._matmul import DTYPES, EPILOGS, Matmul, matmul
 from ._plan import ALGORITHMS
+from ._redistribute import redistribute
 from ._runtime import Runtime, finalize, init, runtime
 from ._version import __version__
 
@@ -44,6 +45,7 @@ __all__ = [
     "join",
     "layout",
     "matmul",
+    "redistribute",
     "runtime",
     "split",
 ]

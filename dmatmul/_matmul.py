@@ -222,7 +222,7 @@ def _check_local(
             raise ValueError(f"bias is given but epilog={epilog!r}: use epilog='bias', 'relu_bias' or 'gelu_bias'")
         if family(ops.bias) == "other":
             ops.bias = np.asarray(ops.bias)
-        if np.dtype(ops.bias.dtype).kind not in "fc":
+        if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:
             raise TypeError(f"bias must have a floating dtype, got {np.dtype(ops.bias.dtype).name}")
     alpha_v = _scalar(alpha, "alpha", dtype)
     beta_v = _scalar(beta, "beta", dtype)

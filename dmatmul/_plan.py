@@ -25,7 +25,7 @@ from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
 
 __all__ = ["Role", "Kernel", "KERNELS", "Move", "Plan", "role_of", "choose", "ALGORITHMS"]
 
-Role = Literal["M", "K", "N", "R"]
+Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
 Operand = Literal["a", "b", "d"]
 
 #: The algorithm names of the contract, in order of preference on ties.
@@ -70,6 +70,8 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
     """How a user writes a role as a distribution of the stored operand."""
     if role == "R":
         return "Replicated()"
+    if role == "G":
+        return "BlockCyclic(grid, blocks)" if operand != "a" or not transposed else "BlockCyclic(grid, blocks) of a.T"
     return "Slab.X" if stored_dims(operand, transposed).index(role) == 0 else "Slab.Y"
 
 
@@ -100,6 +102,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("reduce_scatter", "K", "K", "M"),
     Kernel("reduce_scatter", "K", "K", "N"),
     Kernel("allreduce", "K", "K", "R"),
+    Kernel("summa", "G", "G", "G"),
 )
 
 
@@ -128,15 +131,25 @@ class Problem1D:
     p: int
     itemsize: int
     acc_itemsize: int
+    grid: tuple[int, int] | None = None  # (rows, cols) of the process grid, when one is in use
 
     def elements(self, operand: str) -> int:
         return {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n, "d": self.m * self.n}[operand]
 
 
-def move(problem: Problem1D, operand: str, src: Role, dst: Role, itemsize: int | None = None) -> Move:
-    """Cost of bringing ``operand`` from role ``src`` to ``dst`` (per rank)."""
+def move(
+    problem: Problem1D, operand: str, src: Role, dst: Role, *, native: bool = False
+) -> Move:
+    """Cost of bringing ``operand`` from role ``src`` to ``dst`` (per rank).
+
+    Two "G" roles agree only when the operand's grid layout already is the
+    one the kernel needs (``native``); otherwise a general redistribution
+    (all-to-all) moves it.
+    """
     p = problem.p
-    size = problem.elements(operand) * (itemsize or problem.itemsize)
+    size = problem.elements(operand) * problem.itemsize
+    if src == "G" and dst == "G" and not native:
+        return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, p - 1)
     if src == dst or src == "R":
         return Move(operand, src, dst, "none" if src == dst else "local slice", 0.0, 0.0)
     if dst == "R":
@@ -185,16 +198,34 @@ def _kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, floa
         return (p - 1) / p * m * n * problem.acc_itemsize, p - 1, flops
     if kernel.algorithm == "allreduce":
         return 2 * (p - 1) / p * m * n * problem.acc_itemsize, 2 * (p - 1), flops
+    if kernel.algorithm == "summa":
+        rows, cols = problem.grid or (1, p)
+        # op(A)'s row panel travels along grid rows, op(B)'s column panel along grid columns
+        # (broadcast by a sum: twice the volume of a tree broadcast)
+        a_in = (cols - 1) / cols * (m / rows) * k
+        b_in = (rows - 1) / rows * k * (n / cols)
+        return 2 * (a_in + b_in) * problem.itemsize, 2 * (rows + cols), flops
     return 0.0, 0.0, flops
 
 
-def plans(problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel) -> list[Plan]:
-    """Every 1-D plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first."""
+def plans(
+    problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset()
+) -> list[Plan]:
+    """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
+
+    SUMMA is a candidate only on a process grid; ``native`` names the operands
+    whose grid layout is already the one SUMMA uses.
+    """
     out = []
     for kernel in KERNELS:
-        moves = [move(problem, "a", roles["a"], kernel.a), move(problem, "b", roles["b"], kernel.b)]
-        # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
-        moves.append(move(problem, "d", kernel.d, roles["d"]))
+        if kernel.algorithm == "summa" and problem.grid is None:
+            continue
+        moves = [
+            move(problem, "a", roles["a"], kernel.a, native="a" in native),
+            move(problem, "b", roles["b"], kernel.b, native="b" in native),
+            # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
+            move(problem, "d", kernel.d, roles["d"], native="d" in native),
+        ]
         kb, km, flops = _kernel_cost(problem, kernel)
         moves = tuple(mv for mv in moves if mv.collective != "none")
         nbytes = kb + sum(mv.nbytes for mv in moves)
@@ -212,16 +243,23 @@ def choose(
     algorithm: str,
     model: _cost.MachineModel,
     transposes: tuple[bool, bool],
+    native: frozenset[str] = frozenset(),
 ) -> Plan:
     """The cheapest plan, or the cheapest of a named algorithm that fits as given.
 
     Raises ValueError naming the distributions the algorithm needs when it
     does not fit.
     """
-    candidates = plans(problem, roles, model)
+    candidates = plans(problem, roles, model, native)
     if algorithm == "auto":
         return candidates[0]
-    fitting = [pl for pl in candidates if pl.algorithm == algorithm and pl.communication_free_moves]
+    # SUMMA also takes grid operands whose blocking or orientation it must first adjust (transposes,
+    # other block sizes on the same grid); every other named algorithm runs on its operands as given
+    fitting = [
+        pl for pl in candidates
+        if pl.algorithm == algorithm
+        and (pl.communication_free_moves or (algorithm == "summa" and all(m.src == m.dst == "G" for m in pl.moves)))
+    ]
     if fitting:
         return fitting[0]
     raise ValueError(_needs_message(algorithm, roles, transposes))

@@ -86,3 +86,15 @@ def test_runtime_starts_implicitly_or_on_a_given_communicator(mode):
     proc = launch(2, "tests/mpi/implicit.py", mode, timeout=180)
     assert proc.returncode == 0, output(proc)
     assert f"{mode}: 2 ranks, matches numpy: True" in proc.stdout
+
+
+def test_grid_products_and_redistribution_on_four_processes():
+    proc = launch(4, "tests/mpi/grid.py", timeout=400)
+    assert proc.returncode == 0, output(proc)
+    assert "grid checks on 4 processes: 0 failures" in proc.stdout
+
+
+def test_block_cyclic_example():
+    proc = launch(4, "mpi_examples/block_cyclic.py", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "block-cyclic summa on a 2x2 grid" in proc.stdout and "matches numpy: True" in proc.stdout

@@ -36,26 +36,6 @@ def _precision(dtype: str) -> Any:
     return jax.lax.Precision.HIGHEST if dtype in ("float32", "complex64") else None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layouts:
-    """Roles, split axes and padded-space maps of one product."""
-
-    roles: dict[str, _plan.Role]  # given roles: "a", "b", "d"
-    transposes: tuple[bool, bool]
-    maps: dict[str, _layout.DimMap]  # "M", "K", "N"
-
-    def stored(self, operand: str) -> tuple[str, str]:
-        t = {"a": self.transposes[0], "b": self.transposes[1], "d": False}[operand]
-        return _plan.stored_dims(operand, t)  # type: ignore[arg-type]
-
-    def split_axis(self, operand: str, role: _plan.Role) -> int | None:
-        return None if role == "R" else self.stored(operand).index(role)
-
-    def dim_maps(self, operand: str) -> tuple[_layout.DimMap, _layout.DimMap]:
-        r, c = self.stored(operand)
-        return self.maps[r], self.maps[c]
-
-
 def _infer_distribution(x: Any, devices: tuple[jax.Device, ...]) -> Distribution | None:
     """The 1-D distribution a jax.Array's sharding expresses over ``devices``."""
     if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
@@ -74,42 +54,119 @@ def _infer_distribution(x: Any, devices: tuple[jax.Device, ...]) -> Distribution
     return None
 
 
+def _role_dist(operand: str, role: _plan.Role, transposed: bool) -> Distribution:
+    """The 1-D distribution of the stored operand that gives it ``role``."""
+    if role == "R":
+        return Replicated()
+    return Slab(_plan.stored_dims(operand, transposed).index(role))  # type: ignore[arg-type]
+
+
+def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSchedule:
+    """SUMMA's panels from op(A)'s K map (over grid columns) and op(B)'s (over
+    grid rows): runs of consecutive k held by one grid column of A and one grid
+    row of B at consecutive local positions, cut to their greatest common
+    length. A shorter last run (K not a multiple of the block) is read with
+    zero padding after it rather than shrinking every panel.
+
+    >>> s = summa_schedule(_layout.DimMap.slab(8, 2), _layout.DimMap.slab(8, 4))
+    >>> s.width, s.owner_col, s.owner_row, s.offset_a, s.offset_b
+    (2, (0, 0, 1, 1), (0, 1, 2, 3), (0, 2, 0, 2), (0, 0, 0, 0))
+    >>> cyc = lambda n, nb, p: _layout.DimMap.of_parts(n, [[g for g in range(n) if g // nb % p == q] for q in range(p)])
+    >>> s = summa_schedule(cyc(9, 4, 2), cyc(9, 4, 2))  # blocks of 4, a last block of 1
+    >>> s.width, s.offset_a, s.extent_a
+    (4, (0, 0, 4), 8)
+    """
+    size = k_a.size
+    owner, pos = np.empty((2, size), np.int64), np.empty((2, size), np.int64)
+    for which, m in enumerate((k_a, k_b)):
+        for part, ids in enumerate(m.parts):
+            owner[which, list(ids)] = part
+            pos[which, list(ids)] = np.arange(len(ids))
+    cut = np.ones(size, bool)
+    cut[1:] = np.any(owner[:, 1:] != owner[:, :-1], axis=0) | np.any(pos[:, 1:] != pos[:, :-1] + 1, axis=0)
+    starts = np.nonzero(cut)[0]
+    lengths = np.diff(np.append(starts, size))
+    # every run but the last (which ends both owners' local K) must be a whole number of panels
+    width = int(np.gcd.reduce(lengths[:-1])) if len(lengths) > 1 else int(lengths[0])
+    steps = np.concatenate([np.arange(s, s + n, width) for s, n in zip(starts, lengths)])
+    return _kernels.SummaSchedule(
+        width=width,
+        owner_col=tuple(int(x) for x in owner[0, steps]),
+        offset_a=tuple(int(x) for x in pos[0, steps]),
+        owner_row=tuple(int(x) for x in owner[1, steps]),
+        offset_b=tuple(int(x) for x in pos[1, steps]),
+        extent_a=int(max(pos[0, steps]) + width),
+        extent_b=int(max(pos[1, steps]) + width),
+    )
+
+
 class JaxPlan:
-    """A compiled product on a set of JAX devices (one process)."""
+    """A compiled product on a set of JAX devices (one or several processes).
+
+    ``given`` holds where each operand is (its distribution's placement),
+    ``kernel`` where the chosen algorithm needs it; the jitted function moves
+    operands from one to the other (:func:`_layout.redistribute`), runs the
+    ``shard_map`` kernel, and moves the result back.
+    """
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else _layout.resolve_devices(spec.devices)
-        self.mesh = _layout.mesh_1d(self.devices)
         self.nranks = p = len(self.devices)
         self.model = _cost.model_for(self.devices[0].platform)
         itemsize = np.dtype(operands.a.dtype).itemsize
         acc_dtype = _ACC.get(spec.dtype, jnp.dtype(spec.dtype))
         self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, np.dtype(acc_dtype).itemsize)
         self.distributions, self.chosen_by_model = self._distributions(operands)
+        grids = [d.grid for d in self.distributions if d.grid is not None and d.grid.ndim == 2 and p > 1]
+        self.geom = _layout.Geometry.create(self.devices, grids[0] if grids else None)
+        if grids:
+            self.problem = dataclasses.replace(self.problem, grid=grids[0].shape)
         roles = self._roles(self.distributions)
+        transposes = {"a": spec.transpose_a, "b": spec.transpose_b, "d": False}
+        shapes = {"a": spec.a_shape, "b": spec.b_shape, "d": (spec.m, spec.n)}
+
+        summa = self._summa_placements(roles, shapes) if grids else None
+        native = frozenset(
+            op for op in "abd" if summa is not None and roles[op] == "G"
+            and self._given_grid(op, shapes[op]) == summa[0][op]
+        )
         self.plan = _plan.choose(
-            self.problem,
-            roles,
-            algorithm=spec.algorithm,
-            model=self.model,
-            transposes=(spec.transpose_a, spec.transpose_b),
+            self.problem, roles, algorithm=spec.algorithm, model=self.model,
+            transposes=(spec.transpose_a, spec.transpose_b), native=native,
         )
         kern = self.plan.kernel
-        split = {r for r in (*roles.values(), kern.a, kern.b, kern.d) if r != "R"}
-        maps = {
-            dim: _layout.DimMap(size, p, padded=dim in split and size % p != 0)
+        split = {r for r in (*roles.values(), kern.a, kern.b, kern.d) if r not in ("R", "G")}
+        shared = {
+            dim: _layout.DimMap.slab(size, p) if dim in split else None
             for dim, size in (("M", spec.m), ("K", spec.k), ("N", spec.n))
         }
-        self.layouts = _Layouts(roles, (spec.transpose_a, spec.transpose_b), maps)
+
+        def placement(op: str, dist: Distribution) -> _layout.Placement:
+            dims = _plan.stored_dims(op, transposes[op])  # type: ignore[arg-type]
+            return _layout.placement_of(dist, self.geom, shapes[op], (shared[dims[0]], shared[dims[1]]))
+
+        self.given = {op: placement(op, d) for op, d in zip("abd", self.distributions)}
+        if kern.algorithm == "summa":
+            assert summa is not None
+            self.kernel, schedule = summa
+        else:
+            self.kernel = {op: placement(op, _role_dist(op, kern.role(op), transposes[op])) for op in "abd"}
+            schedule = None
+        d_rows = self.kernel["d"]
         self.local = _kernels.LocalProblem(
             kernel=kern,
             nranks=p,
+            axis=self.geom.rank_axis,
             transpose_a=spec.transpose_a,
             transpose_b=spec.transpose_b,
-            block={d: maps[d].block for d in "MKN"},
+            block={dim: (m.block if m is not None else size)
+                   for (dim, m), size in zip(shared.items(), (spec.m, spec.k, spec.n))},
             acc_dtype=acc_dtype,
             precision=_precision(spec.dtype),
+            bias_axis=d_rows.axes[0],
+            bias_block=d_rows.maps[0].block,
+            summa=schedule,
         )
         self.epilogue = _kernels.Epilogue(
             alpha=spec.alpha,
@@ -125,6 +182,7 @@ class JaxPlan:
     # -- planning -------------------------------------------------------------
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         spec, p = self.spec, self.nranks
+        grid = getattr(self, "geom", None) and self.geom.grid
         roles: dict[str, _plan.Role] = {}
         for operand, name, dist, t in zip(
             ("a", "b", "d"), ("a", "b", "result"), dists, (spec.transpose_a, spec.transpose_b, False)
@@ -137,12 +195,42 @@ class JaxPlan:
                 ) from None
             role = _plan.role_of(dist, operand, t, p)  # type: ignore[arg-type]
             if role is None:
-                raise NotImplementedError(
-                    f"distribution of {name}: {dist!r} needs a 2-D grid, which the JAX backend "
-                    "does not run yet; use Slab.X, Slab.Y or Replicated()"
-                )
+                if dist.grid != grid:
+                    raise NotImplementedError(
+                        f"distribution of {name}: {dist!r} is on another process grid than {grid!r}; "
+                        "the JAX backend multiplies on one grid per product: redistribute first "
+                        "(dm.redistribute) or use one ProcessGrid"
+                    )
+                role = "G"
             roles[operand] = role
         return roles
+
+    def _given_grid(self, op: str, shape: tuple[int, int]) -> _layout.Placement:
+        dist = self.distributions["abd".index(op)]
+        return _layout.placement_of(dist, self.geom, shape, (None, None))
+
+    def _summa_placements(
+        self, roles: dict[str, _plan.Role], shapes: dict[str, tuple[int, int]]
+    ) -> tuple[dict[str, _layout.Placement], _kernels.SummaSchedule]:
+        """SUMMA's own layouts on the grid: op(A) rows over "r" and K over "c",
+        op(B) K over "r" and columns over "c", the result rows over "r" and
+        columns over "c". Maps are taken from operands already on the grid."""
+        spec = self.spec
+        rows, cols = self.geom.mesh.shape["r"], self.geom.mesh.shape["c"]
+        grid_maps = {
+            op: self._given_grid(op, shapes[op]).maps
+            for op in "abd"
+            if roles[op] == "G" and not (op == "a" and spec.transpose_a) and not (op == "b" and spec.transpose_b)
+        }
+        Map = _layout.DimMap
+        m_map = grid_maps["a"][0] if "a" in grid_maps else grid_maps["d"][0] if "d" in grid_maps else Map.slab(spec.m, rows)
+        ka_map = grid_maps["a"][1] if "a" in grid_maps else Map.slab(spec.k, cols)
+        kb_map = grid_maps["b"][0] if "b" in grid_maps else Map.slab(spec.k, rows)
+        n_map = grid_maps["b"][1] if "b" in grid_maps else grid_maps["d"][1] if "d" in grid_maps else Map.slab(spec.n, cols)
+        P = _layout.Placement
+        a = P((ka_map, m_map), ("c", "r")) if spec.transpose_a else P((m_map, ka_map), ("r", "c"))
+        b = P((n_map, kb_map), ("c", "r")) if spec.transpose_b else P((kb_map, n_map), ("r", "c"))
+        return {"a": a, "b": b, "d": P((m_map, n_map), ("r", "c"))}, summa_schedule(ka_map, kb_map)
 
     def _distributions(
         self, operands: Operands
@@ -170,41 +258,38 @@ class JaxPlan:
         assert best is not None
         return best[1], True
 
-    # -- shardings -------------------------------------------------------------
-    def sharding(self, operand: str, role: _plan.Role) -> NamedSharding:
-        return NamedSharding(self.mesh, _layout.spec(self.layouts.split_axis(operand, role)))
+    # -- the jitted function ------------------------------------------------------
+    def sharding(self, operand: str) -> NamedSharding:
+        """Where ``operand`` ("a", "b", "d") lives as given (padded space)."""
+        return self.geom.sharding(self.given[operand])
 
     def _core(self) -> Any:
-        """``(a, b, c, bias) -> d`` on padded global arrays in the given layouts."""
-        lay, kern, ep = self.layouts, self.plan.kernel, self.epilogue
-        roles = lay.roles
-        fused = kern.d == roles["d"]
+        """``(a, b, c, bias) -> d`` on padded global arrays in their given placements."""
+        geom, given, kern_pl, ep = self.geom, self.given, self.kernel, self.epilogue
+        fused = kern_pl["d"] == given["d"]
         body = _kernels.body(self.local, ep if fused else None)
-        wsc = jax.lax.with_sharding_constraint
+        redistribute = _layout.redistribute
 
         def core(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
-            a = wsc(a, self.sharding("a", kern.a))
-            b = wsc(b, self.sharding("b", kern.b))
-            args = [a, b]
-            specs = [self.sharding("a", kern.a).spec, self.sharding("b", kern.b).spec]
+            args = [redistribute(a, given["a"], kern_pl["a"], geom), redistribute(b, given["b"], kern_pl["b"], geom)]
+            specs = [kern_pl["a"].spec, kern_pl["b"].spec]
             if fused and ep.use_c:
                 args.append(c)
-                specs.append(self.sharding("d", kern.d).spec)
+                specs.append(given["d"].spec)
             if fused and ep.has_bias:
                 args.append(bias)
                 specs.append(PartitionSpec())
-            d = jax.shard_map(
-                body, mesh=self.mesh, in_specs=tuple(specs), out_specs=self.sharding("d", kern.d).spec
-            )(*args)
+            d = jax.shard_map(body, mesh=geom.mesh, in_specs=tuple(specs), out_specs=kern_pl["d"].spec)(*args)
             if not fused:
-                d = wsc(d, self.sharding("d", roles["d"]))
+                d = redistribute(d, kern_pl["d"], given["d"], geom)
                 d = _kernels.finish(ep, d, c, bias)
             return d
 
         return core
 
     def _padded_bias(self, bias: Any) -> Any:
-        m = self.layouts.maps["M"]
+        """The bias in the result's padded row space."""
+        m = self.given["d"].maps[0]
         bias = bias.reshape(-1)
         if m.identity:
             return bias
@@ -215,25 +300,24 @@ class JaxPlan:
         return jnp.zeros(m.padded_size, bias.dtype).at[jnp.asarray(m.positions)].set(bias)
 
     def _function(self, kind: str) -> Any:
-        """The jitted function for host ("numpy") or device ("jax") operands."""
+        """The jitted function for padded operands ("padded") or global jax.Arrays ("jax")."""
         if kind in self._compiled:
             return self._compiled[kind]
-        core, lay = self._core(), self.layouts
-        d_role = lay.roles["d"]
-        if kind == "numpy":
-            fn = jax.jit(core, out_shardings=self.sharding("d", d_role))
+        core, given = self._core(), self.given
+        if kind == "padded":
+            fn = jax.jit(core, out_shardings=self.sharding("d"))
         else:
-            even = all(m.identity for m in lay.dim_maps("d"))
-            out = self.sharding("d", d_role) if even else NamedSharding(self.mesh, PartitionSpec())
+            out = self.sharding("d") if _layout.expressible(given["d"]) else self.geom.replicated()
+            wsc = jax.lax.with_sharding_constraint
 
             def device(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
-                a = jax.lax.with_sharding_constraint(_layout.pad(a, lay.dim_maps("a")), self.sharding("a", lay.roles["a"]))
-                b = jax.lax.with_sharding_constraint(_layout.pad(b, lay.dim_maps("b")), self.sharding("b", lay.roles["b"]))
+                a = wsc(_layout.pad(a, given["a"]), self.sharding("a"))
+                b = wsc(_layout.pad(b, given["b"]), self.sharding("b"))
                 if c is not None:
-                    c = jax.lax.with_sharding_constraint(_layout.pad(c, lay.dim_maps("d")), self.sharding("d", d_role))
+                    c = wsc(_layout.pad(c, given["d"]), self.sharding("d"))
                 if bias is not None:
                     bias = self._padded_bias(bias)
-                return _layout.unpad(core(a, b, c, bias), lay.dim_maps("d"))
+                return _layout.unpad(core(a, b, c, bias), given["d"])
 
             fn = jax.jit(device, out_shardings=out)
         self._compiled[kind] = fn
@@ -246,27 +330,25 @@ class JaxPlan:
         x = jnp.asarray(x)
         if isinstance(x, jax.core.Tracer) or x.sharding.device_set == set(self.devices):
             return x
-        lay = self.layouts
-        even = operand != "bias" and all(m.identity for m in lay.dim_maps(operand))
-        target = self.sharding(operand, lay.roles[operand]) if even else NamedSharding(self.mesh, PartitionSpec())
-        return jax.device_put(x, target)
+        expressible = operand != "bias" and _layout.expressible(self.given[operand])
+        return jax.device_put(x, self.sharding(operand) if expressible else self.geom.replicated())
 
     def execute(self, operands: Operands) -> Any:
-        spec, lay = self.spec, self.layouts
+        spec, given, geom = self.spec, self.given, self.geom
         c = operands.c if spec.use_c else None
         bias = operands.bias if spec.has_bias else None
         with _x64(spec.dtype):
             if spec.spmd:
                 return self._execute_local_blocks(operands, c, bias)
             if operands.family == "numpy":
-                fn = self._function("numpy")
-                a = _layout.host_to_device(operands.a, lay.dim_maps("a"), self.sharding("a", lay.roles["a"]))
-                b = _layout.host_to_device(operands.b, lay.dim_maps("b"), self.sharding("b", lay.roles["b"]))
+                fn = self._function("padded")
+                a = _layout.host_to_device(operands.a, given["a"], geom)
+                b = _layout.host_to_device(operands.b, given["b"], geom)
                 if c is not None:
-                    c = _layout.host_to_device(c, lay.dim_maps("d"), self.sharding("d", lay.roles["d"]))
+                    c = _layout.host_to_device(c, given["d"], geom)
                 if bias is not None:
-                    bias = jax.device_put(self._padded_bias(np.asarray(bias)), NamedSharding(self.mesh, PartitionSpec()))
-                return _layout.device_to_host(fn(a, b, c, bias), lay.dim_maps("d"))
+                    bias = jax.device_put(self._padded_bias(np.asarray(bias)), geom.replicated())
+                return _layout.device_to_host(fn(a, b, c, bias), given["d"])
             fn = self._function("jax")
             a = self._device_operand(operands.a, "a")
             b = self._device_operand(operands.b, "b")
@@ -276,51 +358,61 @@ class JaxPlan:
 
     def _execute_local_blocks(self, operands: Operands, c: Any, bias: Any) -> Any:
         """Several processes: this rank's blocks in, this rank's result block out."""
-        lay = self.layouts
-        rank = self.devices.index(_layout.my_device(self.devices))
+        given, geom = self.given, self.geom
+        rank = self.devices.index(_layout.my_device(geom))
 
         def place(x: Any, operand: str) -> jax.Array:
-            return _layout.local_to_global(
-                np.asarray(x), lay.dim_maps(operand), lay.split_axis(operand, lay.roles[operand]),
-                self.sharding(operand, lay.roles[operand]),
-            )
+            return _layout.local_to_global(np.asarray(x), given[operand], geom, rank)
 
         a, b = place(operands.a, "a"), place(operands.b, "b")
         c = None if c is None else place(c, "d")
         if bias is not None:
-            bias = _layout.replicated(self._padded_bias(np.asarray(bias)), NamedSharding(self.mesh, PartitionSpec()))
-        d = self._function("numpy")(a, b, c, bias)
-        d_dist = self.distributions[2]
-        local_shape = d_dist.shape(rank, (self.spec.m, self.spec.n), self.nranks)
-        block = _layout.global_to_local(d, lay.dim_maps("d"), lay.split_axis("d", lay.roles["d"]), local_shape)
-        if operands.family == "jax":
-            return block
-        return np.asarray(block)
+            full = self._padded_bias(np.asarray(bias))
+            bias = jax.make_array_from_single_device_arrays(
+                full.shape, geom.replicated(), [jax.device_put(full, _layout.my_device(geom))]
+            )
+        d = self._function("padded")(a, b, c, bias)
+        local_shape = self.distributions[2].shape(rank, (self.spec.m, self.spec.n), self.nranks)
+        block = _layout.global_to_local(d, given["d"], local_shape)
+        return block if operands.family == "jax" else np.asarray(block)
 
     # -- reporting ------------------------------------------------------------------
     def explain(self) -> list[str]:
-        spec, lay, plan, pr = self.spec, self.layouts, self.plan, self.problem
-        names = {"M": "M", "K": "K", "N": "N", "R": "nothing (replicated)"}
-        dists = self.distributions
+        plan, pr, geom = self.plan, self.problem, self.geom
+        names = {"M": "M", "K": "K", "N": "N", "R": "nothing (replicated)", "G": "rows and columns (2-D grid)"}
+        roles = {op: self._role_name(op) for op in "abd"}
+        mesh = " x ".join(f"{n}={s}" for n, s in geom.mesh.shape.items())
         lines = [
-            f"devices:    {self.nranks} x {self.devices[0].platform} (1-D mesh axis '{_layout.AXIS}')",
+            f"devices:    {self.nranks} x {self.devices[0].platform}, mesh ({mesh})"
+            + (f" of {geom.grid!r}" if geom.grid is not None else ""),
             "distributions" + (" (chosen by the cost model):" if self.chosen_by_model else ":"),
         ]
-        for op, name, d in zip(("a", "b", "d"), ("a", "b", "result"), dists):
-            lines.append(f"  {name:7s} {d!r:16s} splits {names[lay.roles[op]]}")
+        for op, name, d in zip("abd", ("a", "b", "result"), self.distributions):
+            lines.append(f"  {name:7s} {d!r:16s} splits {names[roles[op]]}")
         kern = plan.kernel
-        what = {
-            "local": "local GEMM, no communication",
-            "allgather": f"ring AllGather+GEMM: {kern.moving} travels {self.nranks - 1} ppermute steps",
-            "reduce_scatter": f"ring GEMM+ReduceScatter: partial sums travel {self.nranks - 1} ppermute steps",
-            "allreduce": "GEMM + psum (AllReduce)",
-        }[kern.algorithm]
-        lines.append(f"kernel:     {what}; roles a:{kern.a} b:{kern.b} result:{kern.d}")
+        if kern.algorithm == "summa":
+            sched = self.local.summa
+            assert sched is not None
+            what = (
+                f"SUMMA on the {geom.mesh.shape['r']}x{geom.mesh.shape['c']} grid: {len(sched.owner_col)} K panels "
+                f"of width {sched.width}, op(A) panels broadcast along grid rows, op(B) along grid columns"
+            )
+        else:
+            what = {
+                "local": "local GEMM, no communication",
+                "allgather": f"ring AllGather+GEMM: {kern.moving} travels {self.nranks - 1} ppermute steps",
+                "reduce_scatter": f"ring GEMM+ReduceScatter: partial sums travel {self.nranks - 1} ppermute steps",
+                "allreduce": "GEMM + psum (AllReduce)",
+            }[kern.algorithm]
+            what += f"; roles a:{kern.a} b:{kern.b} result:{kern.d}"
+        lines.append(f"kernel:     {what}")
         for mv in plan.moves:
             lines.append(f"moves:      {mv.describe()}")
-        padded = [f"{d} {m.size}->{m.padded_size}" for d, m in lay.maps.items() if not m.identity]
+        padded = sorted(
+            {f"{m.size}->{m.padded_size}" for pl in self.given.values() for m in pl.maps if m.padded_size != m.size}
+        )
         if padded:
-            lines.append(f"padding:    {', '.join(padded)} (uneven over {self.nranks} ranks)")
+            lines.append(f"padding:    {', '.join(padded)} (uneven splits, zeros inside the kernel only)")
         lb = _cost.lower_bound_words(pr.m, pr.n, pr.k, pr.p) * pr.itemsize
         ratio = f"{plan.nbytes / lb:.2f}x the bound" if lb > 0 else "bound is 0"
         lines += [
@@ -330,6 +422,10 @@ class JaxPlan:
             f"predicted:  {plan.time * 1e3:.3g} ms ({self.model.source} {self.devices[0].platform} model)",
         ]
         return lines
+
+    def _role_name(self, op: str) -> _plan.Role:
+        t = {"a": self.spec.transpose_a, "b": self.spec.transpose_b, "d": False}[op]
+        return _plan.role_of(self.distributions["abd".index(op)], op, t, self.nranks) or "G"  # type: ignore[arg-type]
 
     def free(self) -> None:
         """Nothing to release: compiled functions live in the backend's plan cache."""

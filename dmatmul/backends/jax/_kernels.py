@@ -27,9 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..._plan import Kernel
-from ._layout import AXIS
 
-__all__ = ["Epilogue", "LocalProblem", "body", "finish"]
+__all__ = ["Epilogue", "LocalProblem", "SummaSchedule", "body", "finish", "summa"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,16 +58,35 @@ def finish(ep: Epilogue, acc: jax.Array, c: jax.Array | None, bias: jax.Array | 
 
 
 @dataclasses.dataclass(frozen=True)
+class SummaSchedule:
+    """SUMMA's K panels: step ``t`` multiplies the ``width`` columns of op(A)
+    held by grid column ``owner_col[t]`` at local offset ``offset_a[t]`` with the
+    ``width`` rows of op(B) held by grid row ``owner_row[t]`` at ``offset_b[t]``."""
+
+    width: int
+    owner_col: tuple[int, ...]
+    offset_a: tuple[int, ...]
+    owner_row: tuple[int, ...]
+    offset_b: tuple[int, ...]
+    extent_a: int = 0  # local K extent the panels read (a shorter last panel reads zeros after it)
+    extent_b: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class LocalProblem:
     """What a body needs to know: ranks, transposes, padded block sizes."""
 
     kernel: Kernel
     nranks: int
+    axis: Any  # the mesh axis (or axes) that enumerates the ranks
     transpose_a: bool
     transpose_b: bool
     block: dict[str, int]  # padded block length of each split logical dim ("M", "K", "N")
     acc_dtype: Any
     precision: Any
+    bias_axis: Any = None  # the mesh axis splitting the result's rows (bias is sliced along it)
+    bias_block: int = 0
+    summa: SummaSchedule | None = None
 
     @property
     def axes(self) -> dict[str, int]:
@@ -99,34 +117,76 @@ def ring_allgather(
     acc: jax.Array,
     step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
     p: int,
+    axis: Any,
 ) -> jax.Array:
     """``step(acc, block_j, j)`` over every block ``j`` of the ring, sending left."""
-    idx = lax.axis_index(AXIS)
+    idx = lax.axis_index(axis)
     perm = [(i, (i - 1) % p) for i in range(p)]
 
     def one(s: int | jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         acc, blk = carry
-        nxt = lax.ppermute(blk, AXIS, perm)
+        nxt = lax.ppermute(blk, axis, perm)
         return step(acc, blk, (idx + s) % p), nxt
 
     acc, block = lax.fori_loop(0, p - 1, one, (acc, block))
     return step(acc, block, (idx + p - 1) % p)
 
 
-def ring_reduce_scatter(partial: Callable[[jax.Array], jax.Array], p: int) -> jax.Array:
+def ring_reduce_scatter(partial: Callable[[jax.Array], jax.Array], p: int, axis: Any) -> jax.Array:
     """Sum over ranks of ``partial(j)``, rank ``r`` keeping block ``j = r``; sends right."""
-    idx = lax.axis_index(AXIS)
+    idx = lax.axis_index(axis)
     perm = [(i, (i + 1) % p) for i in range(p)]
 
     def one(s: int | jax.Array, acc: jax.Array) -> jax.Array:
         contribution = partial((idx - s - 1) % p)
-        return lax.ppermute(acc, AXIS, perm) + contribution
+        return lax.ppermute(acc, axis, perm) + contribution
 
     return lax.fori_loop(1, p, one, partial((idx - 1) % p))
 
 
-def _varying_zeros(shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    return lax.pcast(jnp.zeros(shape, dtype), AXIS, to="varying")
+def summa(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
+    """SUMMA on the ("r", "c") mesh: op(A) panels are broadcast along grid rows,
+    op(B) panels along grid columns (a masked psum over the axis), and each
+    step's broadcast is issued before the previous panel's GEMM, which does not
+    depend on it."""
+    sched, ax = lp.summa, lp.axes
+    assert sched is not None
+    width = sched.width
+    owner_col, offset_a, owner_row, offset_b = (
+        jnp.asarray(t, dtype=jnp.int32) for t in (sched.owner_col, sched.offset_a, sched.owner_row, sched.offset_b)
+    )
+    col, row = lax.axis_index("c"), lax.axis_index("r")
+    zero = jnp.zeros((), a.dtype)
+    for name, extent in (("a", sched.extent_a), ("b", sched.extent_b)):
+        x, axis = (a, ax["aK"]) if name == "a" else (b, ax["bK"])
+        if x.shape[axis] < extent:  # only when K's last block is short: room to read a full panel
+            widths = [(0, 0), (0, 0)]
+            widths[axis] = (0, extent - x.shape[axis])
+            if name == "a":
+                a = jnp.pad(a, widths)
+            else:
+                b = jnp.pad(b, widths)
+
+    def panels(t: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+        pa = lax.dynamic_slice_in_dim(a, offset_a[t], width, axis=ax["aK"])
+        pb = lax.dynamic_slice_in_dim(b, offset_b[t], width, axis=ax["bK"])
+        return (
+            lax.psum(jnp.where(col == owner_col[t], pa, zero), "c"),
+            lax.psum(jnp.where(row == owner_row[t], pb, zero), "r"),
+        )
+
+    def one(t: jax.Array, carry: tuple[jax.Array, tuple[jax.Array, jax.Array]]) -> Any:
+        acc, (pa, pb) = carry
+        nxt = panels(t + 1)
+        return acc + lp.mm(pa, pb), nxt
+
+    acc = _varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
+    acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)))
+    return acc + lp.mm(pa, pb)
+
+
+def _varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
+    return lax.pcast(jnp.zeros(shape, dtype), axis, to="varying")
 
 
 def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
@@ -135,46 +195,52 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
     With ``ep`` the epilogue is fused (C and the result share a role); without,
     the body returns the accumulator and the caller finishes after moving it.
     """
-    kern, p, ax = lp.kernel, lp.nranks, lp.axes
+    kern, p, ax, axis = lp.kernel, lp.nranks, lp.axes, lp.axis
 
     def product(a: jax.Array, b: jax.Array) -> jax.Array:
-        if kern.algorithm == "local":
+        if kern.algorithm == "local" or p == 1:  # one rank: every algorithm is the local GEMM
             return lp.mm(a, b)
+        if kern.algorithm == "summa":
+            return summa(lp, a, b)
         if kern.algorithm == "allreduce":
-            return lax.psum(lp.mm(a, b), AXIS)
+            return lax.psum(lp.mm(a, b), axis)
         if kern.algorithm == "reduce_scatter":
             if kern.d == "N":
-                return ring_reduce_scatter(lambda j: lp.mm(a, lp.take(b, ax["bN"], "N", j)), p)
-            return ring_reduce_scatter(lambda j: lp.mm(lp.take(a, ax["aM"], "M", j), b), p)
+                return ring_reduce_scatter(lambda j: lp.mm(a, lp.take(b, ax["bN"], "N", j)), p, axis)
+            return ring_reduce_scatter(lambda j: lp.mm(lp.take(a, ax["aM"], "M", j), b), p, axis)
         if kern.algorithm == "allgather":
             m_loc, n_loc = a.shape[ax["aM"]], b.shape[ax["bN"]]
             if kern.moving == "b" and kern.b == "N":  # write column block j of D's rows
                 return ring_allgather(
                     b,
-                    _varying_zeros((m_loc, n_loc * p), lp.acc_dtype),
+                    _varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis),
                     lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(a, blk), j * n_loc, axis=1),
                     p,
+                    axis,
                 )
             if kern.moving == "b":  # K blocks of b meet the matching K slice of a
                 return ring_allgather(
                     b,
-                    _varying_zeros((m_loc, n_loc), lp.acc_dtype),
+                    _varying_zeros((m_loc, n_loc), lp.acc_dtype, axis),
                     lambda acc, blk, j: acc + lp.mm(lp.take(a, ax["aK"], "K", j), blk),
                     p,
+                    axis,
                 )
             m_blk = a.shape[ax["aM"]]
             if kern.a == "M":  # write row block j of D's columns
                 return ring_allgather(
                     a,
-                    _varying_zeros((m_blk * p, n_loc), lp.acc_dtype),
+                    _varying_zeros((m_blk * p, n_loc), lp.acc_dtype, axis),
                     lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(blk, b), j * m_blk, axis=0),
                     p,
+                    axis,
                 )
             return ring_allgather(
                 a,
-                _varying_zeros((m_blk, n_loc), lp.acc_dtype),
+                _varying_zeros((m_blk, n_loc), lp.acc_dtype, axis),
                 lambda acc, blk, j: acc + lp.mm(blk, lp.take(b, ax["bK"], "K", j)),
                 p,
+                axis,
             )
         raise ValueError(f"no JAX body for algorithm {kern.algorithm!r}")
 
@@ -185,8 +251,8 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
         rest_list = list(rest)
         c = rest_list.pop(0) if ep.use_c else None
         bias = rest_list.pop(0) if ep.has_bias else None
-        if bias is not None and kern.d == "M":
-            bias = lp.take(bias, 0, "M", lax.axis_index(AXIS))
+        if bias is not None and lp.bias_axis is not None:
+            bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(lp.bias_axis) * lp.bias_block, lp.bias_block)
         return finish(ep, acc, c, bias)
 
     return run

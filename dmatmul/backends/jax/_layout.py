@@ -1,36 +1,72 @@
 """dmatmul distributions as JAX meshes, PartitionSpecs and padded arrays.
 
-A 1-D distribution over ``P`` devices becomes a 1-D mesh with axis ``"x"``
-(device ``r`` of the mesh is rank ``r``) and a PartitionSpec on the stored
-matrix: ``Slab.X -> P("x", None)``, ``Slab.Y -> P(None, "x")``,
-``Replicated() -> P()``.
+Three ideas, each one small value:
 
-Uneven splits. nvmath's Slab gives the first ``S % P`` ranks one more item;
-``shard_map`` needs equal blocks. So a split dimension of size ``S`` lives in
-a *padded space* of ``P * L`` positions, ``L = ceil(S / P)``: rank ``r``'s
-items sit at ``r*L .. r*L + len_r - 1`` and the rest of its block is zeros.
-:class:`DimMap` holds both directions of that map; when ``S % P == 0`` it is
-the identity and nothing is copied.
+* :class:`DimMap` -- the *padded index space* of one matrix dimension: the
+  dimension is cut into ``nparts`` lists of global indices (a Slab's
+  contiguous ranges, a block-cyclic deal, or one list holding everything),
+  each list padded with zeros to a common ``block`` length. Position
+  ``p*block + i`` holds global index ``parts[p][i]``. A block-cyclic layout is
+  thereby a plain block layout of a row- and column-permuted matrix, and each
+  rank's local storage is the same under both views.
+* :class:`Geometry` -- the mesh: 1-D ``("x",)`` for Slab/Replicated
+  products, 2-D ``("r", "c")`` for a :class:`~dmatmul.ProcessGrid`, with the
+  device at mesh position ``(i, j)`` being the rank at grid coordinates
+  ``(i, j)``. The *rank axis* (``"x"``, or ``("r", "c")`` for "row" grids and
+  ``("c", "r")`` for "col" grids) enumerates the devices in rank order, so a
+  Slab can split over all ranks of a 2-D mesh.
+* :class:`Placement` -- a matrix on the mesh: a DimMap per stored dimension
+  and the mesh axes (or none) that split it. ``Slab.X`` over P ranks is
+  ``(slab map, whole map), (rank axis, None)``; a BlockCyclic matrix is
+  ``(grid-row map, grid-column map), ("r", "c")``.
+
+:func:`redistribute` moves a matrix between two placements on one mesh,
+moving every element once: each rank sends every other rank exactly the
+elements both hold (one ``all_to_all`` over the rank axis), computed from the
+index lists, never by gathering everything anywhere.
+
+Uneven splits follow nvmath's rule (the first ``S % P`` ranks hold one more
+item) and are zero-padded to the common block; when nothing needs padding or
+permuting the maps are the identity and nothing is copied.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ..._distribution import slab_extent
+from ..._distribution import Distribution, ProcessGrid, Replicated, Slab, slab_extent
 
-AXIS = "x"
+__all__ = [
+    "DimMap",
+    "Geometry",
+    "Placement",
+    "resolve_devices",
+    "process_devices",
+    "placement_of",
+    "redistribute",
+    "host_to_device",
+    "device_to_host",
+    "pad",
+    "unpad",
+    "local_to_global",
+    "global_to_local",
+]
 
-__all__ = ["AXIS", "DimMap", "resolve_devices", "mesh_1d", "spec", "host_to_device", "device_to_host", "pad", "unpad"]
+AxisName = Union[str, tuple[str, ...], None]
 
 
+# --------------------------------------------------------------------------- #
+# devices
+# --------------------------------------------------------------------------- #
 def resolve_devices(devices: Any) -> tuple[jax.Device, ...]:
     """``None``: every local device; an int N: the first N; else the list given."""
     local = jax.local_devices()
@@ -69,111 +105,298 @@ def process_devices(nprocs: int) -> tuple[jax.Device, ...]:
     return tuple(devices)
 
 
-def my_device(devices: tuple[jax.Device, ...]) -> jax.Device:
-    """This process's device among ``devices``."""
-    mine = [d for d in devices if d.process_index == jax.process_index()]
-    return mine[0]
-
-
-def local_to_global(
-    x: np.ndarray, maps: tuple[DimMap, DimMap], split_axis: int | None, sharding: NamedSharding
-) -> jax.Array:
-    """Several processes: the global padded array whose block on this process is ``x``
-    (this rank's local block, padded to the common block size)."""
-    sources = []
-    for axis, m in enumerate(maps):
-        if axis == split_axis:
-            src = np.arange(m.block) if m.padded else np.arange(x.shape[axis])
-            src[x.shape[axis]:] = -1
-        else:
-            src = m.sources
-        sources.append(src)
-    identity = all(len(s) == n and (s >= 0).all() for s, n in zip(sources, x.shape))
-    block = x if identity else _host_block(x, sources[0], sources[1])
-    shape = (maps[0].padded_size, maps[1].padded_size)
-    device = my_device(tuple(sharding.mesh.devices.flat))
-    return jax.make_array_from_single_device_arrays(shape, sharding, [jax.device_put(block, device)])
-
-
-def replicated(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    """Several processes: a replicated global array from every process's full copy."""
-    device = my_device(tuple(sharding.mesh.devices.flat))
-    return jax.make_array_from_single_device_arrays(x.shape, sharding, [jax.device_put(x, device)])
-
-
-def global_to_local(
-    d: jax.Array, maps: tuple[DimMap, DimMap], split_axis: int | None, local_shape: tuple[int, int]
-) -> jax.Array:
-    """Several processes: this rank's block of a padded global result, padding stripped."""
-    block = d.addressable_shards[0].data
-    for axis, m in enumerate(maps):
-        if axis == split_axis:
-            if block.shape[axis] != local_shape[axis]:
-                block = jax.lax.slice_in_dim(block, 0, local_shape[axis], axis=axis)
-        elif not m.identity:
-            block = jnp.take(block, jnp.asarray(m.positions), axis=axis)
-    return block
-
-
-@functools.lru_cache(maxsize=64)
-def mesh_1d(devices: tuple[jax.Device, ...]) -> Mesh:
-    """The 1-D mesh ``("x",)`` whose position ``r`` is rank ``r``."""
-    return Mesh(np.array(devices, dtype=object), (AXIS,), axis_types=(AxisType.Auto,))
-
-
-def spec(split_axis: int | None) -> PartitionSpec:
-    """PartitionSpec of a stored matrix split on ``split_axis`` (None: replicated)."""
-    if split_axis is None:
-        return PartitionSpec()
-    return PartitionSpec(AXIS, None) if split_axis == 0 else PartitionSpec(None, AXIS)
-
-
+# --------------------------------------------------------------------------- #
+# index maps
+# --------------------------------------------------------------------------- #
 @dataclasses.dataclass(frozen=True)
 class DimMap:
-    """A matrix dimension of ``size`` items in its padded space over ``parts`` ranks.
+    """One dimension of ``size`` items cut into index lists padded to ``block``.
 
-    >>> d = DimMap(5, 2, padded=True)
+    >>> d = DimMap.slab(5, 2)
     >>> d.padded_size, d.positions.tolist(), d.sources.tolist()
     (6, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4, -1])
-    >>> DimMap(7, 3, padded=True).sources.tolist()
+    >>> DimMap.slab(7, 3).sources.tolist()
     [0, 1, 2, 3, 4, -1, 5, 6, -1]
+    >>> DimMap.of_parts(6, [[0, 1, 4, 5], [2, 3]]).sources.tolist()  # block-cyclic, blocks of 2
+    [0, 1, 4, 5, 2, 3, -1, -1]
     """
 
     size: int
-    parts: int
-    padded: bool
+    parts: tuple[tuple[int, ...], ...]
+    block: int
+
+    @classmethod
+    def whole(cls, size: int) -> DimMap:
+        """The dimension as it is: one part, no padding."""
+        return cls(size, (tuple(range(size)),), size)
+
+    @classmethod
+    def slab(cls, size: int, nparts: int) -> DimMap:
+        """nvmath's Slab split: contiguous, the first ``size % nparts`` parts one longer."""
+        if nparts == 1:
+            return cls.whole(size)
+        parts = []
+        for p in range(nparts):
+            start, length = slab_extent(size, nparts, p)
+            parts.append(tuple(range(start, start + length)))
+        return cls.of_parts(size, parts)
+
+    @classmethod
+    def of_parts(cls, size: int, parts: Sequence[Sequence[int]]) -> DimMap:
+        """Explicit index lists (each in local order); block = the longest."""
+        parts_t = tuple(tuple(int(i) for i in p) for p in parts)
+        return cls(size, parts_t, max(1, max(len(p) for p in parts_t)))
 
     @property
-    def block(self) -> int:
-        return -(-self.size // self.parts)
+    def nparts(self) -> int:
+        return len(self.parts)
 
     @property
     def padded_size(self) -> int:
-        return self.block * self.parts if self.padded else self.size
-
-    @functools.cached_property
-    def positions(self) -> np.ndarray:
-        """Padded position of each real index."""
-        if not self.padded:
-            return np.arange(self.size)
-        out = []
-        for r in range(self.parts):
-            start, length = slab_extent(self.size, self.parts, r)
-            out.append(r * self.block + np.arange(length))
-        return np.concatenate(out)
+        return self.block * self.nparts
 
     @functools.cached_property
     def sources(self) -> np.ndarray:
-        """Real index at each padded position, -1 for padding."""
+        """Global index at each padded position, -1 for padding."""
         out = np.full(self.padded_size, -1, dtype=np.int64)
-        out[self.positions] = np.arange(self.size)
+        for p, idx in enumerate(self.parts):
+            out[p * self.block : p * self.block + len(idx)] = idx
         return out
+
+    @functools.cached_property
+    def positions(self) -> np.ndarray:
+        """Padded position of each global index."""
+        out = np.empty(self.size, dtype=np.int64)
+        valid = self.sources >= 0
+        out[self.sources[valid]] = np.nonzero(valid)[0]
+        return out
+
+    @functools.cached_property
+    def identity(self) -> bool:
+        """True when the padded space is the dimension itself (nothing to copy)."""
+        return self.padded_size == self.size and bool(np.all(self.sources == np.arange(self.size)))
+
+    def part_sources(self, part: int) -> np.ndarray:
+        return self.sources[part * self.block : (part + 1) * self.block]
+
+
+# --------------------------------------------------------------------------- #
+# meshes
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """The mesh of one product and the axis that enumerates ranks."""
+
+    mesh: Mesh
+    rank_axis: str | tuple[str, str]
+    grid: ProcessGrid | None
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def create(devices: tuple[jax.Device, ...], grid: ProcessGrid | None = None) -> Geometry:
+        """``devices[r]`` is rank ``r``; with a grid, mesh position ``(i, j)`` is
+        the rank at grid coordinates ``(i, j)``."""
+        if grid is None or grid.ndim != 2:
+            mesh = Mesh(np.array(devices, dtype=object), ("x",), axis_types=(AxisType.Auto,))
+            return Geometry(mesh, "x", None)
+        rows, cols = grid.shape
+        arr = np.empty((rows, cols), dtype=object)
+        for i in range(rows):
+            for j in range(cols):
+                arr[i, j] = devices[grid.rank((i, j))]
+        mesh = Mesh(arr, ("r", "c"), axis_types=(AxisType.Auto, AxisType.Auto))
+        return Geometry(mesh, ("r", "c") if grid.layout == "row" else ("c", "r"), grid)
+
+    @property
+    def nranks(self) -> int:
+        return int(self.mesh.devices.size)
+
+    def coord(self, rank: int, axis: AxisName) -> int:
+        """The index along mesh ``axis`` of the device of ``rank``."""
+        if axis == self.rank_axis or axis == "x":
+            return rank
+        assert self.grid is not None
+        return self.grid.coords(rank)[{"r": 0, "c": 1}[axis]]  # type: ignore[index]
+
+    def axis_size(self, axis: AxisName) -> int:
+        if axis is None:
+            return 1
+        names = (axis,) if isinstance(axis, str) else axis
+        return int(np.prod([self.mesh.shape[n] for n in names]))
+
+    def sharding(self, placement: Placement) -> NamedSharding:
+        return NamedSharding(self.mesh, placement.spec)
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A matrix on a mesh: a DimMap per stored dimension and the axes that split it."""
+
+    maps: tuple[DimMap, DimMap]
+    axes: tuple[AxisName, AxisName]
+
+    @property
+    def spec(self) -> PartitionSpec:
+        return PartitionSpec(*self.axes) if any(a is not None for a in self.axes) else PartitionSpec()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.maps[0].padded_size, self.maps[1].padded_size)
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """The local (per-device) block shape."""
+        return tuple(m.block if a is not None else m.padded_size for m, a in zip(self.maps, self.axes))  # type: ignore[return-value]
 
     @property
     def identity(self) -> bool:
-        return self.padded_size == self.size
+        return self.maps[0].identity and self.maps[1].identity
+
+    @property
+    def replicated(self) -> bool:
+        return self.axes == (None, None)
+
+    def local_sources(self, geom: Geometry, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global row and column ids at each position of ``rank``'s block (-1: padding)."""
+        out = []
+        for m, axis in zip(self.maps, self.axes):
+            out.append(m.sources if axis is None else m.part_sources(geom.coord(rank, axis)))
+        return out[0], out[1]
 
 
+def placement_of(
+    dist: Distribution, geom: Geometry, shape: tuple[int, int], shared: tuple[DimMap | None, DimMap | None]
+) -> Placement:
+    """Where ``dist`` puts a ``shape`` matrix on ``geom``'s mesh.
+
+    ``shared`` gives, per stored dimension, the padded space that dimension
+    must use when ``dist`` does not split it over a grid axis (so operands
+    that meet in a kernel agree); None: the dimension as it is (or a Slab).
+    """
+    p = geom.nranks
+    if isinstance(dist, Replicated) or p == 1:
+        maps = tuple(s if s is not None else DimMap.whole(n) for s, n in zip(shared, shape))
+        return Placement(maps, (None, None))  # type: ignore[arg-type]
+    if isinstance(dist, Slab):
+        maps = []
+        for d in range(2):
+            if d == dist.dim:
+                m = shared[d]
+                maps.append(m if m is not None and m.nparts == p else DimMap.slab(shape[d], p))
+            else:
+                maps.append(shared[d] if shared[d] is not None else DimMap.whole(shape[d]))
+        axes: list[AxisName] = [None, None]
+        axes[dist.dim] = geom.rank_axis
+        return Placement((maps[0], maps[1]), (axes[0], axes[1]))
+    grid = getattr(dist, "grid", None)
+    if grid is None or grid != geom.grid:
+        raise NotImplementedError(
+            f"{dist!r} and the other operands' distributions use different process grids; "
+            f"the JAX backend multiplies on one grid per product ({geom.grid!r})"
+        )
+    rows = [dist.global_indices(grid.rank((i, 0)), shape)[0] for i in range(grid.shape[0])]
+    cols = [dist.global_indices(grid.rank((0, j)), shape)[1] for j in range(grid.shape[1])]
+    return Placement((DimMap.of_parts(shape[0], rows), DimMap.of_parts(shape[1], cols)), ("r", "c"))
+
+
+# --------------------------------------------------------------------------- #
+# redistribution: every element moves once
+# --------------------------------------------------------------------------- #
+@functools.lru_cache(maxsize=256)
+def _exchange_tables(src: Placement, dst: Placement, geom: Geometry) -> tuple[np.ndarray, ...]:
+    """Index tables of the all_to_all between ``src`` and ``dst``.
+
+    ``send[s, t]`` / ``recv[t, s]``: positions in rank s's source block / rank
+    t's destination block of the rows (``*_r``) or columns (``*_c``) both hold,
+    in global order, -1 padded to the longest list.
+    """
+    p = geom.nranks
+    src_idx = [src.local_sources(geom, s) for s in range(p)]
+    dst_idx = [dst.local_sources(geom, t) for t in range(p)]
+    tables = []
+    for dim in range(2):
+        pairs = {}
+        longest = 1
+        for s in range(p):
+            a = src_idx[s][dim]
+            for t in range(p):
+                b = dst_idx[t][dim]
+                common, ia, ib = np.intersect1d(a[a >= 0], b[b >= 0], assume_unique=True, return_indices=True)
+                # positions in the full (padded) local blocks
+                pa = np.nonzero(a >= 0)[0][ia]
+                pb = np.nonzero(b >= 0)[0][ib]
+                pairs[s, t] = (pa, pb)
+                longest = max(longest, len(common))
+        send = np.full((p, p, longest), -1, dtype=np.int32)
+        recv = np.full((p, p, longest), -1, dtype=np.int32)
+        for (s, t), (pa, pb) in pairs.items():
+            send[s, t, : len(pa)] = pa
+            recv[t, s, : len(pb)] = pb
+        tables += [send, recv]
+    return tuple(tables)
+
+
+@functools.lru_cache(maxsize=256)
+def _slice_tables(src: Placement, dst: Placement, geom: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    """From a replicated ``src``: per rank, the positions in ``src``'s padded
+    matrix of each row and column of its ``dst`` block (-1: padding)."""
+    tables = []
+    for dim in range(2):
+        pos = src.maps[dim].positions
+        per_rank = []
+        for t in range(geom.nranks):
+            ids = dst.local_sources(geom, t)[dim]
+            per_rank.append(np.where(ids >= 0, pos[np.maximum(ids, 0)], -1))
+        tables.append(np.stack(per_rank).astype(np.int32))
+    return tables[0], tables[1]
+
+
+def _take2(x: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
+    """``x[rows][..., cols]`` over the last two axes, zeros where an index is -1."""
+    out = jnp.take(x, jnp.maximum(rows, 0), axis=-2)
+    out = jnp.take_along_axis(out, jnp.broadcast_to(jnp.maximum(cols, 0)[..., None, :], out.shape[:-1] + cols.shape[-1:]), axis=-1)
+    return jnp.where((rows >= 0)[..., :, None] & (cols >= 0)[..., None, :], out, jnp.zeros((), x.dtype))
+
+
+def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
+    """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
+    if src == dst:
+        return x
+    if src.maps == dst.maps:  # only the split changes: XLA's own collective (slice/all-gather/all-to-all)
+        return lax.with_sharding_constraint(x, geom.sharding(dst))
+    rank_axis = geom.rank_axis
+    if src.replicated:  # every rank holds everything: each keeps its part, nothing moves
+        rows_t, cols_t = (jnp.asarray(t) for t in _slice_tables(src, dst, geom))
+
+        def keep(local: jax.Array) -> jax.Array:
+            me = lax.axis_index(rank_axis)
+            return _take2(local, rows_t[me], cols_t[me])
+
+        return jax.shard_map(keep, mesh=geom.mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)(x)
+
+    send_r, recv_r, send_c, recv_c = (jnp.asarray(t) for t in _exchange_tables(src, dst, geom))
+    out_rows, out_cols = dst.block
+
+    def exchange(local: jax.Array) -> jax.Array:
+        me = lax.axis_index(rank_axis)
+        sr, sc = send_r[me], send_c[me]  # (P, lr), (P, lc): what goes to each rank
+        chunks = jax.vmap(lambda r, c: _take2(local, r, c))(sr, sc)  # (P, lr, lc)
+        got = lax.all_to_all(chunks, rank_axis, 0, 0)  # got[s]: what rank s sent me
+        rr, rc = recv_r[me], recv_c[me]
+        rr = jnp.where(rr >= 0, rr, out_rows)  # padding goes out of bounds: dropped
+        rc = jnp.where(rc >= 0, rc, out_cols)
+        out = jnp.zeros((out_rows, out_cols), x.dtype)
+        return out.at[rr[:, :, None], rc[:, None, :]].set(got, mode="drop")
+
+    return jax.shard_map(exchange, mesh=geom.mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)(x)
+
+
+# --------------------------------------------------------------------------- #
+# host <-> device, one process
+# --------------------------------------------------------------------------- #
 def _host_block(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``x[rows][:, cols]`` with zeros where an index is -1."""
     out = np.zeros((len(rows), len(cols)), dtype=x.dtype)
@@ -182,23 +405,25 @@ def _host_block(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray
     return out
 
 
-def host_to_device(x: np.ndarray, maps: tuple[DimMap, DimMap], sharding: NamedSharding) -> jax.Array:
+def host_to_device(x: np.ndarray, placement: Placement, geom: Geometry) -> jax.Array:
     """Place a global numpy matrix on the mesh in its padded space, one block per device."""
-    if maps[0].identity and maps[1].identity:
+    sharding = geom.sharding(placement)
+    if placement.identity:
         return jax.device_put(x, sharding)
-    shape = (maps[0].padded_size, maps[1].padded_size)
+    maps = placement.maps
 
     def block(index: tuple[slice, ...]) -> np.ndarray:
         r, c = index
         return _host_block(x, maps[0].sources[r], maps[1].sources[c])
 
-    return jax.make_array_from_callback(shape, sharding, block)
+    return jax.make_array_from_callback(placement.shape, sharding, block)
 
 
-def device_to_host(d: jax.Array, maps: tuple[DimMap, DimMap]) -> np.ndarray:
+def device_to_host(d: jax.Array, placement: Placement) -> np.ndarray:
     """The global numpy matrix of a padded result (each block copied once)."""
-    if maps[0].identity and maps[1].identity:
+    if placement.identity:
         return np.asarray(d)
+    maps = placement.maps
     out = np.empty((maps[0].size, maps[1].size), dtype=d.dtype)
     for shard in d.addressable_shards:
         if shard.replica_id != 0:
@@ -210,9 +435,9 @@ def device_to_host(d: jax.Array, maps: tuple[DimMap, DimMap]) -> np.ndarray:
     return out
 
 
-def pad(x: jax.Array, maps: tuple[DimMap, DimMap]) -> jax.Array:
+def pad(x: jax.Array, placement: Placement) -> jax.Array:
     """Traceable: the padded-space matrix of ``x`` (zeros in the padding)."""
-    for axis, m in enumerate(maps):
+    for axis, m in enumerate(placement.maps):
         if m.identity:
             continue
         src = m.sources
@@ -222,9 +447,53 @@ def pad(x: jax.Array, maps: tuple[DimMap, DimMap]) -> jax.Array:
     return x
 
 
-def unpad(x: jax.Array, maps: tuple[DimMap, DimMap]) -> jax.Array:
-    """Traceable: drop the padding of a padded-space matrix."""
-    for axis, m in enumerate(maps):
+def unpad(x: jax.Array, placement: Placement) -> jax.Array:
+    """Traceable: the global matrix of a padded-space one."""
+    for axis, m in enumerate(placement.maps):
         if not m.identity:
             x = jnp.take(x, jnp.asarray(m.positions), axis=axis)
     return x
+
+
+def expressible(placement: Placement) -> bool:
+    """Whether a NamedSharding of the unpadded matrix expresses ``placement``."""
+    return placement.identity
+
+
+# --------------------------------------------------------------------------- #
+# several processes: this rank's block <-> global arrays
+# --------------------------------------------------------------------------- #
+def my_device(geom: Geometry) -> jax.Device:
+    mine = [d for d in geom.mesh.devices.flat if d.process_index == jax.process_index()]
+    return mine[0]
+
+
+def local_to_global(x: np.ndarray, placement: Placement, geom: Geometry, rank: int) -> jax.Array:
+    """Several processes: the global padded array whose block on this process is
+    ``x`` (this rank's local block, in its local order)."""
+    sources = []
+    for axis, (m, mesh_axis) in enumerate(zip(placement.maps, placement.axes)):
+        if mesh_axis is None:
+            sources.append(m.sources)
+        else:
+            src = np.full(m.block, -1, dtype=np.int64)
+            src[: x.shape[axis]] = np.arange(x.shape[axis])
+            sources.append(src)
+    identity = all(len(s) == n and bool(np.all(s == np.arange(n))) for s, n in zip(sources, x.shape))
+    block = x if identity else _host_block(x, sources[0], sources[1])
+    device = my_device(geom)
+    return jax.make_array_from_single_device_arrays(
+        placement.shape, geom.sharding(placement), [jax.device_put(block, device)]
+    )
+
+
+def global_to_local(d: jax.Array, placement: Placement, local_shape: tuple[int, int]) -> jax.Array:
+    """Several processes: this rank's block of a padded global result, padding stripped."""
+    block = d.addressable_shards[0].data
+    for axis, (m, mesh_axis) in enumerate(zip(placement.maps, placement.axes)):
+        if mesh_axis is not None:
+            if block.shape[axis] != local_shape[axis]:
+                block = lax.slice_in_dim(block, 0, local_shape[axis], axis=axis)
+        elif not m.identity:
+            block = jnp.take(block, jnp.asarray(m.positions), axis=axis)
+    return block

@@ -1,0 +1,78 @@
+"""``dm.redistribute``: a matrix from one distribution to another."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _runtime
+from ._distribution import Distribution
+from ._errors import DistributionError
+from ._matmul import _as_matrix, family
+
+__all__ = ["redistribute"]
+
+
+def _check_distribution(d: Any, name: str) -> Distribution:
+    if not isinstance(d, Distribution):
+        raise TypeError(
+            f"{name} must be a dmatmul Distribution (Slab.X, Slab.Y, Replicated(), "
+            f"BlockNonCyclic(grid), BlockCyclic(grid, blocks)), got {d!r}"
+        )
+    return d
+
+
+def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any = None) -> Any:
+    """``x``, laid out as ``src``, laid out as ``dst``; each element moves once.
+
+    * One process: ``x`` is the global matrix. A ``jax.Array`` comes back laid
+      out on ``devices`` (default: all local devices) as ``dst`` says, with a
+      NamedSharding where one can express it (else replicated); numpy comes
+      back as numpy (the same values).
+    * Several processes (``mpiexec``): ``x`` is this rank's block under
+      ``src``; this rank's block under ``dst`` comes back, in ``x``'s array
+      family. Ranks exchange exactly the elements they need (one all-to-all,
+      computed from ``global_indices``), nothing is gathered anywhere.
+
+    Any two of Slab, Replicated, BlockNonCyclic and BlockCyclic (any grid,
+    block sizes and first process) are accepted.
+    """
+    rt = _runtime.active()
+    spmd = rt is not None and rt.size > 1
+
+    def check() -> Any:
+        _check_distribution(src, "src")
+        _check_distribution(dst, "dst")
+        if spmd and devices is not None:
+            raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
+        return _as_matrix(x, "x")
+
+    if not spmd:
+        xm = check()
+        shape = (int(xm.shape[0]), int(xm.shape[1]))
+        rank = None
+    else:
+        assert rt is not None
+        xm = _runtime.agree(check, "dm.redistribute")
+        shapes = rt.comm.allgather((int(xm.shape[0]), int(xm.shape[1])))
+        try:
+            shape = src.global_shape(shapes)
+        except DistributionError as e:
+            raise DistributionError(f"x: {e}") from None
+        rank = rt.rank
+
+    from .backends import get
+
+    get("jax")  # a clear error when JAX is missing
+    from .backends.jax import _layout, _redistribute
+    from .backends.jax._backend import _x64
+
+    with _x64(str(xm.dtype)):
+        devs = _layout.process_devices(rt.size) if spmd else _layout.resolve_devices(devices)  # type: ignore[union-attr]
+        for name, d in (("src", src), ("dst", dst)):
+            try:
+                d.nranks(len(devs))
+            except DistributionError as e:
+                raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
+        return _redistribute.redistribute(
+            xm, src, dst, shape=shape, family=family(xm), devices=devs, rank=rank
+        )

@@ -1,0 +1,71 @@
+"""``dm.redistribute`` on the JAX backend: one process or several."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..._distribution import Distribution, Slab
+from . import _layout
+
+
+def _steps(
+    src: Distribution, dst: Distribution, devices: tuple[jax.Device, ...], shape: tuple[int, int]
+) -> list[tuple[_layout.Geometry, _layout.Placement, _layout.Placement]]:
+    """One move on one mesh; two (through Slab.X) when the two use different grids."""
+    grids = [d.grid for d in (src, dst) if d.grid is not None and d.grid.ndim == 2]
+    if len(grids) == 2 and grids[0] != grids[1]:
+        first, second = _layout.Geometry.create(devices, grids[0]), _layout.Geometry.create(devices, grids[1])
+        via = (None, None)
+        return [
+            (first, _layout.placement_of(src, first, shape, via), _layout.placement_of(Slab.X, first, shape, via)),
+            (second, _layout.placement_of(Slab.X, second, shape, via), _layout.placement_of(dst, second, shape, via)),
+        ]
+    geom = _layout.Geometry.create(devices, grids[0] if grids else None)
+    return [(geom, _layout.placement_of(src, geom, shape, (None, None)), _layout.placement_of(dst, geom, shape, (None, None)))]
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted(kind: str, geom: _layout.Geometry, src: _layout.Placement, dst: _layout.Placement) -> Any:
+    """Compiled once per (kind, mesh, placements): "move", "pad" (into src) or "unpad" (out of dst)."""
+    if kind == "move":
+        return jax.jit(lambda v: _layout.redistribute(v, src, dst, geom), out_shardings=geom.sharding(dst))
+    if kind == "pad":
+        return jax.jit(lambda v: _layout.pad(v, src), out_shardings=geom.sharding(src))
+    out = geom.sharding(dst) if _layout.expressible(dst) else geom.replicated()
+    return jax.jit(lambda v: _layout.unpad(v, dst), out_shardings=out)
+
+
+def redistribute(
+    x: Any, src: Distribution, dst: Distribution, *, shape: tuple[int, int], family: str,
+    devices: tuple[jax.Device, ...], rank: int | None,
+) -> Any:
+    """``x`` laid out as ``src`` -> laid out as ``dst``.
+
+    ``rank`` None: one process, ``x`` is the global matrix (numpy or jax); else
+    ``x`` is this rank's block and this rank's block of ``dst`` comes back.
+    """
+    steps = _steps(src, dst, devices, shape)
+    geom, first, _ = steps[0]
+    if rank is not None:
+        arr = _layout.local_to_global(np.asarray(x), first, geom, rank)
+    elif family == "numpy":
+        arr = _layout.host_to_device(np.asarray(x), first, geom)
+    else:
+        arr = _jitted("pad", geom, first, first)(x)
+    for i, (geom, a, b) in enumerate(steps):
+        if i:  # the same per-device blocks (Slab.X in rank order) seen on the next grid's mesh
+            arr = jax.make_array_from_single_device_arrays(
+                a.shape, geom.sharding(a), [s.data for s in arr.addressable_shards]
+            )
+        arr = _jitted("move", geom, a, b)(arr)
+    geom, _, last = steps[-1]
+    if rank is not None:
+        block = _layout.global_to_local(arr, last, dst.shape(rank, shape, len(devices)))
+        return block if family == "jax" else np.asarray(block)
+    if family == "numpy":
+        return _layout.device_to_host(arr, last)
+    return _jitted("unpad", geom, last, last)(arr)

@@ -1,0 +1,191 @@
+"""2-D process grids on the JAX backend: BlockNonCyclic, BlockCyclic, SUMMA, redistribution.
+
+8 simulated CPU devices; every result is checked against numpy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import dmatmul as dm  # noqa: E402
+from _reference import assert_close, random_matrix, reference  # noqa: E402
+
+_layout = importlib.import_module("dmatmul.backends.jax._layout")
+
+GRIDS = [(2, 2), (2, 4), (4, 2), (1, 4), (4, 1)]
+BLOCKS = [(1, 1), (3, 5), (4, 4)]
+TRANSPOSES = list(itertools.product((False, True), repeat=2))
+
+
+def operands(seed, m, n, k, ta, tb, dtype="float32"):
+    rng = np.random.default_rng(seed)
+    a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
+    b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
+    c = random_matrix(rng, (m, n), dtype)
+    return a, b, c
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("shape", GRIDS)
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_summa_on_block_cyclic_grids(shape, layout, blocks):
+    grid = dm.ProcessGrid(shape, layout=layout)
+    i = GRIDS.index(shape) + BLOCKS.index(blocks)
+    ta, tb = TRANSPOSES[i % 4]
+    fp = (i % shape[0], (i + 1) % shape[1])
+    d = dm.BlockCyclic(grid, blocks, first_process=fp)
+    a, b, c = operands(i, 23, 17, 19, ta, tb)  # primes: uneven everywhere
+    with dm.Matmul(a, b, c, distribution=d, alpha=0.75, beta=-0.5, transpose_a=ta, transpose_b=tb,
+                   algorithm="summa", devices=grid.size) as mm:
+        got = mm.execute()
+        assert mm.algorithm == "summa"
+        assert "SUMMA" in mm.explain()
+    assert_close(got, reference(a, b, c, alpha=0.75, beta=-0.5, transpose_a=ta, transpose_b=tb), "float32")
+
+
+@pytest.mark.parametrize("ta, tb", TRANSPOSES)
+@pytest.mark.parametrize("algorithm", ["summa", "auto"])
+def test_summa_named_and_auto_with_transposes(ta, tb, algorithm):
+    grid = dm.ProcessGrid((2, 4))
+    d = dm.BlockCyclic(grid, (2, 3), first_process=(1, 2))
+    a, b, c = operands(5, 16, 24, 12, ta, tb)
+    got = dm.matmul(a, b, c, distribution=d, beta=1.0, transpose_a=ta, transpose_b=tb, algorithm=algorithm, devices=8)
+    assert_close(got, reference(a, b, c, beta=1.0, transpose_a=ta, transpose_b=tb), "float32")
+
+
+@pytest.mark.parametrize("epilog", ["relu_bias", "gelu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64", "complex64"])
+def test_summa_epilogues_and_dtypes(epilog, dtype):
+    if dtype.startswith("complex") and epilog != "bias":
+        epilog = "bias"
+    grid = dm.ProcessGrid((2, 2), layout="col")
+    d = dm.BlockCyclic(grid, (3, 3))
+    a, b, c = operands(8, 13, 10, 11, False, False, dtype)
+    bias = np.linspace(-1, 1, 13).astype(a.dtype) if epilog.endswith("bias") else None
+    got = dm.matmul(a, b, c, distribution=d, beta=0.5, epilog=epilog, bias=bias, algorithm="summa", devices=4)
+    assert_close(got, reference(a, b, c, beta=0.5, epilog=epilog, bias=bias), dtype)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+def test_block_non_cyclic_uneven(shape, layout):
+    grid = dm.ProcessGrid(shape, layout=layout)
+    d = dm.BlockNonCyclic(grid, first_process=(1, 1))
+    a, b, c = operands(9, 13, 11, 7, False, True)
+    got = dm.matmul(a, b, distribution=d, transpose_b=True, devices=8)
+    assert_close(got, reference(a, b, transpose_b=True), "float32")
+
+
+def test_jax_arrays_on_a_grid():
+    d = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    a, b, _ = operands(10, 16, 16, 16, False, False)
+    got = dm.matmul(jnp.asarray(a), jnp.asarray(b), distribution=d, devices=8)
+    assert isinstance(got, jax.Array)
+    assert_close(np.asarray(got), reference(a, b), "float32")
+
+
+GRID = dm.ProcessGrid((2, 4))
+MIXED = [
+    dm.Slab.X,
+    dm.Slab.Y,
+    dm.Replicated(),
+    dm.BlockNonCyclic(GRID),
+    dm.BlockCyclic(GRID, (3, 2), first_process=(1, 3)),
+]
+
+
+@pytest.mark.parametrize("dists", [t for t in itertools.product(MIXED, repeat=3) if any(x.grid for x in t)],
+                         ids=lambda t: "-".join(type(x).__name__[:5] + str(getattr(x, "dim", "")) for x in t))
+def test_mixed_layout_products(dists):
+    a, b, c = operands(11, 13, 9, 11, False, False)
+    got = dm.matmul(a, b, c, distribution=dists, beta=2.0, devices=8)
+    assert_close(got, reference(a, b, c, beta=2.0), "float32")
+
+
+def test_summa_refused_without_a_grid():
+    a, b, _ = operands(0, 8, 8, 8, False, False)
+    with pytest.raises(ValueError, match="summa.*BlockCyclic"):
+        dm.matmul(a, b, distribution=dm.Slab.X, algorithm="summa", devices=8)
+
+
+def test_products_on_two_grids_are_refused_with_the_fix():
+    a, b, _ = operands(0, 8, 8, 8, False, False)
+    d1, d2 = dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 2)), dm.BlockCyclic(dm.ProcessGrid((4, 2)), (2, 2))
+    with pytest.raises(NotImplementedError, match="another process grid.*dm.redistribute"):
+        dm.matmul(a, b, distribution=(d1, d2, d1), devices=8)
+
+
+def test_grid_size_must_match_the_devices():
+    a, b, _ = operands(0, 8, 8, 8, False, False)
+    with pytest.raises(dm.DistributionError, match=r"4 ranks.*8 devices|8 devices.*4 ranks"):
+        dm.matmul(a, b, distribution=dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2)), devices=8)
+
+
+@given(
+    rows=st.sampled_from([1, 2, 4, 8]), layout=st.sampled_from(["row", "col"]),
+    mb=st.integers(1, 6), nb=st.integers(1, 6), kb=st.integers(1, 6),
+    m=st.integers(1, 20), n=st.integers(1, 20), k=st.integers(1, 20),
+    ta=st.booleans(), tb=st.booleans(), data=st.data(),
+)
+@settings(max_examples=25, deadline=None)
+def test_generated_grid_products(rows, layout, mb, nb, kb, m, n, k, ta, tb, data):
+    grid = dm.ProcessGrid((rows, 8 // rows), layout=layout)
+    fp = (data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, 8 // rows - 1)))
+    da = dm.BlockCyclic(grid, (mb, kb), first_process=fp)
+    db = dm.BlockCyclic(grid, (kb, nb))
+    dd = data.draw(st.sampled_from([dm.BlockCyclic(grid, (mb, nb), first_process=fp), dm.Slab.X, dm.Slab.Y]))
+    a, b, c = operands(m * n * k, m, n, k, ta, tb)
+    got = dm.matmul(a, b, c, distribution=(da, db, dd), beta=1.0, transpose_a=ta, transpose_b=tb, devices=8)
+    assert_close(got, reference(a, b, c, beta=1.0, transpose_a=ta, transpose_b=tb), "float32")
+
+
+# --------------------------------------------------------------------------- #
+# redistribution
+# --------------------------------------------------------------------------- #
+OTHER = dm.ProcessGrid((4, 2), layout="col")
+LAYOUTS = MIXED + [dm.BlockCyclic(OTHER, (1, 1)), dm.BlockCyclic(OTHER, (4, 4), first_process=(3, 1))]
+
+
+@pytest.mark.parametrize("src, dst", list(itertools.product(LAYOUTS, LAYOUTS)))
+def test_redistribute_every_pair_element_by_element(src, dst):
+    x = np.random.default_rng(0).standard_normal((13, 10)).astype(np.float32)
+    got = dm.redistribute(jnp.asarray(x), src, dst, devices=8)
+    assert isinstance(got, jax.Array)
+    np.testing.assert_array_equal(np.asarray(got), x)
+    np.testing.assert_array_equal(dm.redistribute(x, src, dst, devices=8), x)
+
+
+@pytest.mark.parametrize("src, dst", [(s, d) for s, d in itertools.product(MIXED, MIXED) if s != d])
+def test_redistribution_puts_each_block_on_its_device(src, dst):
+    """Each device ends with exactly its block under dst (zeros in the padding)."""
+    devices = tuple(jax.devices()[:8])
+    geom = _layout.Geometry.create(devices, GRID)
+    shape = (13, 10)
+    x = np.arange(130, dtype=np.float32).reshape(shape) + 1
+    ps = _layout.placement_of(src, geom, shape, (None, None))
+    pd = _layout.placement_of(dst, geom, shape, (None, None))
+    moved = jax.jit(lambda v: _layout.redistribute(v, ps, pd, geom), out_shardings=geom.sharding(pd))(
+        _layout.host_to_device(x, ps, geom)
+    )
+    want = dm.split(x, dst, nranks=8)
+    for shard in moved.addressable_shards:
+        rank = devices.index(shard.device)
+        rows, cols = pd.local_sources(geom, rank)
+        data = np.asarray(shard.data)
+        np.testing.assert_array_equal(data[np.ix_(rows >= 0, cols >= 0)], want[rank])
+        assert not np.any(data[rows < 0]) and not np.any(data[:, cols < 0])
+
+
+def test_redistribute_bad_arguments():
+    with pytest.raises(TypeError, match="dst must be a dmatmul Distribution"):
+        dm.redistribute(np.ones((4, 4)), dm.Slab.X, "rows", devices=4)
+    with pytest.raises(dm.DistributionError, match="dst: .*8 devices.*4 ranks"):
+        dm.redistribute(np.ones((4, 4)), dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 2)), (1, 1)), devices=8)
