@@ -383,7 +383,7 @@ class Matmul:
             devices=devices,
         )
         self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
-        self._backend = _backends.resolve(backend)
+        self._backend = _backends.resolve(backend, self._spec)
         self._plan: _backends.BackendPlan | None = None
         self._freed = False
 
@@ -443,6 +443,8 @@ class Matmul:
             spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
         self._operands = new
         if spec != self._spec:
+            if self._plan is not None:
+                self._plan.free()
             self._spec, self._plan = spec, None  # scalars are compiled in: re-plan
 
     def free(self) -> None:

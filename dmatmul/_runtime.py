@@ -21,7 +21,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["Runtime", "init", "finalize", "runtime", "active", "world_size", "rank", "agree", "launched_size"]
+__all__ = [
+    "Runtime", "init", "finalize", "runtime", "active", "ensure_jax", "world_size", "rank", "agree", "launched_size",
+]
 
 T = TypeVar("T")
 
@@ -59,10 +61,24 @@ def runtime() -> Runtime | None:
 
 
 def active() -> Runtime | None:
-    """The runtime, started implicitly when a launcher says P > 1; else None."""
+    """The runtime, started implicitly (MPI only) when a launcher says P > 1; else None.
+
+    JAX is started by the JAX backend when it first runs (:func:`ensure_jax`),
+    so an nvmath-only installation never imports JAX.
+    """
     if _state is None and launched_size() > 1:
-        return init()
+        return init(start_jax=False)
     return _state
+
+
+def ensure_jax() -> Runtime:
+    """The active runtime with ``jax.distributed`` started (idempotent)."""
+    global _state
+    state = _state if _state is not None else init(start_jax=False)
+    if state.device is None:
+        state = _start_jax(state)
+        _state = state
+    return state
 
 
 def world_size() -> int | None:
@@ -102,7 +118,7 @@ def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
     """
     global _state
     if _state is not None:
-        return _state
+        return ensure_jax() if start_jax else _state
     try:
         from mpi4py import MPI
     except ImportError as e:
@@ -121,6 +137,10 @@ def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
 
 
 def _start_jax(state: Runtime) -> Runtime:
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:  # an nvmath-only installation: nothing to start
+        return state
     import jax
 
     comm = state.comm

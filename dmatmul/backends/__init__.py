@@ -74,10 +74,15 @@ def get(name: str) -> Backend:
     return _loaded[name]
 
 
-def resolve(name: str) -> Backend:
-    """``"auto"``: nvmath where it can run (nvmath-python, CUDA GPU, cuBLASMp), else jax."""
+def resolve(name: str, spec: Spec | None = None) -> Backend:
+    """``"auto"``: nvmath where it can run (nvmath-python, CUDA GPU, cuBLASMp), else jax.
+
+    nvmath runs one rank per process, so a one-process product asked to span
+    several devices (``devices=N``, N > 1) goes to jax.
+    """
     if name != "auto":
         return get(name)
-    if probe("nvmath") is None:
+    several_devices = spec is not None and not spec.spmd and spec.devices not in (None, 1)
+    if not several_devices and probe("nvmath") is None:
         return get("nvmath")
     return get("jax")
