@@ -1,0 +1,100 @@
+"""The nvmath backend: cuBLASMp through ``nvmath.distributed.linalg.advanced``.
+
+Layers (each importable without a GPU):
+
+* :mod:`._translate` -- pure Python: a dmatmul product as the nvmath call, as
+  plain data (distributions, transposed views, qualifiers, padding, fused
+  epilog, the cuBLASMp path); fully tested on CPU.
+* :mod:`._pipeline` -- the array work of one rank (views, padding copies,
+  stripping, the epilogue dmatmul applies), generic over numpy and cupy.
+* :mod:`._engine` -- the only code that imports nvmath-python, CuPy and MPI:
+  runtime start-up and the nvmath objects built from the data.
+
+Importing this package imports none of nvmath, CuPy or MPI;
+:func:`unavailable` says why the backend cannot run here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Any
+
+__all__ = ["BACKEND", "unavailable", "NvmathBackend"]
+
+_EXTRA = "pip install 'dmatmul[nvmath]'"
+#: cuBLASMp versions nvmath-python 1.0 supports (it pins cuBLASMp < 0.10)
+_CUBLASMP_MIN, _CUBLASMP_BELOW = 600, 1000
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why this backend cannot run here, or None when it can.
+
+    Checks, cheapest first: nvmath-python, CuPy and mpi4py are installed; a
+    CUDA device is visible; cuBLASMp's library loads (and is a version
+    nvmath-python 1.0 supports). The answer is cached for the process.
+
+    >>> reason = unavailable()
+    >>> reason is None or isinstance(reason, str)
+    True
+    """
+    missing = [pkg for pkg in ("nvmath", "cupy") if importlib.util.find_spec(pkg) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: {_EXTRA}"
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py not installed (nvmath.distributed bootstraps over MPI): pip install 'dmatmul[nvmath,mpi]'"
+    try:
+        import cupy
+
+        ndev = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:  # noqa: BLE001 - no driver, no runtime, ...
+        return f"no CUDA device usable by CuPy ({type(e).__name__}: {e}); the nvmath backend needs an NVIDIA GPU"
+    if ndev < 1:
+        return "no CUDA device visible (CuPy sees 0 GPUs); the nvmath backend needs an NVIDIA GPU"
+    try:
+        from nvmath.bindings import cublasMp
+
+        version = int(cublasMp.get_version())
+    except Exception as e:  # noqa: BLE001 - library missing or not loadable
+        return (
+            f"the cuBLASMp library could not be loaded ({type(e).__name__}: {e}): {_EXTRA} "
+            "(nvmath-python[cu13,distributed] brings libcublasmp)"
+        )
+    if not _CUBLASMP_MIN <= version < _CUBLASMP_BELOW:
+        return (
+            f"cuBLASMp {version // 10000}.{version // 100 % 100}.{version % 100} found; nvmath-python 1.0 needs "
+            f"0.6 <= cuBLASMp < 0.10: {_EXTRA}"
+        )
+    return None
+
+
+class _LazyBackend:
+    """``BACKEND``: the registry reads ``.name`` and calls ``.plan``; the
+    backend module (and with it nvmath's) is imported on the first plan."""
+
+    name = "nvmath"
+
+    def __init__(self) -> None:
+        self._impl: Any = None
+
+    def plan(self, spec: Any, operands: Any) -> Any:
+        if self._impl is None:
+            from ._backend import NvmathBackend
+
+            self._impl = NvmathBackend()
+        return self._impl.plan(spec, operands)
+
+    def __repr__(self) -> str:
+        return "<dmatmul nvmath backend (cuBLASMp)>"
+
+
+BACKEND = _LazyBackend()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NvmathBackend":
+        from ._backend import NvmathBackend
+
+        return NvmathBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

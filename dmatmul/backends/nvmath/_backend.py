@@ -1,0 +1,171 @@
+"""The nvmath backend's plan: translate once, prepare/execute/finish per call."""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from typing import Any
+
+import numpy as np
+
+from ... import _runtime
+from ..._matmul import Operands, Spec, family
+from . import _engine, _pipeline
+from ._translate import Problem, Translation, combine_orders, order_of, translate
+
+__all__ = ["NvmathBackend", "NvmathPlan"]
+
+
+def _check_devices(devices: Any) -> None:
+    """One process drives one GPU: ``devices=`` may ask for at most one rank."""
+    if devices is None:
+        return
+    count = devices if isinstance(devices, numbers.Integral) else len(devices)
+    if count != 1:
+        raise ValueError(
+            f"devices={devices!r} asks for {count} ranks in one process, but the nvmath backend runs one rank "
+            f"per process (one GPU each, as NCCL requires): launch with mpiexec -n {count}, or use backend='jax'"
+        )
+
+
+def _engine_array(x: Any) -> Any:
+    """A numpy or cupy array for nvmath (jax arrays: zero-copy on a GPU, else via the host)."""
+    if x is None:
+        return None
+    fam = family(x)
+    if fam in ("numpy", "cupy"):
+        return x
+    if fam == "jax":
+        try:
+            if next(iter(x.devices())).platform == "gpu":
+                import cupy
+
+                return cupy.from_dlpack(x)
+        except Exception:  # noqa: BLE001 - anything unusual: go through the host
+            pass
+        return np.asarray(x)
+    return np.asarray(x)
+
+
+def _xp(arrays: list[Any]) -> Any:
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and any(isinstance(x, cupy.ndarray) for x in arrays if x is not None):
+        return cupy
+    return np
+
+
+def _to_family(d: Any, fam: str) -> Any:
+    if fam == "jax":
+        import jax.numpy as jnp
+
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and isinstance(d, cupy.ndarray):
+            import jax
+
+            return jax.dlpack.from_dlpack(d)
+        return jnp.asarray(d)
+    if fam == "numpy":
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and isinstance(d, cupy.ndarray):
+            return cupy.asnumpy(d)
+        return np.asarray(d)
+    return d
+
+
+class NvmathPlan:
+    """One product planned with nvmath: the Translation plus the nvmath object."""
+
+    def __init__(self, spec: Spec, operands: Operands) -> None:
+        self.spec = spec
+        if not spec.spmd:
+            _check_devices(spec.devices)
+        if _engine._context is None:
+            _runtime.agree(_engine.preflight, "dmatmul (nvmath start-up)")
+        self.ctx = _engine.context(spec.spmd)
+        arrays = self._arrays(operands)
+        self._xp = _xp(arrays)
+        a, b, c, _ = arrays
+        local = (order_of(a), order_of(b), order_of(c) if spec.use_c else None)
+        everyone = self.ctx.comm.allgather(local) if self.ctx.size > 1 else [local]
+        orders = tuple(combine_orders([o[i] for o in everyone]) for i in range(3))
+        self.orders = orders
+        problem = Problem.from_spec(spec, self.ctx.size, (orders[0] or "C", orders[1] or "C", orders[2]))
+        self.translation: Translation = _runtime.agree(lambda: translate(problem), "dmatmul (nvmath plan)")
+        self.algorithm = self.translation.algorithm
+        prepared = self._prepare(arrays)
+        self._engine = _engine.make_engine(self.translation, prepared, self.ctx)
+        self.translation = self._engine.translation  # unfused if nvmath refused the epilog
+
+    # -- helpers ----------------------------------------------------------------
+    def _arrays(self, operands: Operands) -> list[Any]:
+        xs = [_engine_array(x) for x in (operands.a, operands.b, operands.c if self.spec.use_c else None,
+                                          operands.bias if self.spec.has_bias else None)]
+        xp = _xp(xs)
+        if xp is not np:  # one family for nvmath: host operands follow the device ones
+            xs = [None if x is None else xp.asarray(x) for x in xs]
+        return xs
+
+    def _orders_match(self, arrays: list[Any]) -> list[Any]:
+        """Operands reset to another memory order are converted to the planned one."""
+        out = list(arrays)
+        for i, want in enumerate(self.orders):
+            x = out[i]
+            if x is None or want is None:
+                continue
+            got = order_of(x)
+            if want in ("C", "CF") and got not in ("C", "CF"):
+                out[i] = self._xp.ascontiguousarray(x)
+            elif want == "F" and got not in ("F", "CF"):
+                out[i] = self._xp.asfortranarray(x)
+        return out
+
+    def _prepare(self, arrays: list[Any]) -> _pipeline.Prepared:
+        a, b, c, bias = arrays
+        rank = self.ctx.rank
+        return _runtime.agree(
+            lambda: _pipeline.prepare(self.translation, rank, a, b, c, bias, self._xp), "dmatmul (nvmath operands)"
+        )
+
+    # -- protocol -----------------------------------------------------------------
+    def execute(self, operands: Operands) -> Any:
+        """Prepare this call's operands, run nvmath, finish the local result.
+
+        Operands are always handed over again (``reset_operands``): host
+        operands are copied to the GPU by nvmath at that point, so values
+        changed since planning are seen, as with the JAX backend.
+        """
+        arrays = self._orders_match(self._arrays(operands))
+        prepared = self._prepare(arrays)
+        d_nv = self._engine.run(prepared)
+        _, _, c, bias = arrays
+        tr = self.translation
+        d = _pipeline.finish(tr, self.ctx.rank, d_nv, c, bias, self._xp)
+        if tr.gather:
+            host = np.ascontiguousarray(d.get() if self._xp is not np else d)
+            full = _pipeline.assemble(tr, self.ctx.comm.allgather(host))
+            d = full if self._xp is np else self._xp.asarray(full)
+        return _to_family(d, self.spec.family)
+
+    def explain(self) -> list[str]:
+        lines = self.translation.describe()
+        lines.insert(1, f"device:     GPU {self.ctx.device_id} on rank {self.ctx.rank} of {self.ctx.size}; "
+                        f"nvmath-python {_engine.nvmath_version()}, backends {', '.join(self.ctx.backends) or '?'}")
+        if self._engine.refused:
+            lines.append(f"note:       nvmath refused the fused epilog ({self._engine.refused}); dmatmul applies it")
+        return lines
+
+    def free(self) -> None:
+        if self._engine is not None:
+            self._engine.free()
+            self._engine = None  # type: ignore[assignment]
+
+
+class NvmathBackend:
+    """The cuBLASMp backend. Each plan owns its nvmath ``Matmul`` (freed with
+    the dmatmul plan), as nvmath's own function form does; translations are
+    pure and cheap."""
+
+    name = "nvmath"
+
+    def plan(self, spec: Spec, operands: Operands) -> NvmathPlan:
+        return NvmathPlan(spec, operands)

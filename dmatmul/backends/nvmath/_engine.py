@@ -1,0 +1,300 @@
+"""The execution layer: real nvmath-python objects built from a Translation.
+
+Everything that touches nvmath-python, CuPy or MPI lives here, imported
+lazily; all decisions were made by :mod:`._translate` (as data) and all array
+work is done by :mod:`._pipeline`. This layer only:
+
+* starts ``nvmath.distributed`` once per process (:func:`context`): the
+  communicator is dmatmul's MPI runtime under ``mpiexec`` and ``COMM_SELF``
+  in one process; the device is the local rank modulo the visible GPUs (one
+  process per GPU: NCCL refuses two ranks on one GPU); the communication
+  backends are ``nvshmem`` and ``nccl`` (matmul needs NCCL; nvmath copies
+  host operands to NVSHMEM symmetric memory), or those named in
+  ``DMATMUL_NVMATH_BACKENDS`` (e.g. ``nccl``);
+* builds ``BlockCyclic(ProcessGrid(...), block_sizes, first_process=...)``,
+  the qualifiers array and ``MatmulOptions(inplace=False)``;
+* creates, plans (with the fused epilog, falling back to dmatmul's epilogue
+  if the installed nvmath refuses it), executes, resets and frees
+  ``nvmath.distributed.linalg.advanced.Matmul`` -- or, for a local kernel on
+  several ranks, ``nvmath.linalg.advanced.Matmul`` (cuBLASLt, no
+  communication).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from ... import _runtime
+from ._pipeline import Prepared
+from ._translate import NvDistribution, Translation
+
+__all__ = ["Context", "context", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine", "nvmath_version"]
+
+BACKENDS_ENV = "DMATMUL_NVMATH_BACKENDS"
+_DEFAULT_BACKENDS = ("nvshmem", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """This process's place in the nvmath.distributed runtime."""
+
+    comm: Any
+    rank: int
+    size: int
+    device_id: int
+    backends: tuple[str, ...]
+
+
+_context: Context | None = None
+
+
+def nvmath_version() -> str:
+    import nvmath
+
+    return str(getattr(nvmath, "__version__", "unknown"))
+
+
+def _context_size(ctx: Any) -> int | None:
+    comm = getattr(ctx, "communicator", None)
+    if comm is not None and hasattr(comm, "Get_size"):
+        return int(comm.Get_size())
+    group = getattr(ctx, "process_group", None)
+    if group is not None and hasattr(group, "nranks"):
+        return int(group.nranks)
+    return None
+
+
+def preflight() -> None:
+    """The local checks before the collective start-up (run under
+    ``_runtime.agree``, so one rank's failure is every rank's error)."""
+    import cupy
+    import nvmath.distributed  # noqa: F401 - needs mpi4py
+
+    if int(cupy.cuda.runtime.getDeviceCount()) < 1:
+        raise RuntimeError("the nvmath backend needs a CUDA GPU and none is visible on this rank")
+
+
+def context(spmd: bool) -> Context:
+    """Start (once) and return the nvmath.distributed runtime of this process."""
+    global _context
+    if spmd:
+        rt = _runtime.active()
+        if rt is None:  # pragma: no cover - the front end started it
+            raise RuntimeError("dmatmul: several processes announced but no MPI runtime is active")
+        comm, rank, size, local_rank = rt.comm, rt.rank, rt.size, rt.local_rank
+    else:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise RuntimeError("the nvmath backend needs mpi4py (nvmath.distributed bootstraps over MPI): "
+                               "pip install 'dmatmul[mpi]'") from e
+        comm, rank, size, local_rank = MPI.COMM_SELF, 0, 1, None
+    if _context is not None:
+        if _context.size != size:
+            raise RuntimeError(
+                f"nvmath.distributed was started on {_context.size} process(es) in this process's lifetime, "
+                f"this product runs on {size}: use one launch mode per process"
+            )
+        return _context
+    import cupy
+    import nvmath.distributed as nd
+
+    ndev = int(cupy.cuda.runtime.getDeviceCount())
+    if ndev < 1:
+        raise RuntimeError("the nvmath backend needs a CUDA GPU and none is visible")
+    ctx = nd.get_context()
+    if ctx is None:
+        device_id = int(cupy.cuda.runtime.getDevice()) if local_rank is None else int(local_rank) % ndev
+        backends = tuple(b.strip() for b in os.environ.get(BACKENDS_ENV, ",".join(_DEFAULT_BACKENDS)).split(",") if b.strip())
+        cupy.cuda.Device(device_id).use()
+        group = nd.MPIProcessGroup(comm) if hasattr(nd, "MPIProcessGroup") else comm
+        try:
+            nd.initialize(device_id, group, backends=list(backends))
+        except Exception as e:
+            raise RuntimeError(
+                f"nvmath.distributed.initialize(device_id={device_id}, backends={list(backends)}) failed on rank "
+                f"{rank}: {e}. One process per GPU is required (NCCL refuses two ranks on one GPU); set "
+                f"{BACKENDS_ENV}=nccl to start without NVSHMEM"
+            ) from e
+    else:  # the user started nvmath.distributed: use it as it is
+        device_id = int(ctx.device_id)
+        backends = tuple(b for b, on in (("nvshmem", getattr(ctx, "nvshmem_available", False)),
+                                          ("nccl", getattr(ctx, "nccl_comm", None) is not None)) if on)
+        got = _context_size(ctx)
+        if got is not None and got != size:
+            raise RuntimeError(
+                f"nvmath.distributed was initialized on {got} process(es) but this product runs on {size}"
+            )
+        cupy.cuda.Device(device_id).use()
+    _context = Context(comm, rank, size, device_id, backends)
+    return _context
+
+
+# --------------------------------------------------------------------------- #
+# nvmath objects from data
+# --------------------------------------------------------------------------- #
+def nv_distribution(d: NvDistribution) -> Any:
+    """``nvmath.distributed.distribution.BlockCyclic`` for the data ``d`` (needs the runtime)."""
+    from nvmath.distributed.distribution import BlockCyclic, ProcessGrid
+
+    layout = ProcessGrid.Layout.ROW_MAJOR if d.grid_layout == "ROW_MAJOR" else ProcessGrid.Layout.COL_MAJOR
+    grid = ProcessGrid(shape=tuple(int(s) for s in d.grid_shape), layout=layout)
+    return BlockCyclic(grid, tuple(int(b) for b in d.block_sizes), first_process=tuple(int(f) for f in d.first_process))
+
+
+def qualifiers(flags: tuple[bool, bool, bool], dtype: Any) -> np.ndarray:
+    q = np.zeros((3,), dtype=dtype)
+    for i, flag in enumerate(flags):
+        q[i]["is_transpose"] = bool(flag)
+    return q
+
+
+def _options(cls: Any, **wanted: Any) -> tuple[Any, set[str]]:
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in wanted.items() if k in fields}), fields
+
+
+def _fallback_worthy(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}".lower()
+    return isinstance(e, (ValueError, NotImplementedError, TypeError)) or "not_supported" in text or "not supported" in text
+
+
+class CublasMpEngine:
+    """``nvmath.distributed.linalg.advanced.Matmul`` for one Translation."""
+
+    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
+        from nvmath.distributed.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions, matrix_qualifiers_dtype
+
+        self.ctx = ctx
+        self.translation = tr
+        p = tr.problem
+        options, fields = _options(MatmulOptions, **dict(tr.options))
+        self._copy_c = "inplace" not in fields  # an nvmath without the option: never let it write the user's c
+        A, B, C = self._operands(prepared)
+        slot_a, slot_b = tr.slot("A"), tr.slot("B")
+        assert slot_a is not None and slot_b is not None and tr.result is not None
+        distributions = [nv_distribution(slot_a.distribution), nv_distribution(slot_b.distribution),  # type: ignore[arg-type]
+                         nv_distribution(tr.result)]
+        self._mm = Matmul(
+            A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
+            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options,
+        )
+        self._epilog_enum = MatmulEpilog
+        self.refused: str | None = None
+        try:
+            self._plan(tr, prepared)
+        except Exception as e:
+            if tr.fused_epilog in (None, "ALLREDUCE") or not _fallback_worthy(e):
+                raise
+            self.refused = f"{type(e).__name__}: {e}"
+            self.translation = tr.unfused()
+            self._plan(self.translation, prepared)
+
+    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
+        C = prepared.C
+        if C is not None and self._copy_c and not prepared.copied.get("c", False):
+            C = C.copy(order="F")
+        return prepared.A, prepared.B, C
+
+    def _plan(self, tr: Translation, prepared: Prepared) -> None:
+        if tr.fused_epilog is None:
+            self._mm.plan()
+            return
+        inputs = {"bias": prepared.bias} if prepared.bias is not None and tr.fused_epilog.endswith("BIAS") else None
+        self._mm.plan(epilog=self._epilog_enum[tr.fused_epilog], epilog_inputs=inputs)
+
+    def run(self, prepared: Prepared) -> Any:
+        """Hand ``prepared`` over (``reset_operands``) and execute."""
+        A, B, C = self._operands(prepared)
+        kwargs: dict[str, Any] = {"a": A, "b": B}
+        if C is not None:
+            kwargs["c"] = C
+        tr = self.translation
+        if tr.fused_epilog is not None and tr.fused_epilog.endswith("BIAS") and prepared.bias is not None:
+            kwargs["epilog_inputs"] = {"bias": prepared.bias}
+        self._mm.reset_operands(**kwargs)
+        return self._mm.execute()
+
+    def free(self) -> None:
+        if self._mm is not None:
+            self._mm.free()
+            self._mm = None
+
+
+class CublasLtEngine:
+    """A local kernel on several ranks: ``nvmath.linalg.advanced.Matmul`` (cuBLASLt) per rank."""
+
+    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
+        from nvmath.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions
+
+        self.ctx = ctx
+        self.translation = tr
+        self.refused: str | None = None
+        p = tr.problem
+        options, _ = _options(MatmulOptions, inplace=False, device_id=ctx.device_id)
+        a, b, c = self._operands(prepared)
+        self._mm: Any = None
+        self._empty: tuple[int, int] | None = None
+        if 0 in (a.shape[0], b.shape[1]):  # this rank holds no rows/columns of the result: nothing to run
+            self._empty = (a.shape[0], b.shape[1])
+            return
+        self._mm = Matmul(a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
+        self._epilog_enum = MatmulEpilog
+        try:
+            self._plan(tr, prepared)
+        except Exception as e:
+            if tr.fused_epilog is None or not _fallback_worthy(e):
+                raise
+            self.refused = f"{type(e).__name__}: {e}"
+            self.translation = tr.unfused()
+            self._plan(self.translation, prepared)
+
+    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
+        q = self.translation.qualifiers
+        a = prepared.A.T if q[0] else prepared.A
+        b = prepared.B.T if q[1] else prepared.B
+        return a, b, prepared.C
+
+    def _plan(self, tr: Translation, prepared: Prepared) -> None:
+        if tr.fused_epilog is None:
+            self._mm.plan()
+            return
+        inputs = {"bias": prepared.bias} if tr.fused_epilog.endswith("BIAS") else None
+        self._mm.plan(epilog=self._epilog_enum[tr.fused_epilog], epilog_inputs=inputs)
+
+    def run(self, prepared: Prepared) -> Any:
+        """Hand ``prepared`` over (``reset_operands``) and execute."""
+        a, b, c = self._operands(prepared)
+        if self._empty is not None:
+            return _array_module(a).zeros(self._empty, dtype=a.dtype)
+        kwargs: dict[str, Any] = {"a": a, "b": b}
+        if c is not None:
+            kwargs["c"] = c
+        if self.translation.fused_epilog is not None and self.translation.fused_epilog.endswith("BIAS"):
+            kwargs["epilog_inputs"] = {"bias": prepared.bias}
+        self._mm.reset_operands(**kwargs)
+        return self._mm.execute()
+
+    def free(self) -> None:
+        if self._mm is not None:
+            self._mm.free()
+            self._mm = None
+
+
+def _array_module(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def make_engine(tr: Translation, prepared: Prepared, ctx: Context) -> CublasMpEngine | CublasLtEngine:
+    """Create and plan the nvmath object for ``tr`` (collective for cuBLASMp)."""
+    if tr.engine == "cublaslt":
+        return CublasLtEngine(tr, prepared, ctx)
+    return CublasMpEngine(tr, prepared, ctx)

@@ -1,0 +1,261 @@
+"""The array work around the nvmath call, for one rank: generic over numpy and cupy.
+
+A :class:`~._translate.Translation` says what to hand over; this module does
+it on the arrays of one rank, with ``xp`` the array module of the operands
+(numpy for host operands, which nvmath copies to the GPU and back; cupy for
+device operands). Nothing here imports nvmath, so the whole pipeline runs on
+CPU against a simulated cuBLASMp in the tests.
+
+* :func:`prepare` -- the local blocks nvmath receives: a view where the
+  translation promises one (a Fortran-order block as it is, a C-order block as
+  its transposed view), else a copy (padding, cutting a Replicated operand,
+  memory order).
+* :func:`finish` -- from nvmath's local result to dmatmul's: un-transpose
+  (swapped frame), strip padding, apply the epilogue dmatmul owns.
+* :func:`assemble` -- the allgathered result blocks as one replicated matrix.
+
+Index bookkeeping uses only dmatmul's own distributions: every block's rows
+and columns are global ids (``Distribution.global_indices``), nvmath's padded
+layout is an :class:`~._translate.NvDistribution` over the padded extents, and
+a :class:`~._translate.DimPlan` maps padded positions back to real ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ..._distribution import join
+from ._translate import Handover, Translation
+
+__all__ = ["Prepared", "prepare", "localize", "fused_bias", "finish", "post_epilogue", "assemble", "Selection"]
+
+Selection = Any  # a slice or an integer index array
+
+
+def _selection(ids: np.ndarray, size: int | None = None) -> Selection:
+    """A slice when ``ids`` is a contiguous increasing range, else the array itself."""
+    if len(ids) == 0:
+        return slice(0, 0)
+    if ids[-1] - ids[0] == len(ids) - 1 and np.all(np.diff(ids) == 1):
+        return slice(int(ids[0]), int(ids[-1]) + 1)
+    return ids
+
+
+def _is_full(sel: Selection, size: int) -> bool:
+    return isinstance(sel, slice) and sel.start in (0, None) and sel.stop == size
+
+
+def _locate(held: np.ndarray, wanted: np.ndarray, what: str) -> np.ndarray:
+    """Local positions in ``held`` (sorted global ids) of the global ids ``wanted``."""
+    wanted = np.asarray(wanted)
+    if wanted.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    pos = np.searchsorted(held, wanted)
+    if len(held) == 0 or np.any(pos >= len(held)) or np.any(held[np.minimum(pos, len(held) - 1)] != wanted):
+        raise RuntimeError(f"dmatmul internal error: {what} does not hold the global ids it must hand over")
+    return pos
+
+
+def _index(xp: Any, sel: Selection) -> Any:
+    return sel if isinstance(sel, slice) else xp.asarray(sel)
+
+
+def _take(xp: Any, x: Any, rows: Selection, cols: Selection) -> Any:
+    if isinstance(rows, slice) or isinstance(cols, slice):
+        return x[_index(xp, rows), _index(xp, cols)]
+    return x[xp.ix_(xp.asarray(rows), xp.asarray(cols))]
+
+
+def _put(xp: Any, y: Any, rows: Selection, cols: Selection, value: Any) -> None:
+    if isinstance(rows, slice) or isinstance(cols, slice):
+        y[_index(xp, rows), _index(xp, cols)] = value
+    else:
+        y[xp.ix_(xp.asarray(rows), xp.asarray(cols))] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisMap:
+    """Which source rows (or columns) go to which destination rows."""
+
+    src: Selection
+    dst: Selection
+    size: int  # destination extent
+
+    def full(self, src_size: int) -> bool:
+        """Destination = source, nothing moved."""
+        return self.size == src_size and _is_full(self.src, src_size) and _is_full(self.dst, self.size)
+
+
+def _axis_map(src_ids: np.ndarray, dst_padded: np.ndarray, real_of_padded: np.ndarray | None, what: str) -> AxisMap:
+    real = dst_padded if real_of_padded is None else real_of_padded[dst_padded]
+    keep = np.nonzero(real >= 0)[0]
+    src = _locate(src_ids, real[keep], what)
+    return AxisMap(_selection(src), _selection(keep), len(dst_padded))
+
+
+def localize(h: Handover, tr: Translation, rank: int, x: Any, xp: Any) -> tuple[Any, bool]:
+    """The block of ``x`` (this rank's block of user operand ``h.operand``)
+    that nvmath receives, and whether it is a copy.
+
+    Returns the array in nvmath's orientation: ``y`` itself for a Fortran-order
+    handover, ``y.T`` for a transposed one (an F-order view of C-order ``y``).
+    """
+    p = tr.problem
+    shape = p.global_shape(h.operand)
+    src_rows, src_cols = h.source.global_indices(rank, shape, p.nranks)
+    target = h.target_padded()
+    if target is None:  # cuBLASLt engine: the target split of the real matrix
+        dst_rows, dst_cols = h.target.global_indices(rank, shape, p.nranks)
+        rmap = _axis_map(src_rows, dst_rows, None, f"the block of {h.operand}")
+        cmap = _axis_map(src_cols, dst_cols, None, f"the block of {h.operand}")
+    else:
+        dr, dc = tr.dim(h.dims[0]), tr.dim(h.dims[1])
+        dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded, dc.padded))
+        rmap = _axis_map(src_rows, dst_rows, dr.real_of_padded() if dr.padding else None, f"the block of {h.operand}")
+        cmap = _axis_map(src_cols, dst_cols, dc.real_of_padded() if dc.padding else None, f"the block of {h.operand}")
+    copied = False
+    if rmap.full(x.shape[0]) and cmap.full(x.shape[1]):
+        y = x
+    elif _is_full(rmap.dst, rmap.size) and _is_full(cmap.dst, cmap.size) and isinstance(rmap.src, slice) \
+            and isinstance(cmap.src, slice):
+        y = x[rmap.src, cmap.src]  # a contiguous part: a view
+    else:
+        order = "C" if h.transposed or (target is None and _c_contiguous(x)) else "F"
+        y = xp.zeros((rmap.size, cmap.size), dtype=x.dtype, order=order)
+        _put(xp, y, rmap.dst, cmap.dst, _take(xp, x, rmap.src, cmap.src))
+        copied = True
+    if target is None:  # cuBLASLt takes either order
+        if not (_c_contiguous(y) or _f_contiguous(y)):
+            y, copied = xp.ascontiguousarray(y), True
+        return y, copied
+    if h.transposed:
+        if not _c_contiguous(y):
+            y, copied = xp.ascontiguousarray(y), True
+        return y.T, copied
+    if not _f_contiguous(y):
+        y, copied = xp.asfortranarray(y), True
+    return y, copied
+
+
+def _c_contiguous(x: Any) -> bool:
+    return bool(x.flags.c_contiguous)
+
+
+def _f_contiguous(x: Any) -> bool:
+    return bool(x.flags.f_contiguous)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What one rank hands to the engine: nvmath slots A, B, C and the fused
+    epilog's bias (all in nvmath's orientation), and which were copied."""
+
+    A: Any
+    B: Any
+    C: Any = None
+    bias: Any = None
+    copied: dict[str, bool] = dataclasses.field(default_factory=dict)
+
+
+def fused_bias(tr: Translation, rank: int, bias: Any, xp: Any, dtype: Any) -> Any:
+    """The bias vector of the fused epilog on this rank: one value per local
+    row of nvmath's result (cuBLASMp's bias is local), zero on padded rows."""
+    p = tr.problem
+    bias = xp.asarray(bias).reshape(-1)
+    if tr.engine == "cublaslt":
+        rows, _ = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
+        sel = _selection(rows)
+        return xp.ascontiguousarray(bias[_index(xp, sel)].astype(dtype))
+    assert tr.result is not None and not tr.swapped
+    dm = tr.dim("M")
+    padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)
+    real = dm.real_of_padded()[padded_rows] if dm.padding else padded_rows
+    keep = np.nonzero(real >= 0)[0]
+    if len(keep) == len(real) and isinstance(_selection(real), slice):
+        return xp.ascontiguousarray(bias[_index(xp, _selection(real))].astype(dtype))
+    out = xp.zeros(len(real), dtype=dtype)
+    out[xp.asarray(keep)] = bias[xp.asarray(real[keep])].astype(dtype)
+    return out
+
+
+def prepare(tr: Translation, rank: int, a: Any, b: Any, c: Any, bias: Any, xp: Any) -> Prepared:
+    """This rank's nvmath operands for ``tr`` (user operands ``a``, ``b``, ``c``, ``bias``)."""
+    arrays = {"a": a, "b": b, "c": c}
+    slots: dict[str, Any] = {}
+    copied: dict[str, bool] = {}
+    for h in tr.handovers:
+        y, was_copied = localize(h, tr, rank, arrays[h.operand], xp)
+        slots[h.slot] = y
+        copied[h.operand] = was_copied
+    fb = None
+    if tr.fused_epilog not in (None, "ALLREDUCE") and tr.problem.epilog and tr.problem.epilog.endswith("bias"):
+        fb = fused_bias(tr, rank, bias, xp, a.dtype)
+    return Prepared(slots["A"], slots["B"], slots.get("C"), fb, copied)
+
+
+def _gelu(xp: Any, z: Any) -> Any:
+    return 0.5 * z * (1 + xp.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+
+
+def post_epilogue(
+    xp: Any, d: Any, *, beta: complex, c: Any, bias: Any, epilog: str | None, dtype: Any
+) -> Any:
+    """``epilog(d + beta*c + bias)`` on a local block (half precisions in float32)."""
+    work = np.float32 if np.dtype(dtype).itemsize == 2 and np.dtype(dtype).kind not in "c" else dtype
+    z = d.astype(work)
+    if c is not None:
+        z = z + beta * c.astype(work)
+    if bias is not None:
+        z = z + bias.astype(work)[:, None]
+    if epilog in ("relu", "relu_bias"):
+        z = xp.maximum(z, 0)
+    elif epilog in ("gelu", "gelu_bias"):
+        z = _gelu(xp, z)
+    return z.astype(dtype)
+
+
+def finish(tr: Translation, rank: int, d_nv: Any, c: Any, bias: Any, xp: Any) -> Any:
+    """dmatmul's local result block (of ``tr.computed``) from nvmath's result.
+
+    ``c`` and ``bias`` are the user's (this rank's block of c, the whole bias);
+    they are read only for the epilogue dmatmul applies itself.
+    """
+    p = tr.problem
+    rows, cols = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
+    if tr.engine == "cublaslt":
+        d = d_nv
+    else:
+        d_user = d_nv.T if tr.swapped else d_nv
+        dm, dn = tr.dim("M"), tr.dim("N")
+        if tr.path == "GEMM+AR":
+            prow, pcol = np.arange(dm.padded), np.arange(dn.padded)
+        else:
+            res = tr.result_padded_user()
+            assert res is not None
+            prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded, dn.padded))
+        rsel = _selection(_locate(prow, dm.positions()[rows] if dm.padding else rows, "the result block"))
+        csel = _selection(_locate(pcol, dn.positions()[cols] if dn.padding else cols, "the result block"))
+        if _is_full(rsel, d_user.shape[0]) and _is_full(csel, d_user.shape[1]):
+            d = d_user
+        else:
+            d = _take(xp, d_user, rsel, csel).copy()  # compact: do not keep the padded buffer alive
+    if tr.post_beta_c or tr.post_epilog:
+        c_block = None
+        if tr.post_beta_c and c is not None:
+            crows, ccols = p.distributions[2].global_indices(rank, (p.m, p.n), p.nranks)
+            c_block = _take(xp, c, _selection(_locate(crows, rows, "c")), _selection(_locate(ccols, cols, "c")))
+        b_block = None
+        if tr.post_epilog and tr.post_epilog.endswith("bias"):
+            b_block = xp.asarray(bias).reshape(-1)[_index(xp, _selection(rows))]
+        d = post_epilogue(xp, d, beta=p.beta, c=c_block, bias=b_block, epilog=tr.post_epilog, dtype=d.dtype)
+    return d
+
+
+def assemble(tr: Translation, blocks: list[np.ndarray]) -> np.ndarray:
+    """The replicated result from every rank's block of ``tr.computed`` (host arrays)."""
+    p = tr.problem
+    return join(blocks, tr.computed, (p.m, p.n)).astype(blocks[0].dtype, copy=False)

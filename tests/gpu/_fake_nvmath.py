@@ -1,0 +1,485 @@
+"""A CPU stand-in for the parts of nvmath-python 1.0 (and CuPy) dmatmul uses.
+
+It lets the nvmath backend's execution layer run without a GPU: the same
+calls (``nvmath.distributed.initialize``, ``ProcessGrid``/``BlockCyclic``,
+``linalg.advanced.Matmul(...).plan/execute/reset_operands/free``, the
+qualifiers dtype, ``MatmulOptions(inplace=...)``, ``MatmulEpilog``) with the
+checks nvmath makes before cuBLASMp runs (Fortran order, local shapes that fit
+the block-cyclic distribution, one block size per dimension across operands,
+TN for the AllReduce epilog, a local bias per result row, C never flagged
+transposed), computed with numpy, the ranks talking over mpi4py.
+
+It is a test double, not a model of performance: it proves that dmatmul calls
+nvmath the way nvmath's documentation and code say, and that what dmatmul
+does around the call (views, padding, stripping, epilogue, allgather) gives
+the right numbers. ``install()`` puts the fake modules in ``sys.modules``;
+``uninstall()`` removes them. ``CALLS`` records what was called, for asserts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib.machinery
+import math
+import sys
+import types
+from typing import Any
+
+import numpy as np
+
+CALLS: list[tuple[str, dict[str, Any]]] = []
+_NAMES = (
+    "nvmath", "nvmath.bindings", "nvmath.bindings.cublasMp", "nvmath.distributed", "nvmath.distributed.distribution",
+    "nvmath.distributed.linalg", "nvmath.distributed.linalg.advanced", "nvmath.linalg", "nvmath.linalg.advanced",
+    "cupy", "cupy.cuda", "cupy.cuda.runtime",
+)
+_saved: dict[str, Any] = {}
+
+
+def _numroc(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> int:
+    mydist = (nprocs + iproc - isrcproc) % nprocs
+    nblocks, rest = divmod(n, nb)
+    count = (nblocks // nprocs) * nb
+    extra = nblocks % nprocs
+    if mydist < extra:
+        count += nb
+    elif mydist == extra:
+        count += rest
+    return count
+
+
+def _ids(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> np.ndarray:
+    mydist = (nprocs + iproc - isrcproc) % nprocs
+    starts = np.arange(mydist * nb, n, nprocs * nb)
+    ids = (starts[:, None] + np.arange(nb)[None, :]).ravel()
+    return ids[ids < n]
+
+
+class GridLayout(enum.IntEnum):
+    ROW_MAJOR = 0
+    COL_MAJOR = 1
+
+
+class MatmulEpilogue(enum.IntEnum):
+    DEFAULT = 0
+    ALLREDUCE = 1
+    RELU = 2
+    BIAS = 4
+    RELU_BIAS = 6
+    GELU = 32
+    GELU_BIAS = 36
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedContext:
+    device_id: int
+    communicator: Any
+    nvshmem_available: bool
+    nccl_comm: int | None
+
+
+_ctx: DistributedContext | None = None
+
+
+class MPIProcessGroup:
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.nranks = comm.Get_size()
+        self.rank = comm.Get_rank()
+
+
+def initialize(device_id: int, process_group: Any, backends: Any = ("nvshmem", "nccl")) -> None:
+    global _ctx
+    if _ctx is not None:
+        raise RuntimeError("nvmath.distributed has already been initialized")
+    if not isinstance(device_id, int):
+        raise TypeError("device_id must be an int")
+    backends = list(backends)
+    if not set(backends) <= {"nvshmem", "nccl"}:
+        raise ValueError(f"unknown backends {backends}")
+    comm = process_group.comm if isinstance(process_group, MPIProcessGroup) else process_group
+    CALLS.append(("initialize", {"device_id": device_id, "backends": backends, "nranks": comm.Get_size()}))
+    _ctx = DistributedContext(device_id, comm, "nvshmem" in backends, 1 if "nccl" in backends else None)
+
+
+def get_context() -> DistributedContext | None:
+    return _ctx
+
+
+def finalize() -> None:
+    global _ctx
+    _ctx = None
+
+
+def _comm() -> Any:
+    if _ctx is None:
+        raise RuntimeError("nvmath.distributed has not been initialized")
+    return _ctx.communicator
+
+
+class ProcessGrid:
+    Layout = GridLayout
+
+    def __init__(self, *, shape: Any = None, layout: Any = None, process_array: Any = None) -> None:
+        nranks = _comm().Get_size()
+        if process_array is not None:
+            raise NotImplementedError
+        self._shape = tuple(shape)
+        if layout is None:
+            if nranks not in self._shape:
+                raise ValueError("layout must be provided when partitioning on multiple dimensions")
+            layout = GridLayout.ROW_MAJOR
+        if not isinstance(layout, GridLayout):
+            raise TypeError(f"layout must be of type ProcessGrid.Layout, got {layout}")
+        if math.prod(self._shape) != nranks:
+            raise ValueError(f"Number of grid elements ({math.prod(self._shape)}) must equal the number of processes ({nranks})")
+        self._layout = layout
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def layout(self) -> GridLayout:
+        return self._layout
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        nprow, npcol = self._shape
+        if self._layout == GridLayout.COL_MAJOR:
+            return rank % nprow, rank // nprow
+        return rank // npcol, rank % npcol
+
+
+class BlockCyclic:
+    def __init__(self, process_grid: ProcessGrid, block_sizes: Any, *, first_process: Any = None) -> None:
+        if not all(isinstance(x, int) for x in block_sizes):
+            raise ValueError(f"Must provide a sequence of integer block sizes, got {block_sizes}")
+        self.process_grid = process_grid
+        self.block_sizes = tuple(block_sizes)
+        self.first_process = (0, 0) if first_process is None else tuple(first_process)
+
+    def indices(self, rank: int, global_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        pr, pc = self.process_grid.coords(rank)
+        nprow, npcol = self.process_grid.shape
+        return (_ids(global_shape[0], self.block_sizes[0], pr, self.first_process[0], nprow),
+                _ids(global_shape[1], self.block_sizes[1], pc, self.first_process[1], npcol))
+
+    def shape(self, rank: int, global_shape: tuple[int, int]) -> tuple[int, int]:
+        pr, pc = self.process_grid.coords(rank)
+        nprow, npcol = self.process_grid.shape
+        return (_numroc(global_shape[0], self.block_sizes[0], pr, self.first_process[0], nprow),
+                _numroc(global_shape[1], self.block_sizes[1], pc, self.first_process[1], npcol))
+
+    def global_shape(self, local_shapes: list[tuple[int, int]]) -> tuple[int, int]:
+        """As nvmath infers it: rows down grid column 0, columns along grid row 0."""
+        rows = sum(s[0] for r, s in enumerate(local_shapes) if self.process_grid.coords(r)[1] == 0)
+        cols = sum(s[1] for r, s in enumerate(local_shapes) if self.process_grid.coords(r)[0] == 0)
+        return rows, cols
+
+
+matrix_qualifiers_dtype = np.dtype([("structure", object), ("is_transpose", "<i1"), ("is_conjugate", "<i1")])
+
+
+@dataclasses.dataclass
+class MatmulOptions:
+    inplace: bool = False
+    compute_type: int | None = None
+    logger: Any = None
+    blocking: Any = "auto"
+
+
+@dataclasses.dataclass
+class HostMatmulOptions:
+    inplace: bool = False
+    device_id: int = 0
+    blocking: Any = "auto"
+
+
+def _is_f(x: np.ndarray) -> bool:
+    return bool(x.flags.f_contiguous)
+
+
+def _check_numpy(x: Any, name: str) -> None:
+    if not isinstance(x, np.ndarray) or x.ndim != 2:
+        raise TypeError(f"operand {name} must be a 2-D numpy array, got {type(x).__name__}")
+
+
+def _gelu(z: np.ndarray) -> np.ndarray:
+    return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+
+
+class Matmul:
+    """``nvmath.distributed.linalg.advanced.Matmul`` on numpy, ranks over MPI."""
+
+    def __init__(self, a: Any, b: Any, c: Any = None, *, distributions: Any, alpha: Any = None, beta: Any = None,
+                 qualifiers: Any = None, options: Any = None, stream: Any = None) -> None:
+        comm = _comm()
+        if _ctx is None or _ctx.nccl_comm is None:
+            raise RuntimeError("nvmath.distributed wasn't initialized with NCCL backend")
+        self.comm, self.rank, self.nranks = comm, comm.Get_rank(), comm.Get_size()
+        for x, n in ((a, "A"), (b, "B"), (c, "C")):
+            if x is not None:
+                _check_numpy(x, n)
+                if 0 in x.shape:  # nvmath checks every rank's local extents
+                    raise ValueError(f"The specified extents {list(x.shape)} for operand {n} are not valid. "
+                                     "The extents must be strictly positive.")
+        ops = [a, b] + ([c] if c is not None else [])
+        if c is not None and beta is None:
+            raise ValueError("A value for beta must be provided if operand C is provided.")
+        if len(distributions) != 3 or not all(isinstance(d, BlockCyclic) for d in distributions):
+            raise ValueError("Must provide distributions for A, B and C/D")
+        self.qualifiers = np.zeros((3,), dtype=matrix_qualifiers_dtype) if qualifiers is None else qualifiers
+        if self.qualifiers.dtype != matrix_qualifiers_dtype:
+            raise ValueError("The qualifiers must be a numpy array of matrix_qualifiers_dtype")
+        if self.qualifiers[2]["is_transpose"]:
+            raise ValueError("The transpose flag is currently not supported for operand C.")
+        flags = self.comm.allgather([_is_f(x) for x in ops])
+        for i, n in enumerate("ABC"[: len(ops)]):
+            if not all(f[i] for f in flags):
+                raise ValueError(f"Operand {n} doesn't have column-major (Fortran) memory layout")
+        self.options = options if options is not None else MatmulOptions()
+        self.distributions = list(distributions)
+        shapes = self.comm.allgather([tuple(x.shape) for x in ops])
+        self.global_shapes = [self.distributions[i].global_shape([s[i] for s in shapes]) for i in range(len(ops))]
+        for i in range(len(ops)):
+            want = self.distributions[i].shape(self.rank, self.global_shapes[i])
+            if tuple(ops[i].shape) != want:
+                raise ValueError(f"local shape {ops[i].shape} of operand {'ABC'[i]} does not fit its distribution "
+                                 f"(expected {want} for global {self.global_shapes[i]})")
+        self.ta, self.tb = bool(self.qualifiers[0]["is_transpose"]), bool(self.qualifiers[1]["is_transpose"])
+        ga, gb = self.global_shapes[0], self.global_shapes[1]
+        m, k = (ga[1], ga[0]) if self.ta else ga
+        k2, n = (gb[1], gb[0]) if self.tb else gb
+        if k != k2:
+            raise ValueError(f"The 'K' extent must match: {k} != {k2}")
+        self.m, self.n, self.k = m, n, k
+        self.a, self.b, self.c = a, b, c
+        self.alpha, self.beta = (1.0 if alpha is None else alpha), (0.0 if beta is None or c is None else beta)
+        self.strides = [x.strides for x in ops]
+        self.epilog: MatmulEpilogue | None = None
+        self.bias: Any = None
+        self.planned = False
+        self.freed = False
+        CALLS.append(("Matmul", {"qualifiers": (self.ta, self.tb), "inplace": getattr(self.options, "inplace", None),
+                                 "has_c": c is not None, "alpha": alpha, "beta": beta,
+                                 "grids": [(d.process_grid.shape, d.process_grid.layout.name, d.block_sizes,
+                                            d.first_process) for d in self.distributions],
+                                 "global_shapes": list(self.global_shapes)}))
+
+    def plan(self, *, preferences: Any = None, epilog: Any = None, epilog_inputs: Any = None, stream: Any = None) -> None:
+        if self.freed:
+            raise RuntimeError("The Matmul object cannot be used after resources are free'd")
+        dA, dB, dD = self.distributions
+        m_a = dA.block_sizes[1] if self.ta else dA.block_sizes[0]
+        n_b = dB.block_sizes[0] if self.tb else dB.block_sizes[1]
+        k_a = dA.block_sizes[0] if self.ta else dA.block_sizes[1]
+        k_b = dB.block_sizes[1] if self.tb else dB.block_sizes[0]
+        if m_a != dD.block_sizes[0]:
+            raise ValueError("Block size of m dimension must be the same for A and C/D")
+        if n_b != dD.block_sizes[1]:
+            raise ValueError("Block size of n dimension must be the same for B and C/D")
+        if k_a != k_b:
+            raise ValueError("Block size of k dimension must be the same for A and B")
+        self.d_global = (self.m, self.n)
+        if epilog == MatmulEpilogue.ALLREDUCE:
+            if (self.ta, self.tb) != (True, False):
+                raise ValueError("GEMM+AllReduce supports only TN")
+            self.d_global = (dD.process_grid.shape[0] * self.m, dD.process_grid.shape[1] * self.n)
+        if self.c is not None and tuple(self.global_shapes[2]) != self.d_global:
+            raise ValueError(f"global shape of C {self.global_shapes[2]} != {self.d_global}")
+        needs_bias = epilog is not None and epilog.name.endswith("BIAS")
+        if needs_bias:
+            bias = (epilog_inputs or {}).get("bias")
+            if bias is None:
+                raise ValueError("The epilog BIAS requires the epilog input 'bias'")
+            rows = dD.shape(self.rank, self.d_global)[0]
+            if bias.shape not in ((rows,), (rows, 1)):
+                raise ValueError(f"The M dimension of the bias vector ({bias.shape[0]}) must match the local M dimension")
+            self.bias = bias
+        self.epilog = epilog
+        self.planned = True
+        CALLS.append(("plan", {"epilog": None if epilog is None else epilog.name}))
+
+    def reset_operands(self, a: Any = None, b: Any = None, c: Any = None, *, alpha: Any = None, beta: Any = None,
+                       epilog_inputs: Any = None, stream: Any = None) -> None:
+        for i, (x, name) in enumerate(((a, "a"), (b, "b"), (c, "c"))):
+            if x is None:
+                continue
+            old = (self.a, self.b, self.c)[i]
+            if old is None:
+                raise ValueError("operand C was not given at creation")
+            if x.shape != old.shape or x.strides != old.strides or x.dtype != old.dtype:
+                raise ValueError(f"reset operand {name}: shape/strides/dtype differ from the original")
+            setattr(self, name, x)
+        if epilog_inputs is not None:
+            self.bias = epilog_inputs["bias"]
+        CALLS.append(("reset_operands", {"a": a is not None, "b": b is not None, "c": c is not None}))
+
+    def execute(self, *, algo: Any = None, release_workspace: bool = False, stream: Any = None) -> np.ndarray:
+        if self.freed:
+            raise RuntimeError("The Matmul object cannot be used after resources are free'd")
+        if not self.planned:
+            raise RuntimeError("Execution cannot be performed before plan() has been called.")
+        dA, dB, dD = self.distributions
+        dtype = self.a.dtype
+        if self.epilog == MatmulEpilogue.ALLREDUCE:  # literally: the sum over ranks of the local products
+            oa = self.a.T if self.ta else self.a
+            ob = self.b.T if self.tb else self.b
+            d = sum(self.comm.allgather(self.alpha * (_wide(oa) @ _wide(ob))))
+            local = d
+        else:
+            everything = self.comm.allgather((self.a, self.b, self.c, self.bias))
+            ga = np.zeros(self.global_shapes[0], dtype=np.complex128 if dtype.kind == "c" else np.float64)
+            gb = np.zeros(self.global_shapes[1], dtype=ga.dtype)
+            for r, (a, b, _, _) in enumerate(everything):
+                ga[np.ix_(*dA.indices(r, self.global_shapes[0]))] = a
+                gb[np.ix_(*dB.indices(r, self.global_shapes[1]))] = b
+            d = self.alpha * ((ga.T if self.ta else ga) @ (gb.T if self.tb else gb))
+            if self.c is not None:
+                gc = np.zeros(self.global_shapes[2], dtype=ga.dtype)
+                for r, (_, _, c, _) in enumerate(everything):
+                    gc[np.ix_(*dD.indices(r, self.global_shapes[2]))] = c
+                d = d + self.beta * gc
+            if self.epilog is not None and self.epilog.name.endswith("BIAS"):
+                bias = np.zeros(self.m, dtype=d.dtype)
+                for r, (_, _, _, bb) in enumerate(everything):
+                    bias[dD.indices(r, self.d_global)[0]] = np.asarray(bb).reshape(-1)
+                d = d + bias[:, None]
+            if self.epilog in (MatmulEpilogue.RELU, MatmulEpilogue.RELU_BIAS):
+                d = np.maximum(d, 0)
+            elif self.epilog in (MatmulEpilogue.GELU, MatmulEpilogue.GELU_BIAS):
+                d = _gelu(d)
+            local = d[np.ix_(*dD.indices(self.rank, self.d_global))]
+        out = np.asfortranarray(local.astype(dtype))
+        if self.c is not None and getattr(self.options, "inplace", False):
+            self.c[...] = out  # nvmath's in-place mode: the result *is* c
+            return self.c
+        return out
+
+    def free(self) -> None:
+        self.freed = True
+        CALLS.append(("free", {}))
+
+
+class HostMatmul:
+    """``nvmath.linalg.advanced.Matmul`` (cuBLASLt, one GPU) on numpy."""
+
+    def __init__(self, a: Any, b: Any, c: Any = None, *, alpha: Any = None, beta: Any = None, qualifiers: Any = None,
+                 options: Any = None, stream: Any = None) -> None:
+        for x, n in ((a, "A"), (b, "B"), (c, "C")):
+            if x is not None:
+                _check_numpy(x, n)
+                if 0 in x.shape:
+                    raise ValueError(f"operand {n} is empty {x.shape}: cuBLASLt needs positive extents")
+        if a.shape[1] != b.shape[0]:
+            raise ValueError("K extents differ")
+        self.a, self.b, self.c = a, b, c
+        self.alpha, self.beta = (1.0 if alpha is None else alpha), (0.0 if beta is None else beta)
+        self.options = options if options is not None else HostMatmulOptions()
+        self.epilog: Any = None
+        self.bias: Any = None
+        self.freed = False
+        CALLS.append(("HostMatmul", {"inplace": getattr(self.options, "inplace", None), "has_c": c is not None}))
+
+    def plan(self, *, preferences: Any = None, epilog: Any = None, epilog_inputs: Any = None, algorithms: Any = None,
+             stream: Any = None) -> None:
+        if epilog is not None and epilog.name.endswith("BIAS"):
+            bias = (epilog_inputs or {}).get("bias")
+            if bias is None or bias.shape[0] != self.a.shape[0]:
+                raise ValueError("bias must have one value per row of the result")
+            self.bias = bias
+        self.epilog = epilog
+        CALLS.append(("host plan", {"epilog": None if epilog is None else epilog.name}))
+
+    def reset_operands(self, a: Any = None, b: Any = None, c: Any = None, *, alpha: Any = None, beta: Any = None,
+                       epilog_inputs: Any = None, stream: Any = None) -> None:
+        self.a = self.a if a is None else a
+        self.b = self.b if b is None else b
+        self.c = self.c if c is None else c
+        if epilog_inputs is not None:
+            self.bias = epilog_inputs["bias"]
+
+    def execute(self, **kwargs: Any) -> np.ndarray:
+        d = self.alpha * (_wide(self.a) @ _wide(self.b))
+        if self.c is not None:
+            d = d + self.beta * _wide(self.c)
+        if self.epilog is not None and self.epilog.name.endswith("BIAS"):
+            d = d + _wide(np.asarray(self.bias)).reshape(-1, 1)
+        if self.epilog in (MatmulEpilogue.RELU, MatmulEpilogue.RELU_BIAS):
+            d = np.maximum(d, 0)
+        elif self.epilog in (MatmulEpilogue.GELU, MatmulEpilogue.GELU_BIAS):
+            d = _gelu(d)
+        return d.astype(self.a.dtype)
+
+    def free(self) -> None:
+        self.freed = True
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
+    mod.__path__ = []  # a package, so submodule imports resolve through sys.modules
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+class _FakeCupyArray:  # never instantiated: operands stay numpy in the fake
+    pass
+
+
+class _Device:
+    def __init__(self, device_id: int) -> None:
+        self.id = device_id
+
+    def use(self) -> None:
+        CALLS.append(("cupy.Device.use", {"device_id": self.id}))
+
+
+def install(*, ngpus: int = 1, cublasmp_version: int = 800) -> None:
+    """Put the fake nvmath and cupy modules in ``sys.modules``."""
+    global _ctx
+    _ctx = None
+    CALLS.clear()
+    for name in _NAMES:
+        if name in sys.modules:
+            _saved[name] = sys.modules[name]
+    cublasmp = _module("nvmath.bindings.cublasMp", get_version=lambda: cublasmp_version, GridLayout=GridLayout,
+                       MatmulEpilogue=MatmulEpilogue)
+    dist_mod = _module("nvmath.distributed.distribution", ProcessGrid=ProcessGrid, BlockCyclic=BlockCyclic)
+    adv = _module("nvmath.distributed.linalg.advanced", Matmul=Matmul, MatmulOptions=MatmulOptions,
+                  MatmulEpilog=MatmulEpilogue, matrix_qualifiers_dtype=matrix_qualifiers_dtype)
+    host_adv = _module("nvmath.linalg.advanced", Matmul=HostMatmul, MatmulOptions=HostMatmulOptions,
+                       MatmulEpilog=MatmulEpilogue)
+    distributed = _module("nvmath.distributed", initialize=initialize, get_context=get_context, finalize=finalize,
+                          MPIProcessGroup=MPIProcessGroup, distribution=dist_mod,
+                          linalg=_module("nvmath.distributed.linalg", advanced=adv))
+    nvmath = _module("nvmath", __version__="1.0.0+fake", distributed=distributed,
+                     bindings=_module("nvmath.bindings", cublasMp=cublasmp),
+                     linalg=_module("nvmath.linalg", advanced=host_adv))
+    runtime = _module("cupy.cuda.runtime", getDeviceCount=lambda: ngpus, getDevice=lambda: 0)
+    cuda = _module("cupy.cuda", runtime=runtime, Device=_Device)
+    cupy = _module("cupy", ndarray=_FakeCupyArray, cuda=cuda, asnumpy=np.asarray)
+    mods = {
+        "nvmath": nvmath, "nvmath.bindings": nvmath.bindings, "nvmath.bindings.cublasMp": cublasmp,
+        "nvmath.distributed": distributed, "nvmath.distributed.distribution": dist_mod,
+        "nvmath.distributed.linalg": distributed.linalg, "nvmath.distributed.linalg.advanced": adv,
+        "nvmath.linalg": nvmath.linalg, "nvmath.linalg.advanced": host_adv,
+        "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime,
+    }
+    sys.modules.update(mods)
+
+
+def uninstall() -> None:
+    """Remove the fakes (and restore anything they shadowed)."""
+    global _ctx
+    _ctx = None
+    for name in _NAMES:
+        sys.modules.pop(name, None)
+    sys.modules.update(_saved)
+    _saved.clear()

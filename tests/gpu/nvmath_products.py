@@ -1,0 +1,182 @@
+"""The nvmath backend's products, checked per rank: run as a script.
+
+    mpiexec -n 1 python tests/gpu/nvmath_products.py            # one GPU
+    mpiexec -n 4 python tests/gpu/nvmath_products.py            # four GPUs, one process each
+    mpiexec -n 4 python tests/gpu/nvmath_products.py --fake     # no GPU: nvmath replaced by tests/gpu/_fake_nvmath.py
+
+Every 1-D layout triple of (Slab.X, Slab.Y, Replicated()) x transposes, on an
+uneven and an even size, x (alpha, beta, c) x epilogs x dtypes, plus plan
+reuse (one dm.Matmul executed three times with reset operands), each result
+block compared with its block of the numpy reference and (``--compare-jax``,
+on every base case and a sample of the variants) with the JAX backend's, and
+``c`` checked unmodified. Operands are numpy
+arrays, and cupy arrays too when a GPU is there (``--families``).
+``--quick`` runs a deterministic subset. Exit status 1 on any mismatch, on
+every rank; ``--expect-path`` prints the cuBLASMp path of each case (check it
+against ``CUBLASMP_LOG_LEVEL=5``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import pathlib
+import sys
+import traceback
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # JAX (the reference backend) must not take the GPUs
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/ for _reference
+sys.path.insert(0, str(HERE))
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fake", action="store_true", help="replace nvmath-python and cupy by the CPU fake")
+parser.add_argument("--quick", action="store_true", help="a deterministic subset")
+parser.add_argument("--compare-jax", action="store_true", help="also compare with the JAX backend")
+parser.add_argument("--dtypes", default="float16,bfloat16,float32,float64,complex64,complex128")
+parser.add_argument("--families", default="numpy,cupy")
+parser.add_argument("--expect-path", action="store_true", help="print the cuBLASMp path of every case")
+args = parser.parse_args()
+
+if args.fake:
+    import _fake_nvmath
+
+    _fake_nvmath.install()
+
+import numpy as np  # noqa: E402
+
+import dmatmul as dm  # noqa: E402
+from _reference import TOLERANCE, random_matrix, reference, wide  # noqa: E402
+
+launched = dm._runtime.launched_size()
+rt = dm.init(start_jax=args.compare_jax) if launched > 1 else None
+P = 1 if rt is None else rt.size
+RANK = 0 if rt is None else rt.rank
+X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
+EPILOGS = (None, "relu", "gelu", "bias", "relu_bias", "gelu_bias")
+
+families = [f for f in args.families.split(",") if f]
+if "cupy" in families:
+    try:
+        import cupy
+
+        if args.fake or cupy.cuda.runtime.getDeviceCount() < 1:
+            raise ImportError
+    except Exception:  # noqa: BLE001 - no cupy, no GPU, or the fake: numpy only
+        families = [f for f in families if f != "cupy"]
+
+
+def to_family(x, fam):
+    if x is None or fam == "numpy":
+        return x
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def host(x):
+    if hasattr(x, "get") and not isinstance(x, np.ndarray):
+        return x.get()
+    return np.asarray(x)
+
+
+def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
+             family="numpy", reuse=1, jax=False):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
+    b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
+    c = random_matrix(rng, (m, n), dtype) if use_c else None
+    bias = rng.standard_normal(m).astype(np.float32) if epilog and epilog.endswith("bias") else None
+    da, db, dd = dists
+    if P == 1:
+        la, lb, lc = a, b, c
+    else:
+        la, lb = dm.split(a, da)[RANK], dm.split(b, db)[RANK]
+        lc = None if c is None else dm.split(c, dd)[RANK]
+    la, lb, lc = to_family(la, family), to_family(lb, family), to_family(lc, family)
+    c_before = None if lc is None else host(lc).copy()
+    kw = dict(distribution=dists, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
+    with dm.Matmul(la, lb, lc, backend="nvmath", **kw) as mm:
+        got = mm.execute()
+        algo = mm.algorithm
+        path = mm._plan.translation.path  # the cuBLASMp path dmatmul predicts
+        scale_a = 1.0
+        for i in range(1, reuse):  # plan reuse: new operand values, same plan
+            scale_a = 1.0 + i
+            mm.reset_operands(a=to_family(host(la) * scale_a, family))
+            got = mm.execute()
+    a_used = a * scale_a if reuse > 1 else a
+    ref = reference(a_used, b, c, alpha=alpha, beta=beta,
+                    transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
+    want = ref if P == 1 else dm.split(ref, dd)[RANK]
+    fam_ok = type(got).__module__.split(".")[0] == ("numpy" if family == "numpy" else "cupy")
+    got_h = wide(host(got))
+    scale = max(1.0, float(np.abs(ref).max()))
+    ok = fam_ok and got_h.shape == want.shape and (
+        got_h.size == 0 or float(np.abs(got_h - want).max()) <= TOLERANCE[dtype] * scale)
+    if lc is not None and not np.array_equal(host(lc), c_before, equal_nan=True):
+        ok = False  # c must never be modified
+    if ok and jax and args.compare_jax and family == "numpy" and reuse == 1:
+        jax_kw = dict(kw, backend="jax")
+        if P == 1:
+            jax_kw["devices"] = 1
+        j = wide(np.asarray(dm.matmul(la, lb, lc, **jax_kw)))
+        ok = j.shape == got_h.shape and float(np.abs(j - got_h).max()) <= 2 * TOLERANCE[dtype] * scale
+    return ok, algo, path
+
+
+def cases():
+    sizes = [(13, 11, 7), (16, 8, 12)]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    base = list(itertools.product(sizes, itertools.product((X, Y, R), repeat=3),
+                                  itertools.product((False, True), repeat=2)))
+    variants = [
+        dict(alpha=alpha, beta=beta, use_c=use_c, epilog=ep, dtype=dt)
+        for (alpha, beta, use_c), ep, dt in itertools.product(
+            ((1.0, 0.0, False), (0.5, 2.0, True)), EPILOGS, dtypes)
+        if not (dt.startswith("complex") and ep not in (None, "bias"))
+    ]
+    out = []
+    for i, ((m, n, k), dists, (ta, tb)) in enumerate(base):
+        out.append(dict(m=m, n=n, k=k, dists=dists, ta=ta, tb=tb, dtype="float64", jax=True))
+        chosen = variants if not args.quick else [variants[(i * 7) % len(variants)]]
+        for j, v in enumerate(chosen):  # the JAX backend (slow to compile) checks a sample
+            out.append(dict(m=m, n=n, k=k, dists=dists, ta=ta, tb=tb, jax=args.quick or j % 16 == i % 16, **v))
+    # plan reuse and the families
+    for fam in families:
+        out.append(dict(m=17, n=9, k=12, dists=(X, Y, X), ta=False, tb=True, family=fam, reuse=3))
+        out.append(dict(m=17, n=9, k=12, dists=(Y, X, R), ta=False, tb=False, family=fam, reuse=3, use_c=True,
+                        beta=1.0, epilog="relu_bias"))
+    out.append(dict(m=1, n=1, k=1, dists=(X, Y, X), ta=False, tb=False))
+    # fewer rows/columns than ranks: some ranks hold empty blocks (padded for cuBLASMp, skipped for cuBLASLt)
+    for dists in [(X, R, X), (R, Y, Y), (X, R, R), (X, Y, X), (Y, X, Y), (Y, X, R)]:
+        out.append(dict(m=3, n=2, k=5, dists=dists, ta=False, tb=False, use_c=True, beta=1.0, epilog="relu"))
+    return out
+
+
+failed = 0
+paths: dict[str, int] = {}
+all_cases = cases()
+for case in all_cases:
+    try:
+        ok, algo, path = run_case(**case)
+    except Exception:  # noqa: BLE001 - report and count
+        traceback.print_exc()
+        ok, algo, path = False, "error", "error"
+    paths[path] = paths.get(path, 0) + 1
+    oks = [ok] if rt is None else rt.comm.allgather(ok)
+    if not all(oks):
+        failed += 1
+        if RANK == 0:
+            print(f"MISMATCH on ranks {[r for r, o in enumerate(oks) if not o]}: {case} ({algo}, {path})", flush=True)
+    elif args.expect_path and RANK == 0:
+        print(f"{path:10s} {algo:14s} {case}", flush=True)
+if RANK == 0:
+    summary = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
+    print(f"nvmath products on {P} process(es){' (fake nvmath)' if args.fake else ''}: "
+          f"{len(all_cases) - failed} of {len(all_cases)} cases match numpy; paths {summary}", flush=True)
+if rt is not None:
+    dm.finalize()
+sys.exit(1 if failed else 0)

@@ -1,0 +1,870 @@
+"""The nvmath (cuBLASMp) backend on CPU: the translation as plain data, the
+array pipeline against a simulated cuBLASMp, the execution layer against a
+fake nvmath-python (in process and under mpiexec).
+
+Expected values are computed here independently of the translation: nvmath
+block-cyclic layouts through dmatmul's own numroc/BlockCyclic, Slab padding
+from ``dm.Slab``'s own split, qualifiers and fast paths from nvmath 1.0's
+rules (``Matmul._infer_algo``) re-derived below.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import itertools
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dmatmul as dm
+from dmatmul import backends
+from dmatmul._distribution import numroc
+from dmatmul.backends.nvmath import _pipeline as PL
+from dmatmul.backends.nvmath import _translate as T
+
+from _reference import assert_close, random_matrix, reference
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GPU_DIR = ROOT / "tests" / "gpu"
+X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
+TRIPLES = list(itertools.product((X, Y, R), repeat=3))
+TRANSPOSES = list(itertools.product((False, True), repeat=2))
+
+
+# --------------------------------------------------------------------------- #
+# independent helpers
+# --------------------------------------------------------------------------- #
+def problem(m, n, k, P, dists, ta=False, tb=False, orders=("C", "C", None), **kw):
+    return T.Problem(m=m, n=n, k=k, nranks=P, transpose_a=ta, transpose_b=tb, distributions=dists,
+                     orders=orders, **kw)
+
+
+def stored(operand, ta, tb):
+    """Logical dims of the stored matrix (rows, cols), by hand."""
+    return {("a", False): ("M", "K"), ("a", True): ("K", "M"), ("b", False): ("K", "N"),
+            ("b", True): ("N", "K"), ("c", False): ("M", "N"), ("c", True): ("M", "N")}[(operand, {"a": ta, "b": tb, "c": False}[operand])]
+
+
+def role(dist, operand, ta, tb, P):
+    if P == 1 or isinstance(dist, dm.Replicated):
+        return "R"
+    return stored(operand, ta, tb)[dist.dim]
+
+
+def bc(nvd):
+    """The nvmath BlockCyclic data as a dmatmul BlockCyclic, built from the fields."""
+    layout = {"ROW_MAJOR": "row", "COL_MAJOR": "col"}[nvd.grid_layout]
+    return dm.BlockCyclic(dm.ProcessGrid(nvd.grid_shape, layout=layout), nvd.block_sizes, nvd.first_process)
+
+
+def padded_positions(size, P, padded):
+    """Where Slab's uneven parts land when each is padded to ceil(size/P): by hand."""
+    if padded == size:
+        return np.arange(size)
+    block = -(-size // P)
+    assert padded == block * P
+    pos = []
+    for r in range(P):
+        ids = dm.Slab.X.global_indices(r, (size, 1), P)[0]
+        pos.extend(r * block + np.arange(len(ids)))
+    return np.array(pos, dtype=int)
+
+
+def infer_algo(tr):
+    """nvmath 1.0 ``Matmul._infer_algo`` re-derived from the plain data:
+    0 naive, 2 GEMM+RS, 3 AG+GEMM, 4 GEMM+AR, 5 local, -1 unknown (2-D)."""
+    P = tr.problem.nranks
+    if P == 1:
+        return 5
+    A, B, D = tr.slot("A"), tr.slot("B"), tr.result
+    ds = [A.distribution, B.distribution, D]
+    if any(P not in d.grid_shape for d in ds):
+        return -1
+    qa, qb = tr.qualifiers[:2]
+    for d, shape in zip(ds, [A.global_shape, B.global_shape, tr.result_shape]):
+        pdim = 0 if d.grid_shape == (P, 1) else 1
+        if shape[pdim] % P or shape[pdim] // P != d.block_sizes[pdim]:
+            return -1
+    Ad, Bd, Cd = ("R" if d.grid_shape == (P, 1) else "C" for d in ds)
+    if tr.fused_epilog == "ALLREDUCE":
+        return 4
+    if Cd == "R" and Ad == ("C" if qa else "R") and Bd == ("R" if qb else "C"):
+        return 3
+    if Cd == "C" and Ad == ("R" if qa else "C") and Bd == ("C" if qb else "R"):
+        return 2
+    return 0
+
+
+PATH_CODE = {"AG+GEMM": 3, "GEMM+RS": 2, "GEMM+AR": 4, "local GEMM": 5, "general": 0}
+
+
+def check_handover_data(tr):
+    """Every handover's nvmath layout holds exactly what the rank hands over.
+
+    For each rank: the nvmath BlockCyclic (from the data) over the nvmath
+    global shape gives local shapes equal to numroc's, and its padded global
+    ids, mapped back through the padding, are the target's global ids (the
+    user's distribution, or the Slab a Replicated operand is cut to).
+    """
+    p = tr.problem
+    P = p.nranks
+    for h in tr.handovers:
+        if h.distribution is None:
+            continue
+        shape = p.global_shape(h.operand)
+        dims = h.dims
+        pad = {d: tr.dim(d) for d in dims}
+        want_padded = (pad[dims[0]].padded, pad[dims[1]].padded)
+        nv_shape = want_padded[::-1] if h.transposed else want_padded
+        assert h.global_shape == nv_shape, h
+        nvd = h.distribution
+        assert nvd.nranks == P
+        for r in range(P):
+            rows, cols = bc(nvd).global_indices(r, nv_shape)
+            if h.transposed:
+                rows, cols = cols, rows
+            g = bc(nvd).grid.coords(r)
+            assert (len(rows), len(cols))[:: -1 if h.transposed else 1] == (
+                numroc(nv_shape[0], nvd.block_sizes[0], g[0], nvd.first_process[0], nvd.grid_shape[0]),
+                numroc(nv_shape[1], nvd.block_sizes[1], g[1], nvd.first_process[1], nvd.grid_shape[1]),
+            )
+            want_r, want_c = h.target.global_indices(r, shape, P)
+            for got, want, d in ((rows, want_r, dims[0]), (cols, want_c, dims[1])):
+                pos = padded_positions(p.size(d), pad[d].parts, pad[d].padded)
+                real_at = np.full(pad[d].padded, -1)
+                real_at[pos] = np.arange(p.size(d))
+                real = real_at[got]
+                assert np.array_equal(real[real >= 0], want), (h, r, d)
+
+
+def check_nvmath_rules(tr):
+    """What nvmath 1.0 checks before cuBLASMp runs."""
+    A, B, D = tr.slot("A"), tr.slot("B"), tr.result
+    qa, qb, qc = tr.qualifiers
+    assert qc is False and dict(tr.options)["inplace"] is False
+    assert (A.is_transpose, B.is_transpose) == (qa, qb)
+    ab, bb, db = A.distribution.block_sizes, B.distribution.block_sizes, D.block_sizes
+    assert (ab[1] if qa else ab[0]) == db[0], "m block of A and D"
+    assert (bb[0] if qb else bb[1]) == db[1], "n block of B and D"
+    assert (ab[0] if qa else ab[1]) == (bb[1] if qb else bb[0]), "k block of A and B"
+    ga, gb = A.global_shape, B.global_shape
+    m, k = (ga[1], ga[0]) if qa else ga
+    k2, n = (gb[1], gb[0]) if qb else gb
+    assert k == k2
+    if tr.path == "GEMM+AR":
+        assert (qa, qb) == (True, False) and not tr.passes_c
+        assert tr.result_shape == (tr.problem.nranks * m, n)
+    else:
+        assert tr.result_shape == (m, n)
+    # the swap: nvmath A is op(B).T when swapped
+    p = tr.problem
+    if tr.swapped:
+        assert (A.operand, B.operand) == ("b", "a")
+        assert qa == ((not p.transpose_b) ^ A.transposed) and qb == ((not p.transpose_a) ^ B.transposed)
+        assert (m, n) == (tr.dim("N").padded, tr.dim("M").padded)
+    else:
+        assert (A.operand, B.operand) == ("a", "b")
+        assert qa == (p.transpose_a ^ A.transposed) and qb == (p.transpose_b ^ B.transposed)
+        assert (m, n) == (tr.dim("M").padded, tr.dim("N").padded)
+    if tr.passes_c:
+        assert tr.slot("C").transposed == tr.swapped  # c can only be handed in the frame's own orientation
+
+
+# --------------------------------------------------------------------------- #
+# package hygiene
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("module", ["dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath"])
+def test_doctests(module):
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_import_is_light_and_backend_object():
+    code = (
+        "import sys, dmatmul.backends.nvmath as nv, dmatmul.backends.nvmath._backend\n"
+        "print([m for m in ('jax', 'nvmath', 'cupy', 'mpi4py') if m in sys.modules], nv.BACKEND.name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "nvmath"]
+
+
+def test_unavailable_names_what_is_missing_and_the_extra():
+    import importlib.util
+
+    if importlib.util.find_spec("nvmath") is not None:
+        pytest.skip("nvmath-python is installed here")
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+    nv.unavailable.cache_clear()
+    reason = nv.unavailable()
+    assert "nvmath" in reason and "pip install 'dmatmul[nvmath]'" in reason
+    assert backends.probe("nvmath") is not None
+    assert backends.resolve("auto").name == "jax"  # auto falls back silently
+    with pytest.raises(RuntimeError, match=r"backend='nvmath' is not available: .*pip install 'dmatmul\[nvmath\]'"):
+        dm.matmul(np.ones((4, 3)), np.ones((3, 5)), backend="nvmath")
+
+
+# --------------------------------------------------------------------------- #
+# memory orders and dimension plans
+# --------------------------------------------------------------------------- #
+def test_orders():
+    assert T.order_of(np.zeros((3, 4))) == "C"
+    assert T.order_of(np.zeros((3, 4), order="F")) == "F"
+    assert T.order_of(np.zeros((3, 1))) == "CF" and T.order_of(np.zeros((0, 4))) == "CF"
+    assert T.order_of(np.zeros((4, 6))[::2, ::2]) == "X"
+    assert T.combine_orders(["C", "CF"]) == "C" and T.combine_orders(["F", "CF"]) == "F"
+    assert T.combine_orders(["CF", "CF"]) == "CF" and T.combine_orders(["C", "F"]) == "X"
+    assert T.combine_orders([None]) is None
+
+
+def test_uneven_slab_padding_plan_10_over_4():
+    # Slab: 3, 3, 2, 2 -- numroc with block 3 deals 3, 3, 3, 1: not expressible
+    assert [len(X.global_indices(r, (10, 1), 4)[0]) for r in range(4)] == [3, 3, 2, 2]
+    assert [numroc(10, 3, r, 0, 4) for r in range(4)] == [3, 3, 3, 1]
+    d = T.DimPlan.slab("M", 10, 4)
+    assert (d.block, d.padded, d.parts, d.padding) == (3, 12, 4, True)
+    # padded to 12, numroc deals 3 per rank: uniform; rank r's real rows first, then zeros
+    assert [numroc(12, 3, r, 0, 4) for r in range(4)] == [3, 3, 3, 3]
+    assert d.positions().tolist() == padded_positions(10, 4, 12).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]
+    assert d.real_of_padded().tolist() == [0, 1, 2, 3, 4, 5, 6, 7, -1, 8, 9, -1]
+    assert "10->12" in d.describe() and "[3, 3, 2, 2]" in d.describe()
+
+
+@pytest.mark.parametrize("size,parts", [(10, 4), (8, 4), (3, 4), (1, 3), (13, 3), (7, 2), (100, 7)])
+def test_dim_plan_matches_slab(size, parts):
+    d = T.DimPlan.slab("K", size, parts)
+    block = -(-size // parts)
+    assert d.block == block and d.padded == block * parts and d.padding == (size % parts != 0)
+    assert d.positions().tolist() == padded_positions(size, parts, d.padded).tolist()
+    back = d.real_of_padded()
+    assert np.array_equal(back[d.positions()], np.arange(size)) and np.sum(back < 0) == d.padded - size
+    whole = T.DimPlan.whole("K", size)
+    assert (whole.block, whole.padded, whole.padding) == (size, size, False)
+
+
+# --------------------------------------------------------------------------- #
+# nvmath distributions as data
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("grid,layout,blocks,fp", [
+    ((2, 3), "ROW_MAJOR", (2, 3), (0, 0)), ((2, 3), "COL_MAJOR", (3, 2), (1, 2)), ((4, 1), "ROW_MAJOR", (3, 5), (0, 0)),
+    ((2, 2), "COL_MAJOR", (1, 4), (1, 0)),
+])
+def test_transposed_distribution_is_the_distribution_of_the_transpose(grid, layout, blocks, fp):
+    d = T.NvDistribution(grid, layout, blocks, fp)
+    t = d.transposed()
+    shape = (11, 9)
+    for r in range(d.nranks):
+        rows, cols = bc(d).global_indices(r, shape)
+        trows, tcols = bc(t).global_indices(r, shape[::-1])
+        assert np.array_equal(rows, tcols) and np.array_equal(cols, trows)  # rank r holds X[rows, cols] = X.T[cols, rows]
+    assert t.transposed() == d
+    assert d.as_dmatmul() == bc(d)
+
+
+def test_one_d_grids_keep_one_layout_value():
+    assert T.NvDistribution((4, 1), "COL_MAJOR", (2, 2)).grid_layout == "ROW_MAJOR"
+    assert T.NvDistribution((1, 4), "ROW_MAJOR", (2, 2)).transposed().grid_layout == "ROW_MAJOR"
+
+
+# --------------------------------------------------------------------------- #
+# every 1-D triple x transposes: the translation as data
+# --------------------------------------------------------------------------- #
+FAST = {"allgather": [("M", "N", "M"), ("M", "N", "N")], "reduce_scatter": [("K", "K", "N"), ("K", "K", "M")],
+        "allreduce": [("K", "K", "R")], "local": [("M", "R", "M"), ("R", "N", "N"), ("R", "R", "R")]}
+
+
+def fits(given, kernel, gather_ok):
+    ga, gb, gd = given
+    ka, kb, kd = kernel
+    ab = all(g == k or g == "R" for g, k in ((ga, ka), (gb, kb)))
+    return ab and (gd == kd or (gather_ok and gd == "R" and kd != "R"))
+
+
+@pytest.mark.parametrize("P", [1, 2, 4])
+@pytest.mark.parametrize("mnk", [(13, 11, 7), (16, 8, 12), (3, 2, 5)])
+@pytest.mark.parametrize("orders", [("C", "C", "C"), ("F", "F", "F"), ("X", "C", "F"), ("CF", "F", "C")])
+def test_every_1d_triple_and_transpose(P, mnk, orders):
+    m, n, k = mnk
+    for dists, (ta, tb) in itertools.product(TRIPLES, TRANSPOSES):
+        for use_c in (False, True):
+            tr = T.translate(problem(m, n, k, P, dists, ta, tb, orders if use_c else orders[:2] + (None,), use_c=use_c))
+            given = tuple(role(d, op, ta, tb, P) for d, op in zip(dists, ("a", "b", "c")))
+            assert tr.roles == given
+            if P == 1:
+                assert (tr.algorithm, tr.path, tr.engine) == ("local", "local GEMM", "cublasmp")
+            elif tr.path == "general":
+                # exactly the role pairs no fast path takes
+                assert (given[0], given[1]) in (("M", "K"), ("K", "N"))
+                assert not any(fits(given, kern, True) for ks in FAST.values() for kern in ks)
+                assert tr.algorithm in ("allgather", "reduce_scatter", "allreduce")
+            else:
+                assert tr.kernel in FAST[tr.algorithm] and fits(given, tr.kernel, True)
+                assert tr.gather == (given[2] == "R" and tr.kernel[2] != "R")
+                if any(fits(given, kern, False) for kern in FAST["local"]):
+                    assert tr.algorithm == "local"  # no communication beats any collective here
+            if tr.engine == "cublasmp":
+                assert infer_algo(tr) == PATH_CODE[tr.path], (dists, ta, tb, tr.path)
+                check_nvmath_rules(tr)
+                check_handover_data(tr)
+                for d in tr.dims:  # padding exactly where a split is uneven
+                    split = tr.kernel is not None and d.name in tr.kernel and P > 1
+                    assert d.padding == (split and d.size % P != 0)
+            else:
+                assert tr.path == "local GEMM" and P > 1 and tr.result is None
+                assert all(h.distribution is None and not h.transposed for h in tr.handovers)
+            # copies: exactly when the table says
+            for h in tr.handovers:
+                order = dict(zip("abc", orders))[h.operand]
+                padded = any(tr.dim(d).padding for d in h.dims)
+                if h.copy is None:
+                    assert not padded
+                    if tr.engine == "cublasmp" and order in ("C", "F"):
+                        assert h.transposed == (order == "C")  # the free orientation
+                if order == "X" and h.source == h.target:
+                    assert h.copy is not None
+
+
+def test_allgather_exact_data():
+    """(a=Slab.X, b=Slab.Y, result=Slab.X), NN, C-order, 10x8x6 on 4 ranks: by hand."""
+    tr = T.translate(problem(10, 8, 6, 4, (X, Y, X), orders=("C", "C", None)))
+    assert (tr.algorithm, tr.path, tr.swapped, tr.engine) == ("allgather", "AG+GEMM", False, "cublasmp")
+    assert tr.qualifiers == (True, True, False)
+    a, b = tr.handover("a"), tr.handover("b")
+    # a (10, 6) C-order -> a.T (6, 12 padded) in Fortran order, split on its columns
+    assert (a.slot, a.transposed, a.is_transpose) == ("A", True, True)
+    assert a.distribution == T.NvDistribution((1, 4), "ROW_MAJOR", (6, 3))
+    assert a.global_shape == (6, 12)
+    assert a.copy == "padding M 10->12 (uneven split over 4 ranks)"
+    # b (6, 8) C-order -> b.T (8, 6) split on rows, 8 = 4 x 2: a free view
+    assert (b.slot, b.transposed, b.is_transpose, b.copy) == ("B", True, True, None)
+    assert b.distribution == T.NvDistribution((4, 1), "ROW_MAJOR", (2, 6)) and b.global_shape == (8, 6)
+    assert tr.result == T.NvDistribution((4, 1), "ROW_MAJOR", (3, 2)) and tr.result_shape == (12, 8)
+    assert [d.padded for d in tr.dims] == [12, 6, 8]
+    assert tr.computed == X and not tr.gather
+
+
+def test_mirrored_allgather_runs_in_the_swapped_frame():
+    tr = T.translate(problem(8, 12, 4, 4, (X, Y, Y), orders=("C", "C", "C"), use_c=True))
+    assert (tr.path, tr.swapped) == ("AG+GEMM", True)
+    A, B, C = tr.slot("A"), tr.slot("B"), tr.slot("C")
+    assert (A.operand, B.operand, C.operand) == ("b", "a", "c")
+    # nvmath A = op(B).T = b.T: the C-order b handed as its transposed view, not transposed again
+    assert (A.transposed, A.is_transpose, A.copy) == (True, False, None)
+    assert (B.transposed, B.is_transpose, B.copy) == (True, False, None)
+    # c (8, 12) C-order is the Fortran-order c.T (12, 8): free in this frame. Its M block is 2,
+    # not 8: a splits M in 4, and cuBLASMp needs one block size per dimension
+    assert (C.transposed, C.copy) == (True, None) and C.distribution == T.NvDistribution((4, 1), "ROW_MAJOR", (3, 2))
+    assert tr.result == T.NvDistribution((4, 1), "ROW_MAJOR", (3, 2)) and tr.result_shape == (12, 8)
+
+
+def test_reduce_scatter_both_frames():
+    nn = T.translate(problem(8, 12, 4, 4, (Y, X, Y), orders=("F", "F", None)))
+    assert (nn.path, nn.algorithm, nn.swapped, nn.qualifiers) == ("GEMM+RS", "reduce_scatter", False, (False, False, False))
+    assert not nn.copies
+    mm = T.translate(problem(8, 12, 4, 4, (Y, X, X), orders=("C", "C", None)))
+    assert (mm.path, mm.swapped) == ("GEMM+RS", True) and not mm.copies
+
+
+def test_allreduce_needs_tn_and_copies_for_it():
+    # NN with C-order blocks: nvmath must see TN; one of a, b is copied to the other order
+    tr = T.translate(problem(8, 12, 4, 4, (Y, X, R), orders=("C", "C", "C"), use_c=True, epilog="relu"))
+    assert (tr.path, tr.algorithm, tr.qualifiers[:2]) == ("GEMM+AR", "allreduce", (True, False))
+    assert len(tr.copies) == 1 and "TN" in tr.handover(tr.copies[0]).copy
+    assert tr.fused_epilog == "ALLREDUCE" and tr.post_epilog == "relu" and tr.post_beta_c
+    assert not tr.passes_c  # beta*c after the reduction, else it would be summed P times
+    # one b copy either way; the tie goes to the swapped frame (C-order result): D.T is (N, M) = (12, 8) on
+    # every rank, described to nvmath as Slab.X of a (P*12, 8) matrix
+    assert tr.swapped
+    assert tr.result == T.NvDistribution((4, 1), "ROW_MAJOR", (12, 8)) and tr.result_shape == (48, 8)
+    # NT with C-order blocks is already TN for nvmath: nothing copied
+    tn = T.translate(problem(8, 12, 4, 4, (Y, Y, R), ta=False, tb=True, orders=("C", "C", None)))
+    assert tn.path == "GEMM+AR" and not tn.copies and tn.qualifiers[:2] == (True, False)
+
+
+def test_replicated_operands_are_cut_locally():
+    tr = T.translate(problem(16, 8, 12, 4, (R, X, Y), orders=("C", "C", None)))
+    assert tr.kernel == ("K", "K", "N") and tr.path == "GEMM+RS"
+    a = tr.handover("a")
+    assert a.source == R and a.target == Y  # a (M, K) cut to its K columns: not a contiguous range of C order
+    assert a.copy is not None and "neither" in a.copy
+    f = T.translate(problem(16, 8, 12, 4, (R, X, Y), orders=("F", "C", None)))
+    assert f.handover("a").copy is None  # columns of a Fortran-order block: a view
+    rows = T.translate(problem(16, 8, 12, 4, (R, Y, X), orders=("C", "C", None)))
+    assert rows.kernel == ("M", "N", "M") and rows.handover("a").copy is None  # rows of a C-order block: a view
+
+
+def test_local_kernel_on_several_ranks_uses_cublaslt():
+    tr = T.translate(problem(13, 11, 7, 4, (X, R, X), orders=("C", "C", None), epilog="gelu_bias"))
+    assert (tr.algorithm, tr.path, tr.engine) == ("local", "local GEMM", "cublaslt")
+    assert tr.fused_epilog == "GELU_BIAS" and tr.post_epilog is None and not tr.copies
+    assert "cuBLASLt" in "\n".join(tr.describe())
+
+
+def test_replicated_result_is_allgathered_when_no_allreduce():
+    tr = T.translate(problem(13, 11, 7, 4, (X, Y, R), orders=("C", "C", None)))
+    assert tr.gather and tr.path == "AG+GEMM" and tr.computed in (X, Y)
+    assert "allgathered by dmatmul" in "\n".join(tr.describe())
+    with pytest.raises(ValueError, match="algorithm='allgather' does not fit"):
+        T.translate(problem(13, 11, 7, 4, (X, Y, R), orders=("C", "C", None), algorithm="allgather"))
+
+
+def test_general_path_is_named_honestly():
+    tr = T.translate(problem(13, 11, 7, 4, (X, X, X), orders=("C", "C", None)))  # a on M, b on K
+    assert tr.path == "general" and tr.algorithm == "allgather"
+    text = "\n".join(tr.describe())
+    assert "cuBLASMp general path" in text and "closest contract algorithm: allgather" in text
+    assert tr.fused_epilog is None
+    with pytest.raises(ValueError) as info:
+        T.translate(problem(13, 11, 7, 4, (X, X, X), orders=("C", "C", None), algorithm="allgather"))
+    msg = str(info.value)
+    assert "(a=Slab.X, b=Slab.X, result=Slab.X)" in msg  # given
+    assert "(a=Slab.X, b=Slab.Y, result=Slab.X)" in msg and "(a=Slab.X, b=Slab.Y, result=Slab.Y)" in msg  # needed
+
+
+@pytest.mark.parametrize("algorithm", ["local", "allgather", "reduce_scatter", "allreduce"])
+def test_named_algorithms_fit_exactly_their_triples(algorithm):
+    P = 4
+    for dists, (ta, tb) in itertools.product(TRIPLES, TRANSPOSES):
+        given = tuple(role(d, op, ta, tb, P) for d, op in zip(dists, ("a", "b", "c")))
+        p = problem(16, 8, 12, P, dists, ta, tb, algorithm=algorithm)
+        if any(fits(given, kern, False) for kern in FAST[algorithm]):
+            tr = T.translate(p)
+            assert tr.algorithm == algorithm and not tr.gather
+        else:
+            with pytest.raises(ValueError, match=f"algorithm='{algorithm}' does not fit") as info:
+                T.translate(p)
+            for need in T.needs(algorithm, (ta, tb)):
+                assert need in str(info.value)
+
+
+def test_named_summa_on_1d_and_one_rank():
+    with pytest.raises(ValueError, match="does not apply to 1-D"):
+        T.translate(problem(8, 8, 8, 4, (X, Y, X), algorithm="summa"))
+    one = T.translate(problem(8, 8, 8, 1, (X, Y, X), algorithm="allgather"))
+    assert one.algorithm == "local" and "on one rank cuBLASMp runs a local GEMM" in one.notes[0]
+
+
+# --------------------------------------------------------------------------- #
+# the copy decision table
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("oa,ob,oc,swapped,copies", [
+    ("C", "C", "C", True, ()),          # all C: the swapped frame takes everything as views
+    ("F", "F", "F", False, ()),         # all Fortran: the direct frame takes everything as it is
+    ("C", "C", "F", False, ()),         # c decides the frame; a, b flip qualifiers for free
+    ("F", "C", "C", True, ()),
+    ("X", "C", "C", True, ("a",)),      # a not contiguous: one copy
+    ("C", "C", "X", True, ("c",)),
+])
+def test_one_rank_frame_and_copies(oa, ob, oc, swapped, copies):
+    tr = T.translate(problem(6, 5, 4, 1, (R, R, R), orders=(oa, ob, oc), use_c=True))
+    assert tr.swapped == swapped and tr.copies == copies
+    for h in tr.handovers:
+        if h.copy is None and h.operand != "c":
+            assert h.transposed == ({"a": oa, "b": ob}[h.operand] == "C")
+
+
+def test_fast_path_frame_forces_a_c_copy_when_needed():
+    # AG+GEMM (X, Y, X) runs only in the direct frame: a C-order c must be copied to Fortran order
+    tr = T.translate(problem(16, 8, 12, 4, (X, Y, X), orders=("C", "C", "C"), use_c=True))
+    assert not tr.swapped and tr.copies == ("c",)
+    assert "Fortran order" in tr.handover("c").copy
+    f = T.translate(problem(16, 8, 12, 4, (X, Y, X), orders=("C", "C", "F"), use_c=True))
+    assert not f.copies
+
+
+# --------------------------------------------------------------------------- #
+# epilogs
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("dists,swapped,fused,post", [
+    ((X, Y, X), False, "RELU_BIAS", None),   # AG+GEMM, direct frame: bias per row of nvmath's D
+    ((X, Y, Y), True, None, "relu_bias"),    # swapped: a bias per row of D is per column of D.T
+    ((Y, X, Y), False, "RELU_BIAS", None),   # GEMM+RS
+    ((X, X, X), True, None, "relu_bias"),    # general path: nvmath refuses RELU on its naive path
+])
+def test_epilog_fusion(dists, swapped, fused, post):
+    tr = T.translate(problem(16, 8, 12, 4, dists, orders=("C", "C", None), epilog="relu_bias"))
+    assert (tr.swapped, tr.fused_epilog, tr.post_epilog) == (swapped, fused, post)
+    gelu = T.translate(problem(16, 8, 12, 4, dists, orders=("C", "C", None), epilog="gelu"))
+    if tr.path != "general":
+        assert gelu.fused_epilog == "GELU"  # elementwise: fine in either frame
+    u = tr.unfused()
+    assert u.fused_epilog is None and u.post_epilog == "relu_bias"
+
+
+def test_one_rank_prefers_the_frame_that_fuses_a_bias():
+    tr = T.translate(problem(6, 5, 4, 1, (R, R, R), orders=("C", "C", None), epilog="bias"))
+    assert not tr.swapped and tr.fused_epilog == "BIAS"
+    plain = T.translate(problem(6, 5, 4, 1, (R, R, R), orders=("C", "C", None)))
+    assert plain.swapped  # without a bias the C-order result wins
+
+
+def test_c_is_never_written():
+    for dists in TRIPLES:
+        tr = T.translate(problem(13, 11, 7, 4, dists, orders=("C", "C", "C"), use_c=True))
+        assert dict(tr.options) == {"inplace": False}
+        if tr.passes_c:
+            assert "inplace=False" in "\n".join(tr.describe())
+
+
+# --------------------------------------------------------------------------- #
+# 2-D grids
+# --------------------------------------------------------------------------- #
+def test_summa_on_a_shared_block_cyclic_grid():
+    g = dm.ProcessGrid((2, 3), layout="col")
+    d = dm.BlockCyclic(g, (2, 2))
+    tr = T.translate(problem(13, 11, 7, 6, (d, d, d), orders=("F", "F", None)))
+    assert (tr.algorithm, tr.path, tr.swapped, tr.kernel) == ("summa", "SUMMA", False, None)
+    assert tr.handover("a").distribution == T.NvDistribution((2, 3), "COL_MAJOR", (2, 2))
+    assert [x.block for x in tr.dims] == [2, 2, 2] and not tr.padded
+    check_nvmath_rules(tr)
+    check_handover_data(tr)
+    c_order = T.translate(problem(13, 11, 7, 6, (d, d, d), orders=("C", "C", None)))
+    assert c_order.swapped and not c_order.copies and c_order.path == "SUMMA"
+    assert c_order.slot("A").distribution == T.NvDistribution((3, 2), "ROW_MAJOR", (2, 2))  # b.T: grid transposed
+    check_nvmath_rules(c_order)
+    check_handover_data(c_order)
+
+
+def test_block_non_cyclic_2d_and_first_process():
+    g = dm.ProcessGrid((2, 2))
+    d = dm.BlockNonCyclic(g)
+    tr = T.translate(problem(8, 8, 8, 4, (d, d, d), orders=("F", "F", None)))
+    assert tr.path == "general" and any("steers cuBLASMp away from SUMMA" in n for n in tr.notes)
+    assert tr.handover("a").distribution.block_sizes == (4, 4)
+    check_handover_data(tr)
+    fp = dm.BlockCyclic(g, (3, 2), first_process=(1, 1))
+    t2 = T.translate(problem(9, 7, 5, 4, (fp, dm.BlockCyclic(g, (2, 2), first_process=(1, 1)),
+                                        dm.BlockCyclic(g, (3, 2), first_process=(1, 1))), orders=("F", "F", None)))
+    assert t2.handover("a").distribution.first_process == (1, 1)
+    assert any("first_process" in n for n in t2.notes)
+    check_nvmath_rules(t2)
+    check_handover_data(t2)
+
+
+def test_2d_with_replicated_operands_and_result():
+    g = dm.ProcessGrid((2, 2))
+    d = dm.BlockCyclic(g, (2, 3))
+    tr = T.translate(problem(9, 7, 6, 4, (d, R, R), orders=("C", "C", None)))
+    assert tr.gather and tr.handover("b").source == R
+    check_nvmath_rules(tr)
+    check_handover_data(tr)
+
+
+def test_2d_refusals_name_the_operand_and_the_fix():
+    g = dm.ProcessGrid((2, 2))
+    with pytest.raises(NotImplementedError, match=r"block sizes of K differ: a has 3, b has 2"):
+        T.translate(problem(8, 8, 8, 4, (dm.BlockCyclic(g, (2, 3)), dm.BlockCyclic(g, (2, 2)), dm.BlockCyclic(g, (2, 2)))))
+    with pytest.raises(NotImplementedError, match=r"distribution of a: .* unevenly"):
+        T.translate(problem(9, 8, 8, 4, (dm.BlockNonCyclic(g), dm.BlockNonCyclic(g), dm.BlockNonCyclic(g))))
+    with pytest.raises(ValueError, match=r"algorithm='allgather' needs 1-D distributions"):
+        T.translate(problem(8, 8, 8, 4, (dm.BlockCyclic(g, (2, 2)),) * 3, algorithm="allgather"))
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: .* 4 rank.*mpiexec -n 4"):
+        T.translate(problem(8, 8, 8, 1, (dm.BlockCyclic(g, (2, 2)),) * 3))
+
+
+def test_block_non_cyclic_1d_grid_is_a_slab():
+    col = dm.BlockNonCyclic(dm.ProcessGrid((4, 1)))
+    a = T.translate(problem(10, 8, 6, 4, (col, Y, col), orders=("C", "C", None)))
+    b = T.translate(problem(10, 8, 6, 4, (X, Y, X), orders=("C", "C", None)))
+    assert a.path == b.path == "AG+GEMM" and a.dims == b.dims and a.result == b.result
+
+
+# --------------------------------------------------------------------------- #
+# the pipeline against a simulated cuBLASMp (one process, P simulated ranks)
+# --------------------------------------------------------------------------- #
+def _gelu(d):
+    return 0.5 * d * (1 + np.tanh(math.sqrt(2 / math.pi) * (d + 0.044715 * d**3)))
+
+
+def _epilog(d, name, bias):
+    if name.endswith("BIAS"):
+        d = d + bias[:, None]
+    if name.startswith("RELU"):
+        d = np.maximum(d, 0)
+    elif name.startswith("GELU"):
+        d = _gelu(d)
+    return d
+
+
+def simulate_cublasmp(tr, preps):
+    """cuBLASMp's semantics on the handed-over blocks, with nvmath's checks."""
+    p = tr.problem
+    P = p.nranks
+    A, B, C = tr.slot("A"), tr.slot("B"), tr.slot("C")
+    for r, pr in enumerate(preps):
+        for h, x in ((A, pr.A), (B, pr.B), (C, pr.C)):
+            if h is not None:
+                assert x.flags.f_contiguous, f"{h.operand} is not Fortran-ordered"
+                assert x.shape == bc(h.distribution).shape(r, h.global_shape)
+
+    def glob(blocks, h):
+        return dm.join([b.astype(np.complex128) for b in blocks], bc(h.distribution), h.global_shape)
+
+    ga, gb = glob([pr.A for pr in preps], A), glob([pr.B for pr in preps], B)
+    qa, qb, _ = tr.qualifiers
+    d = p.alpha * ((ga.T if qa else ga) @ (gb.T if qb else gb))
+    if C is not None:
+        d = d + p.beta * glob([pr.C for pr in preps], C)
+    if tr.fused_epilog not in (None, "ALLREDUCE"):
+        bias = np.zeros(d.shape[0], dtype=complex)
+        for r, pr in enumerate(preps):
+            if pr.bias is not None:
+                bias[bc(tr.result).global_indices(r, tr.result_shape)[0]] = pr.bias
+        d = _epilog(d, tr.fused_epilog, bias)
+    dtype = preps[0].A.dtype
+    real = (lambda z: z.real) if np.dtype(dtype).kind != "c" else (lambda z: z)
+    if tr.path == "GEMM+AR":
+        return [np.asfortranarray(real(d).astype(dtype)) for _ in range(P)]
+    return [np.asfortranarray(real(d[np.ix_(*bc(tr.result).global_indices(r, tr.result_shape))]).astype(dtype))
+            for r in range(P)]
+
+
+def simulate_cublaslt(tr, preps):
+    out = []
+    for pr in preps:
+        a = pr.A.T if tr.qualifiers[0] else pr.A
+        b = pr.B.T if tr.qualifiers[1] else pr.B
+        d = tr.problem.alpha * (a.astype(np.complex128) @ b.astype(np.complex128))
+        if pr.C is not None:
+            d = d + tr.problem.beta * pr.C
+        if tr.fused_epilog:
+            d = _epilog(d, tr.fused_epilog, pr.bias)
+        out.append((d if np.dtype(pr.A.dtype).kind == "c" else d.real).astype(pr.A.dtype))
+    return out
+
+
+def in_order(x, order):
+    if order in ("C", "CF"):
+        return np.ascontiguousarray(x)
+    if order == "F":
+        return np.asfortranarray(x)
+    big = np.zeros((x.shape[0], 2 * x.shape[1] + 1), x.dtype)
+    big[:, : 2 * x.shape[1] : 2] = x
+    return big[:, : 2 * x.shape[1] : 2]
+
+
+def run_simulated(m, n, k, P, dists, ta, tb, *, orders=("C", "C", "C"), alpha=1.0, beta=0.0, use_c=False,
+                  epilog=None, dtype="float64", algorithm="auto", unfused=False):
+    rng = np.random.default_rng(m * 100 + n * 10 + k)
+    a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
+    b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
+    c = random_matrix(rng, (m, n), dtype) if use_c else None
+    bias = rng.standard_normal(m) if epilog and epilog.endswith("bias") else None
+    da, db, dd = dists
+    la = [in_order(x, orders[0]) for x in dm.split(a, da, P)]
+    lb = [in_order(x, orders[1]) for x in dm.split(b, db, P)]
+    lc = [in_order(x, orders[2]) for x in dm.split(c, dd, P)] if use_c else [None] * P
+    before = [None if x is None else x.copy() for x in lc]
+    agreed = (T.combine_orders([T.order_of(x) for x in la]), T.combine_orders([T.order_of(x) for x in lb]),
+              T.combine_orders([T.order_of(x) for x in lc]) if use_c else None)
+    tr = T.translate(problem(m, n, k, P, dists, ta, tb, agreed, use_c=use_c and beta != 0, epilog=epilog,
+                             algorithm=algorithm, dtype=dtype, alpha=alpha, beta=beta))
+    if unfused:
+        tr = tr.unfused()
+    preps = [PL.prepare(tr, r, la[r], lb[r], lc[r], bias, np) for r in range(P)]
+    for h in tr.handovers:  # copies exactly as the translation says (some ranks may need no padding)
+        arrays = {"a": la, "b": lb, "c": lc}[h.operand]
+        copied = [preps[r].copied[h.operand] for r in range(P)]
+        assert any(copied) == (h.copy is not None), (h, copied)
+        if h.copy is None:
+            for r in range(P):
+                slot = getattr(preps[r], h.slot)
+                assert slot.size == 0 or np.shares_memory(slot, arrays[r]), "a promised view is a copy"
+    d_nv = (simulate_cublaslt if tr.engine == "cublaslt" else simulate_cublasmp)(tr, preps)
+    blocks = [PL.finish(tr, r, d_nv[r], lc[r], bias, np) for r in range(P)]
+    if tr.gather:
+        blocks = [PL.assemble(tr, blocks)] * P
+    ref = reference(a, b, c, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
+    for r, want in enumerate(dm.split(ref, dd, P)):
+        assert blocks[r].dtype == np.dtype(a.dtype)
+        assert_close(blocks[r], want, dtype)
+    for x, y in zip(lc, before):
+        assert x is None or np.array_equal(x, y)
+    return tr
+
+
+@pytest.mark.parametrize("P", [1, 3, 4])
+@pytest.mark.parametrize("orders", [("C", "C", "C"), ("F", "F", "F"), ("X", "F", "C")])
+def test_pipeline_every_1d_triple(P, orders):
+    for dists, (ta, tb) in itertools.product(TRIPLES, TRANSPOSES):
+        run_simulated(13, 11, 7, P, dists, ta, tb, orders=orders)
+        run_simulated(16, 8, 12, P, dists, ta, tb, orders=orders, alpha=0.5, beta=2.0, use_c=True)
+
+
+@pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
+@pytest.mark.parametrize("unfused", [False, True])
+def test_pipeline_epilogs(epilog, unfused):
+    for dists, (ta, tb) in itertools.product(TRIPLES, [(False, False), (True, True)]):
+        run_simulated(13, 11, 7, 4, dists, ta, tb, alpha=0.5, beta=2.0, use_c=True, epilog=epilog, unfused=unfused)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "complex64", "complex128"])
+def test_pipeline_dtypes(dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    epilogs = (None, "bias") if dtype.startswith("complex") else (None, "gelu_bias")
+    for dists, epilog in itertools.product([(X, Y, X), (Y, X, R), (X, R, X), (X, X, Y), (R, R, R)], epilogs):
+        run_simulated(13, 11, 7, 4, dists, False, True, use_c=True, alpha=0.5, beta=2.0, epilog=epilog, dtype=dtype)
+
+
+def test_pipeline_2d():
+    g = dm.ProcessGrid((2, 2), layout="col")
+    d = dm.BlockCyclic(g, (2, 3))
+    e = dm.BlockCyclic(g, (3, 3))
+    f = dm.BlockCyclic(g, (2, 3), first_process=(1, 0))
+    for dists in [(dm.BlockCyclic(g, (2, 3)), dm.BlockCyclic(g, (3, 3)), dm.BlockCyclic(g, (2, 3))), (d, R, d), (R, e, R),
+                  (dm.BlockNonCyclic(dm.ProcessGrid((2, 2))),) * 3]:
+        for orders in [("C", "C", "C"), ("F", "F", "F")]:
+            run_simulated(8, 12, 6, 4, dists, False, False, orders=orders, use_c=True, beta=1.0, epilog="relu")
+    run_simulated(9, 7, 6, 4, (f, dm.BlockCyclic(g, (3, 3), first_process=(1, 0)), f), False, False)
+
+
+def test_pipeline_extreme_sizes():
+    for dists in TRIPLES:
+        run_simulated(1, 1, 1, 4, dists, False, False)
+        run_simulated(2, 3, 5, 4, dists, True, True, use_c=True, beta=1.0)
+
+
+# --------------------------------------------------------------------------- #
+# the execution layer against a fake nvmath-python
+# --------------------------------------------------------------------------- #
+@pytest.fixture
+def fake_nvmath():
+    sys.path.insert(0, str(GPU_DIR))
+    import _fake_nvmath
+
+    from dmatmul.backends.nvmath import _engine
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+
+    def reset():
+        nv.unavailable.cache_clear()
+        backends._loaded.pop("nvmath", None)
+        _engine._context = None
+
+    _fake_nvmath.install()
+    reset()
+    try:
+        yield _fake_nvmath
+    finally:
+        _fake_nvmath.uninstall()
+        reset()
+        sys.path.remove(str(GPU_DIR))
+
+
+def test_fake_backend_one_process(fake_nvmath):
+    assert backends.probe("nvmath") is None and backends.resolve("auto").name == "nvmath"
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((7, 5)), rng.standard_normal((5, 6)), rng.standard_normal((7, 6))
+    bias = rng.standard_normal(7)
+    c0 = c.copy()
+    d = dm.matmul(a, b, c, beta=2.0, alpha=0.5, epilog="relu_bias", bias=bias, backend="nvmath")
+    assert isinstance(d, np.ndarray)
+    assert_close(d, reference(a, b, c, alpha=0.5, beta=2.0, epilog="relu_bias", bias=bias), "float64")
+    assert np.array_equal(c, c0)
+    calls = dict(fake_nvmath.CALLS)
+    assert calls["initialize"] == {"device_id": 0, "backends": ["nvshmem", "nccl"], "nranks": 1}
+    assert calls["Matmul"]["inplace"] is False and calls["Matmul"]["has_c"]
+
+
+def test_fake_backend_plan_reuse_and_explain(fake_nvmath):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((6, 4)), rng.standard_normal((6, 5))
+    a0 = a.copy()
+    with dm.Matmul(a, b, transpose_a=True, backend="nvmath") as mm:
+        mm.plan()
+        assert mm.algorithm == "local"
+        text = mm.explain()
+        for words in ("backend:    nvmath", "cuBLASMp via nvmath.distributed", "local GEMM", "qualifiers:",
+                      "CUBLASMP_LOG_LEVEL=5", "nvmath-python 1.0.0+fake"):
+            assert words in text
+        d1 = mm.execute()
+        a2 = 2 * a
+        mm.reset_operands(a=a2)
+        d2 = mm.execute()
+        a2[:] = 0  # changed in place after planning: the next execute sees it
+        d3 = mm.execute()
+    assert_close(d1, reference(a0, b, transpose_a=True), "float64")
+    assert np.allclose(d2, 2 * d1) and np.allclose(d3, 0)
+    assert [name for name, _ in fake_nvmath.CALLS].count("Matmul") == 1  # planned once
+    assert ("free", {}) in fake_nvmath.CALLS
+
+
+def test_fake_backend_refused_epilog_falls_back(fake_nvmath, monkeypatch):
+    original = fake_nvmath.Matmul.plan
+
+    def refuse(self, *, epilog=None, **kw):
+        if epilog is not None and epilog != fake_nvmath.MatmulEpilogue.ALLREDUCE:
+            raise ValueError(f"{epilog.name} epilogue is not supported")
+        return original(self, epilog=epilog, **kw)
+
+    monkeypatch.setattr(fake_nvmath.Matmul, "plan", refuse)
+    rng = np.random.default_rng(2)
+    a, b, bias = rng.standard_normal((5, 4)), rng.standard_normal((4, 3)), rng.standard_normal(5)
+    with dm.Matmul(a, b, epilog="gelu_bias", bias=bias, backend="nvmath") as mm:
+        d = mm.execute()
+        assert "nvmath refused the fused epilog" in mm.explain()
+    assert_close(d, reference(a, b, epilog="gelu_bias", bias=bias), "float64")
+
+
+def test_fake_backend_one_process_asks_for_one_device(fake_nvmath):
+    with pytest.raises(ValueError, match=r"devices=4 .* one rank per process .* mpiexec -n 4"):
+        dm.matmul(np.ones((4, 3)), np.ones((3, 5)), devices=4, backend="nvmath")
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: .* mpiexec -n 4"):
+        g = dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2))
+        dm.matmul(np.ones((4, 4)), np.ones((4, 4)), distribution=g, backend="nvmath")
+
+
+@pytest.mark.parametrize("ngpus,version,words", [
+    (0, 800, "no CUDA device visible"),
+    (1, 1000, "needs 0.6 <= cuBLASMp < 0.10"),
+    (1, 500, "cuBLASMp 0.5.0 found"),
+])
+def test_unavailable_reasons(fake_nvmath, ngpus, version, words):
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+    fake_nvmath.uninstall()
+    fake_nvmath.install(ngpus=ngpus, cublasmp_version=version)
+    nv.unavailable.cache_clear()
+    reason = nv.unavailable()
+    assert reason is not None and words in reason
+    with pytest.raises(RuntimeError, match="backend='nvmath' is not available"):
+        dm.matmul(np.ones((2, 2)), np.ones((2, 2)), backend="nvmath")
+    assert backends.resolve("auto").name == "jax"
+
+
+def test_unavailable_when_cublasmp_does_not_load(fake_nvmath):
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+
+    def broken():
+        raise OSError("libcublasmp.so.0: cannot open shared object file")
+
+    sys.modules["nvmath.bindings.cublasMp"].get_version = broken
+    nv.unavailable.cache_clear()
+    reason = nv.unavailable()
+    assert "cuBLASMp library could not be loaded" in reason and "pip install 'dmatmul[nvmath]'" in reason
+
+
+@pytest.mark.mpi
+def test_fake_backend_under_mpiexec():
+    """The whole backend (runtime start-up, agreement on memory orders, nvmath
+    calls, MPI allgather of replicated results) on 4 real processes, nvmath
+    replaced by the fake: every 1-D triple x transposes, a sample of the
+    alpha/beta/c x epilog x dtype variants, plan reuse."""
+    mpiexec = shutil.which("mpiexec") or str(pathlib.Path(sys.executable).parent / "mpiexec")
+    if not os.path.exists(mpiexec) or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpiexec / mpi4py not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    out = subprocess.run([mpiexec, "-n", "4", sys.executable, str(GPU_DIR / "nvmath_products.py"), "--fake", "--quick"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "cases match numpy" in out.stdout and "MISMATCH" not in out.stdout
+    for path in ("AG+GEMM", "GEMM+RS", "GEMM+AR", "general", "local GEMM"):
+        assert path in out.stdout
