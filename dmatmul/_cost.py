@@ -1,17 +1,54 @@
-"""The alpha-beta-gamma cost model and the communication lower bounds.
+"""The alpha-beta-gamma cost model, its calibration, and the communication lower bounds.
 
 A plan's modelled time per rank is ``alpha * messages + beta * bytes +
 gamma * flops``: ``alpha`` the latency of one message (s), ``beta`` the time
 per byte a rank receives (s/B), ``gamma`` the time per flop of a rank's local
-GEMM (s/flop). Defaults per platform live in :data:`DEFAULT_MODELS`.
+GEMM while every rank computes at once (s/flop). Defaults per platform live in
+:data:`DEFAULT_MODELS`.
+
+Calibration. ``dmatmul bench --calibrate`` measures the three constants on
+this machine and writes them as JSON to :func:`calibration_path`:
+``$DMATMUL_COST_MODEL`` when set, else ``$XDG_CACHE_HOME/dmatmul/cost_model.json``
+(``~/.cache/dmatmul/cost_model.json``). :func:`model_for` reads that file
+when it exists, so ``algorithm="auto"`` then plans with the measured machine;
+``DMATMUL_COST_MODEL=default`` ignores any file and uses the defaults. The
+file holds one entry per platform, and optionally per rank count
+(``"cpu/8"``: simulated devices share the host's cores, so the per-rank GEMM
+speed depends on how many there are)::
+
+    {"version": 1, "models": {"cpu": {"alpha": 2e-05, "beta": 2.5e-10, "gamma": 5e-11},
+                              "cpu/8": {...}}, "meta": {...}}
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["MachineModel", "DEFAULT_MODELS", "model_for", "lower_bound_words", "ring_allgather_words"]
+__all__ = [
+    "MachineModel",
+    "DEFAULT_MODELS",
+    "MODEL_ENV",
+    "model_for",
+    "calibration_path",
+    "load_models",
+    "save_models",
+    "fit",
+    "lower_bound_words",
+    "lower_bound_regime",
+    "lower_bounds",
+    "ring_allgather_words",
+    "extra_memory_bytes",
+]
+
+MODEL_ENV = "DMATMUL_COST_MODEL"
+_FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,21 +63,195 @@ class MachineModel:
     def time(self, *, messages: float, nbytes: float, flops: float) -> float:
         return self.alpha * messages + self.beta * nbytes + self.gamma * flops
 
+    def to_dict(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
+
+    def describe(self) -> str:
+        """``alpha 20 us, beta 4.0 GB/s, gamma 20.0 GFLOP/s per rank (default)``."""
+        bw = f"{1 / self.beta / 1e9:.3g} GB/s" if self.beta > 0 else "inf GB/s"
+        speed = f"{1 / self.gamma / 1e9:.3g} GFLOP/s" if self.gamma > 0 else "inf GFLOP/s"
+        return f"alpha {self.alpha * 1e6:.3g} us, beta {bw}, gamma {speed} per rank ({self.source})"
+
 
 #: Defaults per JAX platform / backend. "cpu" is this project's reference
 #: machine: simulated devices sharing 2 cores, where "communication" is a
 #: memory copy (a few GB/s) and a rank's GEMM gets a share of ~150 GFLOP/s.
+#: ``"cpu/<P>"``: the same machine calibrated by ``dmatmul bench --calibrate``
+#: for P simulated devices (they share the 2 cores, so a rank's GEMM speed
+#: falls as P grows); used when a caller passes ``nranks``.
 DEFAULT_MODELS: dict[str, MachineModel] = {
     "cpu": MachineModel(alpha=2e-5, beta=1 / 4e9, gamma=1 / 20e9),
+    "cpu/2": MachineModel(alpha=1e-5, beta=1 / 10e9, gamma=1 / 95e9),
+    "cpu/4": MachineModel(alpha=5e-5, beta=1 / 8e9, gamma=1 / 44e9),
+    "cpu/8": MachineModel(alpha=1.1e-4, beta=1 / 2.8e9, gamma=1 / 20e9),
     "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12),
     "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12),
 }
 
+_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
-def model_for(platform: str) -> MachineModel:
-    """The model for a platform name ("cpu", "gpu"/"cuda"/"rocm", "tpu")."""
-    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
-    return DEFAULT_MODELS.get(platform, DEFAULT_MODELS["cpu"])
+
+def _platform(platform: str) -> str:
+    return _ALIASES.get(platform, platform)
+
+
+# --------------------------------------------------------------------------- #
+# calibration files
+# --------------------------------------------------------------------------- #
+def calibration_path() -> Path | None:
+    """Where calibrated models are read and written; None when
+    ``DMATMUL_COST_MODEL`` is ``default`` (or ``none``/empty): defaults only."""
+    env = os.environ.get(MODEL_ENV)
+    if env is not None:
+        if env.strip().lower() in ("", "default", "defaults", "none", "0"):
+            return None
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "dmatmul" / "cost_model.json"
+
+
+_loaded: dict[tuple[str, float], dict[str, MachineModel]] = {}
+
+
+def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, MachineModel]:
+    """The calibrated models in ``path`` (default :func:`calibration_path`),
+    keyed ``"cpu"``, ``"cpu/8"``, ...; ``{}`` when there is no file.
+
+    A file that exists but cannot be read raises ValueError naming it.
+    """
+    p = Path(path) if path is not None else calibration_path()
+    if p is None or not p.is_file():
+        return {}
+    key = (str(p), p.stat().st_mtime)
+    if key in _loaded:
+        return _loaded[key]
+    try:
+        data = json.loads(p.read_text())
+        entries = data["models"]
+        models = {
+            str(name): MachineModel(
+                alpha=float(e["alpha"]), beta=float(e["beta"]), gamma=float(e["gamma"]), source=f"calibrated {p}"
+            )
+            for name, e in entries.items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"cost model file {p} is not a dmatmul calibration ({type(e).__name__}: {e}); "
+            f"rerun `dmatmul bench --calibrate`, delete the file, or set {MODEL_ENV}=default"
+        ) from None
+    _loaded[key] = models
+    return models
+
+
+def save_models(
+    models: Mapping[str, MachineModel],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    meta: Mapping[str, Any] | None = None,
+    merge: bool = True,
+) -> Path:
+    """Write ``models`` (keys ``"cpu"``, ``"cpu/8"``, ...) as a calibration file;
+    with ``merge`` the entries already in the file for other keys are kept."""
+    p = Path(path) if path is not None else calibration_path()
+    if p is None:
+        raise ValueError(f"{MODEL_ENV}=default: give a path to write the calibration to")
+    entries: dict[str, Any] = {}
+    old_meta: dict[str, Any] = {}
+    if merge and p.is_file():
+        try:
+            old = json.loads(p.read_text())
+            entries.update(old.get("models", {}))
+            old_meta = dict(old.get("meta", {}))
+        except (OSError, ValueError):
+            pass
+    entries.update({k: m.to_dict() for k, m in models.items()})
+    p.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"version": _FORMAT_VERSION, "models": entries, "meta": {**old_meta, **dict(meta or {})}}
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.replace(p)
+    return p
+
+
+def model_for(platform: str, nranks: int | None = None) -> MachineModel:
+    """The model for a platform name ("cpu", "gpu"/"cuda"/"rocm", "tpu").
+
+    A calibration (see :func:`calibration_path`) wins over the defaults: its
+    ``"<platform>/<nranks>"`` entry first, then ``"<platform>"``; then the
+    defaults in the same order.
+    """
+    platform = _platform(platform)
+    keys = ([f"{platform}/{nranks}"] if nranks is not None else []) + [platform]
+    for models in (load_models(), DEFAULT_MODELS):
+        for key in keys:
+            if key in models:
+                return models[key]
+    return DEFAULT_MODELS["cpu"]
+
+
+# --------------------------------------------------------------------------- #
+# fitting
+# --------------------------------------------------------------------------- #
+def fit(samples: Iterable[Sequence[float]]) -> tuple[MachineModel, float]:
+    """Least-squares ``alpha, beta, gamma >= 0`` from ``(messages, nbytes, flops, seconds)``.
+
+    Residuals are relative (each sample weighted by ``1/seconds``), so a
+    20 us message counts as much as a 2 s GEMM. Non-negativity is exact: the
+    best of the unconstrained fits over every subset of the three constants
+    whose solution is non-negative. Returns the model and the RMS relative
+    residual.
+
+    >>> m, r = fit([(1, 0, 0, 1e-5), (1, 1e6, 0, 1e-5 + 1e-3), (0, 0, 1e9, 0.05)])
+    >>> round(m.alpha * 1e6, 3), round(1 / m.beta / 1e9, 3), round(1 / m.gamma / 1e9, 3)
+    (10.0, 1.0, 20.0)
+    """
+    import numpy as np
+
+    rows = np.asarray([tuple(s) for s in samples], dtype=float)
+    if rows.ndim != 2 or rows.shape[1] != 4 or len(rows) == 0:
+        raise ValueError("fit needs samples (messages, nbytes, flops, seconds)")
+    if (rows[:, 3] <= 0).any():
+        raise ValueError("fit: every sample needs a positive time")
+    w = 1.0 / rows[:, 3]
+    x, y = rows[:, :3] * w[:, None], rows[:, 3] * w
+    best: tuple[float, np.ndarray] | None = None
+    for size in range(3, 0, -1):
+        for cols in itertools.combinations(range(3), size):
+            sub = x[:, cols]
+            if not sub.any():
+                continue
+            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if (coef < 0).any():
+                continue
+            full = np.zeros(3)
+            full[list(cols)] = coef
+            res = float(np.sum((x @ full - y) ** 2))
+            if best is None or res < best[0] - 1e-15:
+                best = (res, full)
+    if best is None:
+        raise ValueError("fit: no non-negative solution (all samples empty?)")
+    res, (alpha, beta, gamma) = best
+    return MachineModel(float(alpha), float(beta), float(gamma), source="fit"), math.sqrt(res / len(rows))
+
+
+# --------------------------------------------------------------------------- #
+# lower bounds
+# --------------------------------------------------------------------------- #
+def lower_bound_regime(m: int, n: int, k: int, p: int) -> str:
+    """Which regime of the memory-independent bound applies: "1-D", "2-D" or "3-D"
+    (``"none"`` on one rank).
+
+    >>> lower_bound_regime(4096, 64, 64, 8), lower_bound_regime(4096, 4096, 64, 8), lower_bound_regime(64, 64, 64, 8)
+    ('1-D', '2-D', '3-D')
+    """
+    if p <= 1:
+        return "none"
+    d1, d2, d3 = sorted((m, n, k), reverse=True)
+    if p <= d1 / d2:
+        return "1-D"
+    if p <= d1 * d2 / d3**2:
+        return "2-D"
+    return "3-D"
 
 
 def lower_bound_words(m: int, n: int, k: int, p: int) -> float:
@@ -65,9 +276,10 @@ def lower_bound_words(m: int, n: int, k: int, p: int) -> float:
     if p <= 1:
         return 0.0
     d1, d2, d3 = sorted((m, n, k), reverse=True)
-    if p <= d1 / d2:
+    regime = lower_bound_regime(m, n, k, p)
+    if regime == "1-D":
         words = d2 * d3 + (d1 * d2 + d1 * d3) / p
-    elif p <= d1 * d2 / d3**2:
+    elif regime == "2-D":
         words = 2 * math.sqrt(d1 * d2 * d3**2 / p) + d1 * d2 / p
     else:
         words = 3 * (d1 * d2 * d3 / p) ** (2 / 3)
@@ -77,3 +289,75 @@ def lower_bound_words(m: int, n: int, k: int, p: int) -> float:
 def ring_allgather_words(volume: int, p: int) -> float:
     """Words a rank receives in a ring AllGather (or ReduceScatter) of ``volume``."""
     return (p - 1) / p * volume
+
+
+def lower_bounds(m: int, n: int, k: int, p: int, itemsize: int) -> dict[str, Any]:
+    """The bounds a plan is compared with, in bytes per rank.
+
+    ``memory_independent``: :func:`lower_bound_words` (its ``regime`` named);
+    ``ring_<operand>``: a ring's ``(P-1)/P * V`` for V = A, B (AllGather of an
+    operand) or C (ReduceScatter of the result), the least a 1-D algorithm
+    moving that matrix can receive.
+
+    >>> lb = lower_bounds(64, 64, 64, 8, 4)
+    >>> lb["regime"], round(lb["memory_independent"]), lb["ring_a"]
+    ('3-D', 6144, 14336.0)
+    """
+    return {
+        "regime": lower_bound_regime(m, n, k, p),
+        "memory_independent": lower_bound_words(m, n, k, p) * itemsize,
+        "ring_a": ring_allgather_words(m * k, p) * itemsize,
+        "ring_b": ring_allgather_words(k * n, p) * itemsize,
+        "ring_c": ring_allgather_words(m * n, p) * itemsize,
+    }
+
+
+# --------------------------------------------------------------------------- #
+# memory
+# --------------------------------------------------------------------------- #
+def extra_memory_bytes(
+    algorithm: str,
+    m: int,
+    n: int,
+    k: int,
+    p: int,
+    itemsize: int,
+    acc_itemsize: int | None = None,
+    *,
+    moving: str | None = None,
+    one_shot: bool = False,
+) -> float:
+    """Memory a rank needs beyond its blocks of A, B and the result (bytes).
+
+    * ``allgather`` (ring): the block of the moving operand in flight
+      (``moving`` "a" or "b"; default "b"), plus one GEMM tile of the result;
+      with ``one_shot`` (one all-gather, then one GEMM) the whole gathered
+      operand instead.
+    * ``reduce_scatter`` (ring): the partial sum in flight and the one being
+      added to (two result blocks, accumulation dtype); ``one_shot``: the full
+      ``m x n`` partial product.
+    * ``allreduce``: the full ``m x n`` partial product (the result itself is
+      replicated), accumulation dtype.
+    * ``summa``: one panel of A and one of B, ``k/sqrt(p)`` wide (``(mk + kn)/p``).
+    * ``local``: nothing.
+
+    >>> extra_memory_bytes("allgather", 1024, 1024, 1024, 8, 4)  # one 1024x128 block + one 128x128 tile
+    589824.0
+    """
+    acc = acc_itemsize or itemsize
+    if p <= 1 or algorithm == "local":
+        return 0.0
+    if algorithm == "allgather":
+        vol = (m * k) if moving == "a" else (k * n)
+        if one_shot:
+            return float(vol * itemsize)
+        return vol / p * itemsize + (m / p) * (n / p) * acc
+    if algorithm == "reduce_scatter":
+        if one_shot:
+            return float(m * n * acc)
+        return 2 * m * n / p * acc
+    if algorithm == "allreduce":
+        return float(m * n * acc)
+    if algorithm == "summa":
+        return (m * k + k * n) / p * itemsize
+    raise ValueError(f"no memory model for algorithm {algorithm!r}")

@@ -1,4 +1,4 @@
-"""The ``dmatmul`` command: ``info`` and ``demo``.
+"""The ``dmatmul`` command: ``info``, ``demo`` and ``bench``.
 
 ``dmatmul demo`` runs every algorithm on simulated CPU devices (JAX), checks
 each result against numpy and exits non-zero on any mismatch.
@@ -136,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("-n", type=int, default=768, help="columns of the result (default 768)")
     demo.add_argument("-k", type=int, default=517, help="inner dimension (default 517: prime-ish, uneven)")
     demo.set_defaults(func=cmd_demo)
+    from . import _bench
+
+    _bench.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

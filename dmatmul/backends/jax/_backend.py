@@ -113,7 +113,7 @@ class JaxPlan:
         self.spec = spec
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else _layout.resolve_devices(spec.devices)
         self.nranks = p = len(self.devices)
-        self.model = _cost.model_for(self.devices[0].platform)
+        self.model = _cost.model_for(self.devices[0].platform, p)
         itemsize = np.dtype(operands.a.dtype).itemsize
         acc_dtype = _ACC.get(spec.dtype, jnp.dtype(spec.dtype))
         self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, np.dtype(acc_dtype).itemsize)

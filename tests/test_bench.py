@@ -1,0 +1,395 @@
+"""``dmatmul bench`` and the cost model: fast checks, never of speed.
+
+The bench runs end to end on tiny sizes (its output is checked for form, not
+for numbers); calibration is checked by fitting synthetic timings with known
+constants; the lower bounds by their regimes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+
+import pytest
+
+from dmatmul import _cost
+from dmatmul._cost import MachineModel
+
+
+# --------------------------------------------------------------------------- #
+# cost model: lower bounds
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize(
+    "m, n, k, p, regime",
+    [
+        (4096, 64, 64, 8, "1-D"),  # p <= d1/d2 = 64
+        (4096, 4096, 64, 8, "2-D"),  # d1/d2 = 1 < p <= d1*d2/d3^2 = 4096
+        (1024, 1024, 1024, 8, "3-D"),  # square: 3-D for every p > 1
+        (1024, 1024, 1024, 1, "none"),
+    ],
+)
+def test_lower_bound_regimes(m, n, k, p, regime):
+    assert _cost.lower_bound_regime(m, n, k, p) == regime
+    # the bound is symmetric in the three dimensions
+    assert _cost.lower_bound_words(m, n, k, p) == pytest.approx(_cost.lower_bound_words(k, m, n, p))
+
+
+def test_lower_bound_formulas_per_regime():
+    owned = lambda m, n, k, p: (m * n + m * k + n * k) / p  # noqa: E731
+    m, n, k, p = 4096, 64, 64, 8
+    assert _cost.lower_bound_words(m, n, k, p) == pytest.approx(n * k + (m * n + m * k) / p - owned(m, n, k, p))
+    m, n, k, p = 4096, 4096, 64, 8
+    assert _cost.lower_bound_words(m, n, k, p) == pytest.approx(
+        2 * math.sqrt(m * n * k * k / p) + m * n / p - owned(m, n, k, p)
+    )
+    m = n = k = 1024
+    assert _cost.lower_bound_words(m, n, k, 8) == pytest.approx(3 * (m * n * k / 8) ** (2 / 3) - owned(m, n, k, 8))
+    assert _cost.lower_bound_words(m, n, k, 8) == pytest.approx(3 * m * m / 8)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 64])
+def test_one_dimensional_algorithms_never_beat_the_bound(p):
+    n = 2048
+    lb = _cost.lower_bounds(n, n, n, p, 4)
+    assert lb["ring_b"] == pytest.approx((p - 1) / p * n * n * 4)
+    assert lb["memory_independent"] <= lb["ring_a"] <= lb["ring_c"] * 1.0000001
+
+
+def test_extra_memory():
+    m = n = k = 1024
+    assert _cost.extra_memory_bytes("local", m, n, k, 8, 4) == 0
+    assert _cost.extra_memory_bytes("allgather", m, n, k, 1, 4) == 0
+    ring = _cost.extra_memory_bytes("allgather", m, n, k, 8, 4)
+    one_shot = _cost.extra_memory_bytes("allgather", m, n, k, 8, 4, one_shot=True)
+    assert ring < one_shot == k * n * 4
+    assert _cost.extra_memory_bytes("reduce_scatter", m, n, k, 8, 2, 4) == 2 * m * n / 8 * 4
+    assert _cost.extra_memory_bytes("allreduce", m, n, k, 8, 4) == m * n * 4
+    with pytest.raises(ValueError, match="no memory model"):
+        _cost.extra_memory_bytes("cannon", m, n, k, 8, 4)
+
+
+# --------------------------------------------------------------------------- #
+# cost model: calibration
+# --------------------------------------------------------------------------- #
+def _synthetic(model: MachineModel, noise: float = 0.0) -> list[tuple[float, float, float, float]]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for nbytes in (1 << 12, 1 << 16, 1 << 20, 1 << 24):
+        rows.append((1.0, float(nbytes), 0.0))
+    for flops in (1e8, 1e9, 1e10):
+        rows.append((0.0, 0.0, flops))
+    rows.append((7.0, 7 * 2**21, 2e9))  # a whole ring: all three terms
+    out = []
+    for msgs, nb, fl in rows:
+        t = model.time(messages=msgs, nbytes=nb, flops=fl) * (1 + noise * rng.standard_normal())
+        out.append((msgs, nb, fl, t))
+    return out
+
+
+def test_fit_recovers_known_constants():
+    truth = MachineModel(alpha=3e-5, beta=1 / 5e9, gamma=1 / 25e9)
+    model, res = _cost.fit(_synthetic(truth))
+    assert model.alpha == pytest.approx(truth.alpha, rel=1e-6)
+    assert model.beta == pytest.approx(truth.beta, rel=1e-6)
+    assert model.gamma == pytest.approx(truth.gamma, rel=1e-6)
+    assert res < 1e-9
+
+
+def test_fit_with_noise_stays_close():
+    truth = MachineModel(alpha=3e-5, beta=1 / 5e9, gamma=1 / 25e9)
+    model, res = _cost.fit(_synthetic(truth, noise=0.05))
+    assert model.alpha == pytest.approx(truth.alpha, rel=0.5)
+    assert model.beta == pytest.approx(truth.beta, rel=0.2)
+    assert model.gamma == pytest.approx(truth.gamma, rel=0.2)
+    assert 0 < res < 0.2
+
+
+def test_fit_is_non_negative():
+    # timings that an unconstrained fit explains with a negative latency
+    samples = [(1, 1e6, 0, 1e-4), (1, 2e6, 0, 2.5e-4), (1, 4e6, 0, 5.5e-4), (0, 0, 1e9, 0.05)]
+    model, _ = _cost.fit(samples)
+    assert model.alpha >= 0 and model.beta > 0 and model.gamma > 0
+
+
+def test_fit_rejects_bad_samples():
+    with pytest.raises(ValueError, match="positive time"):
+        _cost.fit([(1, 0, 0, 0.0)])
+    with pytest.raises(ValueError):
+        _cost.fit([])
+
+
+# --------------------------------------------------------------------------- #
+# cost model: loading
+# --------------------------------------------------------------------------- #
+def test_model_loading_order(tmp_path, monkeypatch):
+    path = tmp_path / "model.json"
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    assert _cost.model_for("cpu") == _cost.DEFAULT_MODELS["cpu"]  # no file yet
+    eight = MachineModel(1e-4, 1 / 3e9, 1 / 20e9)
+    any_p = MachineModel(2e-5, 1 / 10e9, 1 / 90e9)
+    _cost.save_models({"cpu/8": eight, "cpu": any_p}, meta={"host": "test"})
+    got8 = _cost.model_for("cpu", 8)
+    assert (got8.alpha, got8.beta, got8.gamma) == (eight.alpha, eight.beta, eight.gamma)
+    assert got8.source.startswith("calibrated")
+    got3 = _cost.model_for("cpu", 3)
+    assert (got3.alpha, got3.beta, got3.gamma) == (any_p.alpha, any_p.beta, any_p.gamma)
+    assert _cost.model_for("cuda") == _cost.DEFAULT_MODELS["gpu"]  # no calibration for it
+    # merging keeps the other entries
+    _cost.save_models({"cpu/2": MachineModel(1e-5, 1e-10, 1e-11)})
+    doc = json.loads(path.read_text())
+    assert set(doc["models"]) == {"cpu", "cpu/2", "cpu/8"} and doc["meta"]["host"] == "test"
+    assert _cost.model_for("cpu", 2).gamma == 1e-11
+
+
+def test_model_env_default_ignores_files(tmp_path, monkeypatch):
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    assert _cost.calibration_path() is None
+    assert _cost.model_for("cpu") is _cost.DEFAULT_MODELS["cpu"]
+    assert _cost.model_for("cpu", 8) is _cost.DEFAULT_MODELS["cpu/8"]
+    assert _cost.model_for("cpu", 3) is _cost.DEFAULT_MODELS["cpu"]
+    assert _cost.model_for("rocm", 8) is _cost.DEFAULT_MODELS["gpu"]
+    assert _cost.model_for("metal") is _cost.DEFAULT_MODELS["cpu"]
+    with pytest.raises(ValueError, match="give a path"):
+        _cost.save_models({"cpu": _cost.DEFAULT_MODELS["cpu"]})
+
+
+def test_default_path_is_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv(_cost.MODEL_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _cost.calibration_path() == tmp_path / "dmatmul" / "cost_model.json"
+
+
+def test_a_broken_model_file_says_how_to_fix_it(tmp_path, monkeypatch):
+    path = tmp_path / "model.json"
+    path.write_text("{not json")
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    with pytest.raises(ValueError, match="dmatmul bench --calibrate"):
+        _cost.model_for("cpu")
+
+
+def test_describe():
+    text = MachineModel(2e-5, 1 / 4e9, 1 / 20e9).describe()
+    assert "alpha 20 us" in text and "4 GB/s" in text and "20 GFLOP/s" in text
+
+
+# --------------------------------------------------------------------------- #
+# the bench: pure parts
+# --------------------------------------------------------------------------- #
+from dmatmul import _bench  # noqa: E402
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dmatmul")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _bench.add_parser(sub)
+    return parser.parse_args(["bench", *argv])
+
+
+def test_parser_options():
+    args = parse("--sizes", "256,512", "--devices", "2,4", "--layouts", "XYX,YXY,XYR", "--dtype", "bfloat16",
+                 "--reps", "3", "--json", "out.json", "--plot", "", "--quick", "--calibrate")
+    assert args.sizes == [256, 512] and args.devices == [2, 4] and args.layouts == ["XYX", "YXY", "XYR"]
+    assert args.dtype == "bfloat16" and args.reps == 3 and args.json == "out.json" and args.plot == ""
+    assert args.quick and args.calibrate and args.func is _bench.run
+    with pytest.raises(SystemExit):
+        parse("--sizes", "0")
+
+
+def test_quick_shrinks_only_the_defaults():
+    args = _bench._finish_args(parse("--quick"))
+    assert args.sizes == list(_bench.QUICK_SIZES) and args.devices == list(_bench.QUICK_DEVICES) and args.reps == 3
+    args = _bench._finish_args(parse("--quick", "--sizes", "64", "--reps", "2"))
+    assert args.sizes == [64] and args.reps == 2
+    with pytest.raises(SystemExit, match="layout"):
+        _bench._finish_args(parse("--layouts", "XYZ"))
+    with pytest.raises(SystemExit, match="peer"):
+        _bench._finish_args(parse("--peers", "torch"))
+
+
+def test_parse_layout():
+    import dmatmul as dm
+
+    assert _bench.parse_layout("XYX") == (dm.Slab.X, dm.Slab.Y, dm.Slab.X)
+    assert _bench.parse_layout("yxr") == (dm.Slab.Y, dm.Slab.X, dm.Replicated())
+    with pytest.raises(ValueError, match="three letters"):
+        _bench.parse_layout("XY")
+
+
+def test_interleaving_varies_the_order():
+    calls: list[str] = []
+    runners = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    times, first = _bench.time_interleaved(runners, reps=6, warmup=1)
+    assert calls[:8] == list("abcdabcd")  # first calls, then one warm-up round
+    reps = [calls[8 + 4 * r: 12 + 4 * r] for r in range(6)]
+    assert all(sorted(rep) == list("abcd") for rep in reps)
+    assert reps == [_bench.rep_order(list("abcd"), r) for r in range(6)]  # deterministic: same on every rank
+    followers = {rep[rep.index("a") + 1] for rep in reps if rep[-1] != "a"}
+    assert len(followers) > 1  # "a" is not always followed by the same runner
+    assert all(len(ts) == 6 for ts in times.values()) and set(first) == set("abcd")
+
+
+def test_waiting_for_an_idle_machine(monkeypatch):
+    busy = _bench.busy_fraction(0.01)
+    assert busy is None or 0.0 <= busy <= 1.0
+    readings = iter([0.9, 0.8, 0.1])
+    monkeypatch.setattr(_bench, "busy_fraction", lambda window=0.3: next(readings))
+    waiter = _bench.IdleWaiter(0.2)
+    calls: list[str] = []
+    _bench.time_interleaved({"a": lambda: calls.append("a")}, reps=1, warmup=0, before=waiter)
+    assert calls == ["a", "a"] and waiter.gave_up == 0  # three readings before the timed call
+    monkeypatch.setattr(_bench, "busy_fraction", lambda window=0.3: 1.0)
+    waiter = _bench.IdleWaiter(0.2, timeout=0.0)
+    waiter()
+    assert waiter.gave_up == 1
+
+
+def _result(impl: str, seconds: float, **kw) -> _bench.Result:
+    return _bench.Result(impl=impl, n=1000, ranks=8, layout="XYX", dtype="float32", mode="devices",
+                         times=[seconds, seconds * 1.1, seconds * 0.9], **kw)
+
+
+def test_table_ratios_and_summary():
+    group = [
+        _result("dmatmul:auto", 0.1, algorithm="allgather", predicted_s=0.12, modelled_bytes=2**20,
+                lower_bound_bytes=2**19),
+        _result("xla", 0.2),
+        _result("numpy", 0.08),
+    ]
+    table = _bench.format_group(group)
+    row = next(line for line in table.splitlines() if line.startswith("dmatmul auto (allgather)"))
+    assert "2.00x" in row and "0.80x" in row and "120.0" in row and "2.00" in row  # vs xla, vs numpy, pred, /bound
+    assert "GFLOP/s" in table and "x numpy" in table and "x xla" in table
+    assert group[0].gflops == pytest.approx(2e9 / 0.1 / 1e9)
+    summary = _bench.format_summary(group)
+    assert "allgather" in summary and "2.00x" in summary and "0.80x" in summary
+
+
+def test_summary_marks_the_targets():
+    group = [_result("dmatmul:auto", 0.1, algorithm="allgather"), _result("xla", 0.105), _result("numpy", 0.07)]
+    for r in group:
+        r.n = 2048
+    summary = _bench.format_summary(group)
+    assert "xla >= 1.0: met" in summary and "numpy >= 0.75: MISSED" in summary
+
+
+def test_json_rows(tmp_path):
+    group = [_result("dmatmul:auto", 0.1, algorithm="allgather"), _result("xla", 0.2), _result("numpy", 0.05)]
+    path = tmp_path / "bench.json"
+    _bench.write_json(str(path), group, {"mode": "devices"})
+    doc = json.loads(path.read_text())
+    auto = doc["results"][0]
+    assert auto["impl"] == "dmatmul:auto" and auto["ratio_to"]["xla"] == pytest.approx(2.0)
+    assert auto["median_s"] == pytest.approx(0.1) and auto["min_s"] == pytest.approx(0.09)
+    assert auto["gflops"] == pytest.approx(20.0)
+
+
+def test_cost_table(monkeypatch):
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    text = _bench.format_costs(1024, 8)
+    assert "3-D regime" in text and "recv MiB" in text and "extra MiB" in text
+    rows = {line.split()[0] + " " + " ".join(line.split()[1:4]): line.split() for line in text.splitlines()[4:]}
+    ag = rows["allgather Slab.X Slab.Y Slab.X"]
+    assert float(ag[4]) == pytest.approx(7 / 8 * 4.0, abs=0.01)  # (P-1)/P of B, MiB
+    assert ag[6] == "7" and ag[-1] == "2.33"
+    rs = rows["reduce_scatter Slab.Y Slab.X Slab.Y"]
+    assert float(rs[4]) == pytest.approx(3.5, abs=0.01)
+    ar = rows["allreduce Slab.Y Slab.X Replicated()"]
+    assert float(ar[4]) == pytest.approx(7.0, abs=0.01) and ar[-1] == "4.67"
+
+
+def test_progress_bar():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    bar = _bench.Progress(10, stream=out)
+    bar.step(5, "half way")
+    bar.note("a message")
+    bar.step(5, "done")
+    bar.close()
+    text = out.getvalue()
+    assert "\r[" in text and "50%" in text and "100%" in text and "a message\n" in text
+    quiet = io.StringIO()  # not a terminal: no bar, messages only
+    bar = _bench.Progress(10, stream=quiet)
+    bar.step(10, "x")
+    bar.note("m")
+    assert quiet.getvalue() == "m\n"
+
+
+# --------------------------------------------------------------------------- #
+# the bench end to end (tiny sizes; simulated CPU devices from conftest)
+# --------------------------------------------------------------------------- #
+jax = pytest.importorskip("jax")
+
+
+def test_bench_runs_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    out, plot = tmp_path / "b.json", tmp_path / "b.png"
+    args = parse("--sizes", "64,128", "--devices", "2,4", "--layouts", "XYX,YXY", "--reps", "2", "--warmup", "0",
+                 "--json", str(out), "--plot", str(plot), "--no-progress")
+    assert _bench.run(args) == 0
+    text = capsys.readouterr().out
+    assert "n=64 float32, 2 devices, layout (a, b, result) = (Slab.X, Slab.Y, Slab.X)" in text
+    assert "dmatmul auto (allgather)" in text and "dmatmul auto (reduce_scatter)" in text
+    assert "xla jit(jnp.dot) partitioned" in text and "numpy (1 process)" in text
+    assert "MISMATCH" not in text
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["mode"] == "devices" and doc["meta"]["reps"] == 2
+    rows = doc["results"]
+    groups = {(r["n"], r["ranks"], r["layout"]) for r in rows}
+    assert groups == {(n, p, lay) for n in (64, 128) for p in (2, 4) for lay in ("XYX", "YXY")}
+    for r in rows:
+        assert len(r["times"]) == 2 and r["median_s"] > 0 and r["gflops"] > 0
+        assert set(r["ratio_to"]) == {"xla", "xla-1dev", "numpy"}
+        if r["impl"].startswith("dmatmul:"):
+            assert r["max_rel_err"] < 1e-4 and r["algorithm"]
+            assert r["lower_bound_bytes"] > 0 and r["regime"] == "3-D"
+    impls = {r["impl"] for r in rows if r["layout"] == "YXY"}
+    assert {"dmatmul:auto", "dmatmul:reduce_scatter", "dmatmul:allreduce"} <= impls
+    assert "dmatmul:allgather" not in impls  # does not fit (Slab.Y, Slab.X, Slab.Y)
+    if plot.exists():
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "no plot" in text
+
+
+def test_bench_bfloat16(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ml_dtypes")
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    args = parse("--sizes", "64", "--devices", "2", "--layouts", "XYX", "--reps", "1", "--warmup", "0",
+                 "--dtype", "bfloat16", "--algorithms", "auto", "--json", "", "--plot", "", "--no-progress")
+    assert _bench.run(args) == 0
+    text = capsys.readouterr().out
+    assert "n=64 bfloat16" in text and "float32 GEMM" in text and "MISMATCH" not in text
+
+
+def test_calibration_measures_and_saves(tmp_path, capsys, monkeypatch):
+    samples = _bench.calibration_samples(2, reps=1, message_bytes=(1 << 12, 1 << 16), gemm_sizes=(64, 128))
+    assert all(t > 0 for *_, t in samples) and any(s[2] > 0 for s in samples)
+    model, _ = _cost.fit(samples)
+    assert model.gamma > 0
+    path = tmp_path / "model.json"
+    monkeypatch.setattr(
+        _bench, "calibration_samples",
+        lambda p, **kw: _synthetic(MachineModel(1e-5 * p, 1 / 4e9, p / 100e9)),
+    )
+    args = parse("--calibrate", "--devices", "2,4", "--model-out", str(path))
+    assert _bench.run(args) == 0
+    assert "saved to" in capsys.readouterr().out
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    assert _cost.model_for("cpu", 4).gamma == pytest.approx(4 / 100e9)
+    assert _cost.model_for("cpu", 2).alpha == pytest.approx(2e-5)
+    assert _cost.model_for("cpu").gamma == pytest.approx(4 / 100e9)  # the largest count calibrated
+
+
+def test_module_doctests_pass():
+    import doctest
+
+    for module in (_cost, _bench):
+        result = doctest.testmod(module)
+        assert result.failed == 0, module.__name__
