@@ -128,7 +128,9 @@ def ring_allgather(
         nxt = lax.ppermute(blk, axis, perm)
         return step(acc, blk, (idx + s) % p), nxt
 
-    acc, block = lax.fori_loop(0, p - 1, one, (acc, block))
+    # unrolled: the rolled loop copies the travelling block every step (measured: +10% at n=2048, P=8);
+    # capped so that many ranks do not blow up compile time
+    acc, block = lax.fori_loop(0, p - 1, one, (acc, block), unroll=min(p - 1, 16))
     return step(acc, block, (idx + p - 1) % p)
 
 
