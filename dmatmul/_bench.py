@@ -1,4 +1,4 @@
-"""``dmatmul bench``: dmatmul side by side with its peers, in one run.
+"""dmatmul bench: dmatmul side by side with its peers, in one run.
 
 For every size, device count and layout the bench times, interleaved
 (repetition ``r`` runs every implementation once, in a seeded random
@@ -126,13 +126,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--sizes", type=_ints, default=list(DEFAULT_SIZES), help="square sizes n (M = N = K = n)")
     p.add_argument(
-        "--devices", type=_ints, default=list(DEFAULT_DEVICES),
+        "--sizes", type=_ints, default=",".join(map(str, DEFAULT_SIZES)), help="square sizes n (M = N = K = n)"
+    )
+    p.add_argument(
+        "--devices", type=_ints, default=",".join(map(str, DEFAULT_DEVICES)),
         help="simulated device counts (one process); ignored under mpiexec (one device per rank)",
     )
     p.add_argument(
-        "--layouts", type=_names, default=list(DEFAULT_LAYOUTS),
+        "--layouts", type=_names, default=",".join(DEFAULT_LAYOUTS),
         help="layouts of (a, b, result): letters X=Slab.X, Y=Slab.Y, R=Replicated(), "
         "G=BlockNonCyclic on the squarest 2-D grid",
     )
@@ -143,7 +145,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--algorithms", type=_names, default=None,
         help="dmatmul algorithms to time (default: auto and every named one that fits)",
     )
-    p.add_argument("--peers", type=_names, default=list(PEERS), help=f"peers to time, from {','.join(PEERS)}")
+    p.add_argument("--peers", type=_names, default=",".join(PEERS), help="peers to time")
     p.add_argument("--json", default="dmatmul-bench.json", metavar="PATH", help="JSON output ('' for none)")
     p.add_argument("--plot", default="dmatmul-bench.png", metavar="PATH", help="PNG plot ('' for none)")
     p.add_argument(
@@ -797,7 +799,9 @@ def _bench_group_processes(
     a, b = _as_dtype(a32, dtype), _as_dtype(b32, dtype)
     me = rt.device if rt.device is not None else jax.local_devices()[0]
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    blocks = {op: np.ascontiguousarray(dm.split(x, d, p)[rank]) for op, x, d in (("a", a, dists[0]), ("b", b, dists[1]))}
+    blocks = {
+        op: np.ascontiguousarray(dm.split(x, d, p)[rank]) for op, x, d in (("a", a, dists[0]), ("b", b, dists[1]))
+    }
     la, lb = jax.device_put(blocks["a"], me), jax.device_put(blocks["b"], me)
     itemsize = np.dtype(a.dtype).itemsize
     results: dict[str, Result] = {}
@@ -999,7 +1003,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     platform_name = jax.devices()[0].platform
     models: dict[str, _cost.MachineModel] = {}
     print(f"calibrating the alpha-beta-gamma model on {platform_name} ({os.cpu_count()} cores)")
-    print(f"{'ranks':>5s} {'alpha (us)':>11s} {'1/beta (GB/s)':>14s} {'1/gamma (GFLOP/s/rank)':>23s} {'rms rel res':>12s}")
+    print(
+        f"{'ranks':>5s} {'alpha (us)':>11s} {'1/beta (GB/s)':>14s} {'1/gamma (GFLOP/s/rank)':>23s} "
+        f"{'rms rel res':>12s}"
+    )
     for p in args.devices:
         waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
         samples = calibration_samples(p, quick=args.quick, before=waiter)
@@ -1177,7 +1184,8 @@ def _meta(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     platform_name = jax.devices()[0].platform
     counts = sorted({r for r in (args.devices if mode == "devices" else [jax.process_count()])})
     for p in counts:
-        models[str(p)] = {**_cost.model_for(platform_name, p).to_dict(), "source": _cost.model_for(platform_name, p).source}
+        model = _cost.model_for(platform_name, p)
+        models[str(p)] = {**model.to_dict(), "source": model.source}
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
