@@ -17,7 +17,6 @@ algorithm's own collective.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Literal
 
 from . import _cost
@@ -292,10 +291,6 @@ def _needs_message(algorithm: str, roles: dict[str, Role], transposes: tuple[boo
         f"(transpose_a={ta}, transpose_b={tb}); it needs one of: {', '.join(options)} "
         "(Replicated() also fits wherever a Slab is needed); or use algorithm='auto'"
     )
-
-
-def describe_roles(roles: Iterable[tuple[str, Role]]) -> str:
-    return ", ".join(f"{op}:{role}" for op, role in roles)
 
 
 def _fmt_bytes(n: float) -> str:

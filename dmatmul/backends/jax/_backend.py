@@ -21,7 +21,6 @@ from . import _kernels, _layout
 __all__ = ["JaxBackend", "JaxPlan"]
 
 _ACC = {"float16": jnp.float32, "bfloat16": jnp.float32}
-_DIM_OF = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
 
 
 def _x64(dtype: str) -> contextlib.AbstractContextManager[Any]:
