@@ -296,15 +296,33 @@ class Distribution:
         """
         shapes = [tuple(int(x) for x in s) for s in local_shapes]
         p = self.nranks(len(shapes))
-        rows, cols = self._infer_extents(shapes)
-        for rank, got in enumerate(shapes):
-            want = self.shape(rank, (rows, cols), p)
-            if got != want:
-                raise DistributionError(
-                    f"the block of rank {rank} has shape {got} but {self!r} over {p} ranks gives it {want} "
-                    f"for the global shape {(rows, cols)} implied by the other blocks"
-                )
-        return rows, cols
+        guess = self._infer_extents(shapes)
+        if not self._misfits(shapes, guess, p):
+            return guess
+        # blame the fewest ranks: the global shape that fits the most blocks, near the first guess
+        best = (self._best_extent(0, shapes, guess[0], p), self._best_extent(1, shapes, guess[1], p))
+        bad = self._misfits(shapes, best, p) or self._misfits(shapes, guess, p)
+        rank = bad[0]
+        want = self.shape(rank, best, p)
+        others = f" (ranks {', '.join(map(str, bad))} do not fit)" if len(bad) > 1 else ""
+        raise DistributionError(
+            f"the block of rank {rank} has shape {shapes[rank]} but {self!r} over {p} ranks gives it {want} "
+            f"for the global shape {best} implied by the other blocks{others}"
+        )
+
+    def _misfits(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, int], p: int) -> list[int]:
+        return [r for r, got in enumerate(shapes) if got != self.shape(r, global_shape, p)]
+
+    def _best_extent(self, dim: int, shapes: list[tuple[int, ...]], guess: int, p: int) -> int:
+        """The extent of ``dim`` whose local sizes match the most ranks (ties: nearest ``guess``)."""
+        blocks = getattr(self, "block_sizes", (1, 1))
+        window = max(2, blocks[dim]) + 2
+
+        def misses(size: int) -> int:
+            return sum(len(self._dim_indices(dim, r, size, p)) != s[dim] for r, s in enumerate(shapes))
+
+        candidates = range(max(0, guess - window), guess + window + 1)
+        return min(candidates, key=lambda size: (misses(size), abs(size - guess)))
 
     def _infer_extents(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
         return shapes[0][0], shapes[0][1]

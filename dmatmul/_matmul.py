@@ -24,14 +24,17 @@ import numpy as np
 from . import _runtime
 from . import backends as _backends
 from ._distribution import Distribution
+from ._epilogue import EPILOGS, has_bias
+from ._epilogue import apply as _epilogue_apply
 from ._errors import DistributionError, PlanFreedError
 from ._plan import ALGORITHMS
 
 __all__ = ["matmul", "Matmul", "Spec", "Operands", "EPILOGS", "DTYPES"]
 
-EPILOGS: tuple[str | None, ...] = (None, "relu", "gelu", "bias", "relu_bias", "gelu_bias")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 _BACKEND_NAMES = ("auto", "jax", "nvmath")
+#: ``precision=``: None follows the framework's default; the others mean what they mean for ``jnp.dot``
+PRECISIONS: tuple[str | None, ...] = (None, "default", "high", "highest")
 
 
 # --------------------------------------------------------------------------- #
@@ -62,6 +65,13 @@ def _as_matrix(x: Any, name: str) -> Any:
     dt = np.dtype(x.dtype).name
     if dt not in DTYPES:
         raise TypeError(f"{name} has dtype {dt}; supported dtypes: {', '.join(DTYPES)}")
+    return _native_order(x)
+
+
+def _native_order(x: Any) -> Any:
+    """A numpy array in native byte order (a copy when it was not: the input is left as it is)."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
     return x
 
 
@@ -106,6 +116,7 @@ class Spec:
     family: str
     devices: Any = None
     nprocs: int = 1  # > 1: several processes, operands are local blocks
+    precision: str | None = None
 
     @property
     def spmd(self) -> bool:
@@ -125,7 +136,12 @@ class Spec:
 
     @property
     def has_bias(self) -> bool:
-        return self.epilog is not None and self.epilog.endswith("bias")
+        return has_bias(self.epilog)
+
+    @property
+    def degenerate(self) -> bool:
+        """An empty product (K = 0: the result is ``beta*C``; M or N = 0: empty)."""
+        return 0 in (self.m, self.n, self.k)
 
 
 def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
@@ -179,8 +195,32 @@ class _Checked:
     epilog: str | None
     distributions: tuple[Distribution, Distribution, Distribution] | None
     algorithm: str
+    backend: str
+    precision: str | None
     devices: Any
     shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]  # a, b, c as given here
+    bias_length: int | None
+
+    def call(self) -> tuple[tuple[str, Any], ...]:
+        """The fields every rank's call must agree on (all but the local blocks), named
+        as the user wrote them."""
+        dists = self.distributions or (None, None, None)
+        return (
+            ("dtype", self.dtype),
+            ("transpose_a", self.transpose_a),
+            ("transpose_b", self.transpose_b),
+            ("the distribution of a", dists[0]),
+            ("the distribution of b", dists[1]),
+            ("the distribution of the result", dists[2]),
+            ("alpha", self.alpha),
+            ("beta", self.beta),
+            ("whether c is given", self.shapes[2] is not None),
+            ("epilog", self.epilog),
+            ("the length of bias", self.bias_length),
+            ("algorithm", self.algorithm),
+            ("backend", self.backend),
+            ("precision", self.precision),
+        )
 
 
 def _check_local(
@@ -194,6 +234,7 @@ def _check_local(
     epilog: Any,
     backend: Any,
     algorithm: Any,
+    precision: Any,
     devices: Any,
     spmd: bool,
 ) -> _Checked:
@@ -214,16 +255,18 @@ def _check_local(
         ops.c = _as_matrix(ops.c, "c")
         if np.dtype(ops.c.dtype).name != dtype:
             raise TypeError(f"c must have the dtype of a and b ({dtype}), got {np.dtype(ops.c.dtype).name}")
-    has_bias = epilog is not None and epilog.endswith("bias")
-    if has_bias and ops.bias is None:
+    if has_bias(epilog) and ops.bias is None:
         raise ValueError(f"epilog={epilog!r} needs bias=<vector of length M>, got bias=None")
+    bias_length = None
     if ops.bias is not None:
-        if not has_bias:
+        if not has_bias(epilog):
             raise ValueError(f"bias is given but epilog={epilog!r}: use epilog='bias', 'relu_bias' or 'gelu_bias'")
         if family(ops.bias) == "other":
             ops.bias = np.asarray(ops.bias)
         if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:
             raise TypeError(f"bias must have a floating dtype, got {np.dtype(ops.bias.dtype).name}")
+        ops.bias = _native_order(ops.bias)
+        bias_length = int(np.prod(ops.bias.shape))
     alpha_v = _scalar(alpha, "alpha", dtype)
     beta_v = _scalar(beta, "beta", dtype)
     dists = _distributions(distribution)
@@ -236,6 +279,8 @@ def _check_local(
         raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}")
     if algorithm != "auto" and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if devices is not None:
         if spmd:
             raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
@@ -259,8 +304,11 @@ def _check_local(
         epilog=epilog,
         distributions=dists,
         algorithm=algorithm,
+        backend=backend,
+        precision=precision,
         devices=devices,
         shapes=(shape(ops.a), shape(ops.b), None if ops.c is None else shape(ops.c)),
+        bias_length=bias_length,
     )
 
 
@@ -279,8 +327,6 @@ def _check_global(
         )
     m = a_shape[1] if ta else a_shape[0]
     n = b_shape[0] if tb else b_shape[1]
-    if 0 in (m, n, k_a):
-        raise ValueError(f"a and b: every dimension must be positive, got M={m}, N={n}, K={k_a}")
     if c_shape is not None and c_shape != (m, n):
         raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {c_shape}")
     if ops.bias is not None and tuple(ops.bias.shape) not in ((m,), (m, 1)):
@@ -302,23 +348,36 @@ def _check_global(
         family=ops.family,
         devices=chk.devices,
         nprocs=nprocs,
+        precision=chk.precision,
     )
 
 
 def _validate(ops: Operands, **options: Any) -> Spec:
     """Check everything that needs no backend; return the plan's Spec.
 
-    Under several processes the local checks are agreed on by all ranks first,
-    then the local shapes are gathered (one small allgather, as nvmath does)
-    and the global shapes inferred from the distributions: a bad block on one
-    rank raises on every rank.
+    Under several processes one small allgather carries every rank's verdict
+    on its local checks, its call (dtype, transposes, distributions, scalars,
+    epilog, algorithm, backend, precision) and its local shapes, before any
+    collective of the product: a mistake or a difference on one rank raises
+    on every rank, naming the field and the ranks. The global shapes are then
+    inferred from the local ones, as nvmath does.
     """
     rt = _runtime.active()
     if rt is None or rt.size == 1:
         chk = _check_local(ops, spmd=False, **options)
         return _check_global(ops, chk, *chk.shapes, nprocs=1)
-    chk = _runtime.agree(lambda: _check_local(ops, spmd=True, **options))
-    gathered = rt.comm.allgather(chk.shapes)
+    chk, shared = _runtime.agree_and_share(
+        lambda: _check_local(ops, spmd=True, **options), lambda chk: (chk.call(), chk.shapes)
+    )
+    calls = [call for call, _ in shared]
+    for i, (field, _) in enumerate(calls[0]):
+        message = _runtime.disagreement([call[i][1] for call in calls], field)
+        if message is not None:
+            raise ValueError(
+                f"dmatmul: {message} (this is rank {rt.rank}); every rank must make the same call, "
+                "only the local blocks differ"
+            )
+    gathered = [shapes for _, shapes in shared]
     assert chk.distributions is not None
 
     def infer() -> tuple[tuple[int, int], ...]:
@@ -331,7 +390,7 @@ def _validate(ops: Operands, **options: Any) -> Spec:
             try:
                 out.append(dist.global_shape(locals_))
             except DistributionError as e:
-                raise DistributionError(f"{name}: {e}") from None
+                raise DistributionError(f"{name}: {e} (this is rank {rt.rank})") from None
         return tuple(out)  # type: ignore[return-value]
 
     a_shape, b_shape, c_shape = infer()
@@ -341,6 +400,88 @@ def _validate(ops: Operands, **options: Any) -> Spec:
 # --------------------------------------------------------------------------- #
 # the plan object and the function
 # --------------------------------------------------------------------------- #
+class _Degenerate:
+    """The "backend" of an empty product: no communication, no GEMM.
+
+    K = 0: every rank's result block is ``epilog(beta*C [+ bias])`` (zeros
+    without C), computed where C lies; M = 0 or N = 0: an empty block.
+    """
+
+    name = "none (empty product)"
+
+    def plan(self, spec: Spec, operands: Operands) -> _DegeneratePlan:
+        return _DegeneratePlan(spec)
+
+
+class _DegeneratePlan:
+    algorithm = "local"
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+
+    def execute(self, operands: Operands) -> Any:
+        spec = self.spec
+        dist = spec.distributions[2] if spec.distributions is not None else None
+        rt = _runtime.active() if spec.spmd else None
+        if rt is not None and dist is not None:
+            rows, cols = dist.global_indices(rt.rank, (spec.m, spec.n), rt.size)
+        else:
+            rows, cols = np.arange(spec.m), np.arange(spec.n)
+        xp = _array_module(operands.family)
+        if operands.family == "jax" and spec.dtype in ("float64", "complex128"):
+            import jax
+
+            with jax.enable_x64(True):
+                return self._compute(xp, operands, rows, cols)
+        return self._compute(xp, operands, rows, cols)
+
+    def _compute(self, xp: Any, operands: Operands, rows: Any, cols: Any) -> Any:
+        spec = self.spec
+        acc = xp.zeros((len(rows), len(cols)), dtype=_epilogue_acc(spec.dtype))
+        bias = None
+        if spec.has_bias:
+            bias = xp.asarray(operands.bias).reshape(-1)[xp.asarray(rows)] if len(rows) else xp.zeros((0,))
+        out = _epilogue_apply(
+            xp, acc, alpha=spec.alpha, beta=spec.beta, c=xp.asarray(operands.c) if spec.use_c else None,
+            bias=bias, epilog=spec.epilog, out_dtype=_dtype(spec.dtype),
+        )
+        return out
+
+    def explain(self) -> list[str]:
+        s = self.spec
+        what = "K = 0: the result is epilog(beta*C [+ bias])" if s.k == 0 else "M or N = 0: an empty result"
+        return [f"kernel:     none: {what}; nothing moves"]
+
+    def free(self) -> None:
+        pass
+
+
+def _dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def _epilogue_acc(name: str) -> Any:
+    from ._epilogue import work_dtype
+
+    return work_dtype(_dtype(name))
+
+
+def _array_module(fam: str) -> Any:
+    if fam == "jax":
+        import jax.numpy as jnp
+
+        return jnp
+    if fam == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
 class Matmul:
     """A distributed product planned once and executed many times.
 
@@ -370,6 +511,7 @@ class Matmul:
         bias: Any = None,
         backend: str = "auto",
         algorithm: str = "auto",
+        precision: str | None = None,
         devices: Any = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
@@ -380,10 +522,11 @@ class Matmul:
             epilog=epilog,
             backend=backend,
             algorithm=algorithm,
+            precision=precision,
             devices=devices,
         )
         self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
-        self._backend = _backends.resolve(backend, self._spec)
+        self._backend: Any = _Degenerate() if self._spec.degenerate else _backends.resolve(backend, self._spec)
         self._plan: _backends.BackendPlan | None = None
         self._freed = False
 
@@ -501,6 +644,7 @@ def matmul(
     bias: Any = None,
     backend: str = "auto",
     algorithm: str = "auto",
+    precision: str | None = None,
     devices: Any = None,
 ) -> Any:
     """``epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``, distributed.
@@ -519,8 +663,14 @@ def matmul(
             "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
             added to every column.
         backend: "auto", "jax" or "nvmath". algorithm: "auto" or one of
-            ``dmatmul.ALGORITHMS``. devices: an int N (the first N devices)
-            or a list of JAX devices (one process).
+            ``dmatmul.ALGORITHMS``. precision: None (the framework's
+            default: ``jax.default_matmul_precision`` on JAX, nvmath's default
+            compute type on nvmath), "default", "high" or "highest", as for
+            ``jnp.dot``. devices: an int N (the first N devices) or a list of
+            JAX devices (one process).
+
+    Degenerate sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])``
+    (zeros without c), M = 0 or N = 0 an empty result.
 
     Plans are cached per problem (shapes, dtype, distributions, options),
     so repeated calls compile once.
@@ -538,6 +688,7 @@ def matmul(
         bias=bias,
         backend=backend,
         algorithm=algorithm,
+        precision=precision,
         devices=devices,
     ) as mm:
         return mm.execute()

@@ -118,6 +118,11 @@ def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
     """
     global _state
     if _state is not None:
+        if comm is not None and not _same_comm(comm, _state.comm):
+            raise ValueError(
+                f"dmatmul already runs on another communicator (size {_state.size}, this is rank {_state.rank}); "
+                f"got comm of size {comm.Get_size()}: call dm.finalize() before dm.init(comm)"
+            )
         return ensure_jax() if start_jax else _state
     try:
         from mpi4py import MPI
@@ -136,6 +141,15 @@ def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
     return state
 
 
+def _same_comm(a: Any, b: Any) -> bool:
+    """Whether two mpi4py communicators are the same group of processes in the same order."""
+    if a is b:
+        return True
+    from mpi4py import MPI
+
+    return bool(MPI.Comm.Compare(a, b) in (MPI.IDENT, MPI.CONGRUENT))
+
+
 def _start_jax(state: Runtime) -> Runtime:
     import importlib.util
 
@@ -151,6 +165,9 @@ def _start_jax(state: Runtime) -> Runtime:
         if on_cpu:
             jax.config.update("jax_num_cpu_devices", 1)
         address = comm.bcast(f"{socket.gethostname()}:{_free_port()}" if state.rank == 0 else None, root=0)
+        # JAX's preemption service catches SIGTERM (to checkpoint on preemption), so a hung job
+        # would ignore `timeout`/`scancel`; dmatmul's own runs leave SIGTERM to end the process
+        jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(
             coordinator_address=address,
             num_processes=state.size,
@@ -179,6 +196,9 @@ def finalize() -> None:
     _state = None
 
 
+_AGREED_ERRORS = (TypeError, ValueError, RuntimeError, NotImplementedError)
+
+
 def agree(check: Callable[[], T], what: str = "dmatmul") -> T:
     """Run ``check()`` on every rank; if it raised on any rank, raise on all.
 
@@ -186,26 +206,71 @@ def agree(check: Callable[[], T], what: str = "dmatmul") -> T:
     with a message naming the failing rank and its error. In one process this
     is just ``check()``.
     """
+    return agree_and_share(check, lambda _: None, what)[0]
+
+
+def agree_and_share(
+    check: Callable[[], T], share: Callable[[T], Any], what: str = "dmatmul"
+) -> tuple[T, list[Any]]:
+    """:func:`agree`, and in the same single allgather each rank's ``share(result)``.
+
+    Returns ``(result, shared)`` with ``shared[r]`` what rank ``r`` shared
+    (``[share(result)]`` in one process). One exchange carries both the
+    verdicts and the data, so checking costs no extra collective.
+    """
     state = _state
     if state is None or state.size == 1:
-        return check()
+        result = check()
+        return result, [share(result)]
     try:
         result, failure = check(), None
-    except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
+    except _AGREED_ERRORS as e:
         result, failure = None, e
     report = None if failure is None else (type(failure).__name__, str(failure))
-    reports = state.comm.allgather(report)
-    bad = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
+    payload = None if failure is not None else share(result)  # type: ignore[arg-type]
+    gathered = state.comm.allgather((report, payload))
+    bad = [(r, rep) for r, (rep, _) in enumerate(gathered) if rep is not None]
     if not bad:
-        return result  # type: ignore[return-value]
+        return result, [p for _, p in gathered]  # type: ignore[return-value]
     if failure is not None:
         raise failure
     first_rank, (name, message) = bad[0]
-    exc_type: type[Exception] = next(
-        (t for t in (TypeError, ValueError, RuntimeError, NotImplementedError) if t.__name__ == name), RuntimeError
-    )
+    exc_type: type[Exception] = next((t for t in _AGREED_ERRORS if t.__name__ == name), RuntimeError)
     from ._errors import DistributionError
 
     if name == "DistributionError":
         exc_type = DistributionError
-    raise exc_type(f"{what} failed on rank {first_rank} (this is rank {state.rank}): {message}")
+    others = [r for r, _ in bad[1:]]
+    also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
+    raise exc_type(f"{what} failed on rank {first_rank}{also} (this is rank {state.rank}): {message}")
+
+
+def disagreement(values: list[Any], field: str) -> str | None:
+    """A message naming the ranks that differ on ``field``, or None if all agree.
+
+    >>> disagreement([1, 1, 2, 1], "alpha")
+    'ranks disagree on alpha: rank 2 passes 2, ranks 0, 1, 3 pass 1'
+    """
+    groups: list[tuple[Any, list[int]]] = []
+    for r, v in enumerate(values):
+        for value, ranks in groups:
+            if _same(value, v):
+                ranks.append(r)
+                break
+        else:
+            groups.append((v, [r]))
+    if len(groups) == 1:
+        return None
+    groups.sort(key=lambda g: (len(g[1]), g[1][0]))  # the odd ones out first
+    parts = [
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} pass{'es' if len(ranks) == 1 else ''} {value!r}"
+        for value, ranks in groups
+    ]
+    return f"ranks disagree on {field}: " + ", ".join(parts)
+
+
+def _same(x: Any, y: Any) -> bool:
+    try:
+        return bool(x == y) and type(x) is type(y)
+    except Exception:  # noqa: BLE001 - incomparable values differ
+        return False

@@ -286,5 +286,14 @@ def test_global_shape_inferred_from_local_shapes(dist, m, n):
 def test_global_shape_names_the_rank_that_does_not_fit():
     with pytest.raises(dm.DistributionError, match=r"rank 1 has shape \(3, 5\).*\(3, 6\)"):
         dm.Slab.X.global_shape([(3, 6), (3, 5), (2, 6), (2, 6)])
-    with pytest.raises(dm.DistributionError, match=r"rank 1 has shape \(3, 6\).*\(2, 6\)"):
-        dm.Slab.X.global_shape([(3, 6), (3, 6), (1, 6), (2, 6)])  # 9 rows split 3,2,2,2
+    # blame the fewest ranks: 10 rows (3,3,2,2) misfit rank 2 alone, 9 rows (3,2,2,2) ranks 1 and 2
+    with pytest.raises(dm.DistributionError, match=r"rank 2 has shape \(1, 6\).*\(2, 6\).*\(10, 6\)"):
+        dm.Slab.X.global_shape([(3, 6), (3, 6), (1, 6), (2, 6)])
+    # one extra row on rank 1 is rank 1's fault, not rank 0's
+    with pytest.raises(dm.DistributionError, match=r"rank 1 has shape \(4, 6\).*\(3, 6\)"):
+        dm.Slab.X.global_shape([(3, 6), (4, 6), (3, 6), (3, 6)])
+    bc = dm.BlockCyclic(dm.ProcessGrid((2, 2), layout="col"), (2, 3))
+    shapes = [bc.shape(r, (11, 13)) for r in range(4)]
+    shapes[3] = (shapes[3][0], shapes[3][1] + 1)
+    with pytest.raises(dm.DistributionError, match=r"rank 3 has shape"):
+        bc.global_shape(shapes)

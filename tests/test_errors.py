@@ -60,7 +60,7 @@ CASES = [
     ),
     (dict(a=ones(4, 3), b=ones(3, 5), distribution="row"), TypeError, ["distribution", "str"]),
     (dict(a=ones(4, 3), b=ones(3, 5), devices=0), ValueError, ["devices", ">= 1", "0"]),
-    (dict(a=ones(0, 3), b=ones(3, 5)), ValueError, ["positive", "M=0"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), precision="fast"), ValueError, ["precision", "'highest'", "'fast'"]),
 ]
 
 
@@ -84,7 +84,7 @@ def test_more_devices_than_exist():
 def test_grid_size_differs_from_device_count():
     pytest.importorskip("jax")
     d = dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2))
-    with pytest.raises(dm.DistributionError, match=r"distribution of a.*4 ranks.*nranks=8") as info:
+    with pytest.raises(dm.DistributionError, match=r"distribution of a.*4 ranks.*8 devices") as info:
         dm.matmul(ones(8, 8), ones(8, 8), distribution=d, devices=8, backend="jax")
     assert "8 devices" in str(info.value)
 
@@ -104,3 +104,46 @@ def test_errors_leave_inputs_untouched():
         dm.matmul(a, b, c, beta=1.0)
     assert a.shape == (4, 3) and b.shape == (3, 5) and c.shape == (5, 4)
     assert np.all(a == 1) and np.all(b == 1) and np.all(c == 1)
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+@pytest.mark.parametrize("m, n, k", [(4, 5, 0), (0, 5, 3), (4, 0, 3), (0, 0, 0)])
+def test_degenerate_sizes_follow_blas(m, n, k, family):
+    """K = 0 gives epilog(beta*C + bias) (zeros without C); M or N = 0 an empty result."""
+    rng = np.random.default_rng(0)
+    a, b, c = ones(m, k), ones(k, n), rng.standard_normal((m, n)).astype(f32)
+    bias = rng.standard_normal(m).astype(f32)
+    if family == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        a, b, c = jnp.asarray(a), jnp.asarray(b), jnp.asarray(c)
+    zeros = dm.matmul(a, b, distribution=dm.Slab.X)
+    assert zeros.shape == (m, n) and np.all(np.asarray(zeros) == 0) and zeros.dtype == np.float32
+    d = dm.matmul(a, b, c, beta=-2.0, epilog="relu_bias", bias=bias, distribution=dm.Slab.Y)
+    want = np.maximum(-2.0 * np.asarray(c) + bias[:, None], 0)
+    np.testing.assert_allclose(np.asarray(d), want, rtol=1e-6)
+    assert type(d) is type(c)
+
+
+def test_numpy_results_are_writable_arrays_the_caller_owns():
+    pytest.importorskip("jax")
+    for dist in (dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 2)), dm.Replicated()):
+        d = dm.matmul(ones(8, 3), ones(3, 8), distribution=dist)
+        assert d.flags.writeable
+        d[0, 0] = 7  # no error
+
+
+def test_big_endian_operands_are_accepted_and_left_as_they_are():
+    pytest.importorskip("jax")
+    a = np.arange(12, dtype=">f4").reshape(3, 4)
+    b = np.arange(8, dtype=">f4").reshape(4, 2)
+    d = dm.matmul(a, b, distribution=dm.Slab.X, devices=2)
+    np.testing.assert_allclose(d, a.astype(np.float32) @ b.astype(np.float32))
+    assert a.dtype == np.dtype(">f4") and a[2, 3] == 11
+
+
+@pytest.mark.parametrize("precision", [None, "default", "high", "highest"])
+def test_precision_is_accepted(precision):
+    pytest.importorskip("jax")
+    a, b = np.random.default_rng(1).standard_normal((2, 9, 6)).astype(f32)
+    d = dm.matmul(a, b.T, distribution=dm.Slab.X, precision=precision)
+    np.testing.assert_allclose(d, a @ b.T, rtol=1e-5, atol=1e-5)

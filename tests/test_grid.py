@@ -116,17 +116,28 @@ def test_summa_refused_without_a_grid():
         dm.matmul(a, b, distribution=dm.Slab.X, algorithm="summa", devices=8)
 
 
-def test_products_on_two_grids_are_refused_with_the_fix():
-    a, b, _ = operands(0, 8, 8, 8, False, False)
-    d1, d2 = dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 2)), dm.BlockCyclic(dm.ProcessGrid((4, 2)), (2, 2))
-    with pytest.raises(NotImplementedError, match="another process grid.*dm.redistribute"):
-        dm.matmul(a, b, distribution=(d1, d2, d1), devices=8)
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+def test_operands_on_different_grids_are_redistributed(family):
+    a, b, c = operands(0, 9, 10, 7, False, False)
+    row, col = dm.ProcessGrid((2, 4)), dm.ProcessGrid((2, 4), layout="col")
+    dists = (dm.BlockCyclic(row, (2, 2)), dm.BlockCyclic(dm.ProcessGrid((4, 2)), (3, 2)), dm.BlockNonCyclic(col))
+    if family == "jax":
+        a, b, c = jnp.asarray(a), jnp.asarray(b), jnp.asarray(c)
+    with dm.Matmul(a, b, c, beta=0.5, distribution=dists, devices=8) as mm:
+        got = mm.execute()
+        assert "on another grid" in mm.explain()
+    assert_close(got, reference(a, b, c, beta=0.5), "float32")
 
 
 def test_grid_size_must_match_the_devices():
     a, b, _ = operands(0, 8, 8, 8, False, False)
     with pytest.raises(dm.DistributionError, match=r"4 ranks.*8 devices|8 devices.*4 ranks"):
         dm.matmul(a, b, distribution=dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2)), devices=8)
+    # more ranks than devices (once a bare IndexError), and a grid that fits no device count here
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: .*\(2, 4\).* 8 ranks .*4 devices.*devices=8"):
+        dm.matmul(a, b, distribution=dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 2)), devices=4)
+    with pytest.raises(dm.DistributionError, match=r"distribution of b: .*\(3, 3\).* 9 ranks .*8 devices"):
+        dm.matmul(a, b, distribution=(dm.Slab.X, dm.BlockNonCyclic(dm.ProcessGrid((3, 3))), dm.Slab.X))
 
 
 @given(

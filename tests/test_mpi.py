@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -98,3 +100,36 @@ def test_block_cyclic_example():
     proc = launch(4, "mpi_examples/block_cyclic.py", timeout=300)
     assert proc.returncode == 0, output(proc)
     assert "block-cyclic summa on a 2x2 grid" in proc.stdout and "matches numpy: True" in proc.stdout
+
+
+def test_ranks_that_disagree_raise_on_every_rank_promptly():
+    proc = launch(4, "tests/mpi/disagree.py", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    for scenario in ("result-distribution", "alpha", "beta", "epilog", "transpose-on-square",
+                     "grid-instead-of-slab", "dtype", "one-extra-row", "init-on-another-comm", "still-in-step"):
+        assert f"ok {scenario}" in proc.stdout, output(proc)
+
+
+def test_sigterm_ends_a_job_hung_in_a_collective():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PMI_", "OMPI_"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.Popen(
+        [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests/mpi/hangs.py")], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True,
+    )
+    try:
+        seen = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if "waits in a collective" in line:
+                break
+        else:
+            pytest.fail("the job ended before it hung:\n" + "".join(seen))
+        time.sleep(2)  # rank 0 is inside the collective
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)  # a job that ignores SIGTERM fails here (TimeoutExpired)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0

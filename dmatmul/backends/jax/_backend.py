@@ -13,10 +13,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ... import _cost, _plan
-from ..._distribution import Distribution, Replicated, Slab
+from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._errors import DistributionError
 from ..._matmul import Operands, Spec
 from . import _kernels, _layout
+from . import _redistribute as _moves
 
 __all__ = ["JaxBackend", "JaxPlan"]
 
@@ -30,9 +31,27 @@ def _x64(dtype: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _precision(dtype: str) -> Any:
-    # cuBLAS semantics: float32 means float32 (no TF32/bf16 passes on GPU/TPU)
-    return jax.lax.Precision.HIGHEST if dtype in ("float32", "complex64") else None
+_PRECISIONS = {
+    None: None,  # jax.default_matmul_precision, as jnp.dot
+    "default": jax.lax.Precision.DEFAULT,
+    "high": jax.lax.Precision.HIGH,
+    "highest": jax.lax.Precision.HIGHEST,
+}
+
+
+def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
+    """The process grid a product runs on: the one most of its operands use
+    (ties: the result's, then a's, then b's); None when none uses a grid.
+
+    >>> g, h = ProcessGrid((2, 2)), ProcessGrid((2, 2), layout="col")
+    >>> _product_grid((BlockCyclic(h, (2, 2)), Slab.X, BlockNonCyclic(g))) == g
+    True
+    """
+    grids = [d.grid for d in dists if d.grid is not None and d.grid.ndim == 2]
+    if not grids:
+        return None
+    order = [dists[2].grid, dists[0].grid, dists[1].grid]
+    return max(grids, key=lambda g: (grids.count(g), -order.index(g)))
 
 
 def _infer_distribution(x: Any, devices: tuple[jax.Device, ...]) -> Distribution | None:
@@ -117,15 +136,23 @@ class JaxPlan:
         acc_dtype = _ACC.get(spec.dtype, jnp.dtype(spec.dtype))
         self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, np.dtype(acc_dtype).itemsize)
         self.distributions, self.chosen_by_model = self._distributions(operands)
-        grids = [d.grid for d in self.distributions if d.grid is not None and d.grid.ndim == 2 and p > 1]
-        self.geom = _layout.Geometry.create(self.devices, grids[0] if grids else None)
-        if grids:
-            self.problem = dataclasses.replace(self.problem, grid=grids[0].shape)
-        roles = self._roles(self.distributions)
+        self._check_fit(self.distributions)
+        grid = _product_grid(self.distributions) if p > 1 else None
+        # operands on another grid than the product's are re-laid as Slab.X first (and the result
+        # from Slab.X after): in one process the global matrices need no move at all
+        self.foreign = {
+            op: d for op, d in zip("abd", self.distributions)
+            if d.grid is not None and d.grid.ndim == 2 and grid is not None and d.grid != grid
+        }
+        self.planned = tuple(Slab.X if op in self.foreign else d for op, d in zip("abd", self.distributions))
+        self.geom = _layout.Geometry.create(self.devices, grid)
+        if grid is not None:
+            self.problem = dataclasses.replace(self.problem, grid=grid.shape)
+        roles = self._roles(self.planned)
         transposes = {"a": spec.transpose_a, "b": spec.transpose_b, "d": False}
         shapes = {"a": spec.a_shape, "b": spec.b_shape, "d": (spec.m, spec.n)}
 
-        summa = self._summa_placements(roles, shapes) if grids else None
+        summa = self._summa_placements(roles, shapes) if grid is not None else None
         native = frozenset(
             op for op in "abd" if summa is not None and roles[op] == "G"
             and self._given_grid(op, shapes[op]) == summa[0][op]
@@ -145,7 +172,7 @@ class JaxPlan:
             dims = _plan.stored_dims(op, transposes[op])  # type: ignore[arg-type]
             return _layout.placement_of(dist, self.geom, shapes[op], (shared[dims[0]], shared[dims[1]]))
 
-        self.given = {op: placement(op, d) for op, d in zip("abd", self.distributions)}
+        self.given = {op: placement(op, d) for op, d in zip("abd", self.planned)}
         if kern.algorithm == "summa":
             assert summa is not None
             self.kernel, schedule = summa
@@ -162,7 +189,7 @@ class JaxPlan:
             block={dim: (m.block if m is not None else size)
                    for (dim, m), size in zip(shared.items(), (spec.m, spec.k, spec.n))},
             acc_dtype=acc_dtype,
-            precision=_precision(spec.dtype),
+            precision=_PRECISIONS[spec.precision],
             bias_axis=d_rows.axes[0],
             bias_block=d_rows.maps[0].block,
             summa=schedule,
@@ -179,33 +206,29 @@ class JaxPlan:
         self._compiled: dict[str, Any] = {}
 
     # -- planning -------------------------------------------------------------
-    def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
-        spec, p = self.spec, self.nranks
-        grid = getattr(self, "geom", None) and self.geom.grid
-        roles: dict[str, _plan.Role] = {}
-        for operand, name, dist, t in zip(
-            ("a", "b", "d"), ("a", "b", "result"), dists, (spec.transpose_a, spec.transpose_b, False)
-        ):
-            try:
-                dist.nranks(p)
-            except DistributionError as e:
+    def _check_fit(self, dists: tuple[Distribution, Distribution, Distribution]) -> None:
+        """Every distribution spans the ranks in use (a grid of another size does not)."""
+        p = self.nranks
+        where = f"{p} processes" if self.spec.spmd else f"{p} device{'s' if p > 1 else ''} in use"
+        for name, dist in zip(("a", "b", "result"), dists):
+            if dist.grid is not None and dist.grid.size != p:
+                fix = "" if self.spec.spmd else f", or devices={dist.grid.size}" if dist.grid.size <= len(
+                    jax.local_devices()) else ""
                 raise DistributionError(
-                    f"distribution of {name}: {dist!r} does not fit the {p} devices in use: {e}"
-                ) from None
-            role = _plan.role_of(dist, operand, t, p)  # type: ignore[arg-type]
-            if role is None:
-                if dist.grid != grid:
-                    raise NotImplementedError(
-                        f"distribution of {name}: {dist!r} is on another process grid than {grid!r}; "
-                        "the JAX backend multiplies on one grid per product: redistribute first "
-                        "(dm.redistribute) or use one ProcessGrid"
-                    )
-                role = "G"
-            roles[operand] = role
+                    f"distribution of {name}: {dist!r} spans {dist.grid.size} ranks (its grid "
+                    f"{dist.grid.shape}) but there are {where}: use a ProcessGrid of {p} ranks{fix}"
+                )
+
+    def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
+        """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
+        spec, p = self.spec, self.nranks
+        roles: dict[str, _plan.Role] = {}
+        for operand, dist, t in zip(("a", "b", "d"), dists, (spec.transpose_a, spec.transpose_b, False)):
+            roles[operand] = _plan.role_of(dist, operand, t, p) or "G"  # type: ignore[arg-type]
         return roles
 
     def _given_grid(self, op: str, shape: tuple[int, int]) -> _layout.Placement:
-        dist = self.distributions["abd".index(op)]
+        dist = self.planned["abd".index(op)]
         return _layout.placement_of(dist, self.geom, shape, (None, None))
 
     def _summa_placements(
@@ -363,7 +386,11 @@ class JaxPlan:
         def place(x: Any, operand: str) -> jax.Array:
             return _layout.local_to_global(np.asarray(x), given[operand], geom, rank)
 
-        a, b = place(operands.a, "a"), place(operands.b, "b")
+        a, b = operands.a, operands.b
+        if self.foreign:  # operands on another grid: this rank's block as Slab.X first
+            a, b = self._to_planned(a, "a", rank), self._to_planned(b, "b", rank)
+            c = None if c is None else self._to_planned(c, "d", rank)
+        a, b = place(a, "a"), place(b, "b")
         c = None if c is None else place(c, "d")
         if bias is not None:
             full = self._padded_bias(np.asarray(bias))
@@ -371,9 +398,33 @@ class JaxPlan:
                 full.shape, geom.replicated(), [jax.device_put(full, _layout.my_device(geom))]
             )
         d = self._function("padded")(a, b, c, bias)
-        local_shape = self.distributions[2].shape(rank, (self.spec.m, self.spec.n), self.nranks)
-        block = _layout.global_to_local(d, given["d"], local_shape)
-        return block if operands.family == "jax" else np.asarray(block)
+        shape = (self.spec.m, self.spec.n)
+        block = _layout.global_to_local(d, given["d"], self.planned[2].shape(rank, shape, self.nranks))
+        if "d" in self.foreign:
+            block = _moves.redistribute(
+                block, self.planned[2], self.foreign["d"], shape=shape, family="jax", devices=self.devices, rank=rank
+            )
+        return block if operands.family == "jax" else np.array(block)
+
+    def _to_planned(self, x: Any, op: str, rank: int) -> Any:
+        """This rank's block of ``op`` as the plan lays it out (from another grid's layout)."""
+        if op not in self.foreign:
+            return x
+        shape = {"a": self.spec.a_shape, "b": self.spec.b_shape, "d": (self.spec.m, self.spec.n)}[op]
+        return _moves.redistribute(
+            x, self.foreign[op], self.planned["abd".index(op)], shape=shape, family="numpy",
+            devices=self.devices, rank=rank,
+        )
+
+    def _foreign_moves(self) -> list[_plan.Move]:
+        """The all-to-alls that bring operands on another grid to Slab.X (and the result back)."""
+        pr = self.problem
+        out = []
+        for op in self.foreign:
+            size = pr.elements(op) * pr.itemsize
+            out.append(_plan.Move(op, "G", "M" if op != "b" else "K", "all-to-all (another grid)",
+                                  (pr.p - 1) / pr.p**2 * size, pr.p - 1))
+        return out
 
     # -- reporting ------------------------------------------------------------------
     def explain(self) -> list[str]:
@@ -387,7 +438,11 @@ class JaxPlan:
             "distributions" + (" (chosen by the cost model):" if self.chosen_by_model else ":"),
         ]
         for op, name, d in zip("abd", ("a", "b", "result"), self.distributions):
-            lines.append(f"  {name:7s} {d!r:16s} splits {names[roles[op]]}")
+            if op in self.foreign:
+                verb = "from" if op == "d" else "to"
+                lines.append(f"  {name:7s} {d!r:16s} on another grid: re-laid {verb} Slab.X (all-to-all)")
+            else:
+                lines.append(f"  {name:7s} {d!r:16s} splits {names[roles[op]]}")
         kern = plan.kernel
         if kern.algorithm == "summa":
             sched = self.local.summa
@@ -405,7 +460,8 @@ class JaxPlan:
             }[kern.algorithm]
             what += f"; roles a:{kern.a} b:{kern.b} result:{kern.d}"
         lines.append(f"kernel:     {what}")
-        for mv in plan.moves:
+        foreign = [] if not self.spec.spmd else self._foreign_moves()  # one process: global operands, nothing moves
+        for mv in (*plan.moves, *foreign):
             lines.append(f"moves:      {mv.describe()}")
         padded = sorted(
             {f"{m.size}->{m.padded_size}" for pl in self.given.values() for m in pl.maps if m.padded_size != m.size}
@@ -413,9 +469,10 @@ class JaxPlan:
         if padded:
             lines.append(f"padding:    {', '.join(padded)} (uneven splits, zeros inside the kernel only)")
         lb = _cost.lower_bound_words(pr.m, pr.n, pr.k, pr.p) * pr.itemsize
-        ratio = f"{plan.nbytes / lb:.2f}x the bound" if lb > 0 else "bound is 0"
+        nbytes, messages = plan.nbytes + sum(m.nbytes for m in foreign), plan.messages + sum(m.messages for m in foreign)
+        ratio = f"{nbytes / lb:.2f}x the bound" if lb > 0 else "bound is 0"
         lines += [
-            f"modelled:   {_plan._fmt_bytes(plan.nbytes)} received per rank in {plan.messages:.0f} messages, "
+            f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {messages:.0f} messages, "
             f"{plan.flops / 1e9:.3g} GFLOP per rank",
             f"lower bound: {_plan._fmt_bytes(lb)} per rank (memory-independent); {ratio}",
             f"predicted:  {plan.time * 1e3:.3g} ms ({self.model.source} {self.devices[0].platform} model)",
@@ -424,7 +481,7 @@ class JaxPlan:
 
     def _role_name(self, op: str) -> _plan.Role:
         t = {"a": self.spec.transpose_a, "b": self.spec.transpose_b, "d": False}[op]
-        return _plan.role_of(self.distributions["abd".index(op)], op, t, self.nranks) or "G"  # type: ignore[arg-type]
+        return _plan.role_of(self.planned["abd".index(op)], op, t, self.nranks) or "G"  # type: ignore[arg-type]
 
     def free(self) -> None:
         """Nothing to release: compiled functions live in the backend's plan cache."""

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ... import _epilogue
 from ..._plan import Kernel
 
 __all__ = ["Epilogue", "LocalProblem", "SummaSchedule", "body", "finish", "summa"]
@@ -46,16 +47,10 @@ class Epilogue:
 
 def finish(ep: Epilogue, acc: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
     """Apply the epilogue to an accumulator (a local block or a global matrix)."""
-    x = acc if ep.alpha == 1 else acc * jnp.asarray(ep.alpha, acc.dtype)
-    if ep.use_c and c is not None:
-        x = x + jnp.asarray(ep.beta, acc.dtype) * c.astype(acc.dtype)
-    if ep.has_bias and bias is not None:
-        x = x + bias.astype(acc.dtype)[:, None]
-    if ep.epilog in ("relu", "relu_bias"):
-        x = jnp.maximum(x, jnp.zeros((), x.dtype))
-    elif ep.epilog in ("gelu", "gelu_bias"):
-        x = jax.nn.gelu(x, approximate=True)
-    return x.astype(ep.out_dtype)
+    return _epilogue.apply(
+        jnp, acc, alpha=ep.alpha, beta=ep.beta, c=c if ep.use_c else None, bias=bias if ep.has_bias else None,
+        epilog=ep.epilog, out_dtype=ep.out_dtype,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -425,7 +425,7 @@ def host_to_device(x: np.ndarray, placement: Placement, geom: Geometry) -> jax.A
 def device_to_host(d: jax.Array, placement: Placement) -> np.ndarray:
     """The global numpy matrix of a padded result (each block copied once)."""
     if placement.identity:
-        return np.asarray(d)
+        return np.array(d)  # a writable array the caller owns (np.asarray would be a read-only view)
     maps = placement.maps
     out = np.empty((maps[0].size, maps[1].size), dtype=d.dtype)
     for shard in d.addressable_shards:

@@ -65,7 +65,7 @@ def redistribute(
     geom, _, last = steps[-1]
     if rank is not None:
         block = _layout.global_to_local(arr, last, dst.shape(rank, shape, len(devices)))
-        return block if family == "jax" else np.asarray(block)
+        return block if family == "jax" else np.array(block)
     if family == "numpy":
         return _layout.device_to_host(arr, last)
     return _jitted("unpad", geom, last, last)(arr)

@@ -23,11 +23,11 @@ a :class:`~._translate.DimPlan` maps padded positions back to real ids.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 
+from ... import _epilogue
 from ..._distribution import join
 from ._translate import Handover, Translation
 
@@ -197,25 +197,11 @@ def prepare(tr: Translation, rank: int, a: Any, b: Any, c: Any, bias: Any, xp: A
     return Prepared(slots["A"], slots["B"], slots.get("C"), fb, copied)
 
 
-def _gelu(xp: Any, z: Any) -> Any:
-    return 0.5 * z * (1 + xp.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-
-
 def post_epilogue(
     xp: Any, d: Any, *, beta: complex, c: Any, bias: Any, epilog: str | None, dtype: Any
 ) -> Any:
     """``epilog(d + beta*c + bias)`` on a local block (half precisions in float32)."""
-    work = np.float32 if np.dtype(dtype).itemsize == 2 and np.dtype(dtype).kind not in "c" else dtype
-    z = d.astype(work)
-    if c is not None:
-        z = z + beta * c.astype(work)
-    if bias is not None:
-        z = z + bias.astype(work)[:, None]
-    if epilog in ("relu", "relu_bias"):
-        z = xp.maximum(z, 0)
-    elif epilog in ("gelu", "gelu_bias"):
-        z = _gelu(xp, z)
-    return z.astype(dtype)
+    return _epilogue.apply(xp, d, beta=beta, c=c, bias=bias, epilog=epilog, out_dtype=dtype)
 
 
 def finish(tr: Translation, rank: int, d_nv: Any, c: Any, bias: Any, xp: Any) -> Any:

@@ -1,0 +1,107 @@
+"""Run under ``mpiexec -n 4``: ranks that disagree raise on every rank, promptly.
+
+Every scenario changes one thing on rank 1 only. Each rank must raise the
+expected error naming the field and rank 1, within 10 s; no rank may hang.
+Then the ranks must still work together, and products that are right on
+every rank (operands on two different grids, K = 0, ``dm.init`` twice) are
+checked against numpy. Prints ``ok <scenario>`` per scenario on rank 0;
+exits 1 if any rank saw something else.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+import dmatmul as dm
+
+rt = dm.init()
+P, me = rt.size, rt.rank
+assert P == 4, "run with mpiexec -n 4"
+X, Y = dm.Slab.X, dm.Slab.Y
+M = N = K = 12
+rng = np.random.default_rng(7)
+a = rng.standard_normal((M, K)).astype(np.float32)
+b = rng.standard_normal((K, N)).astype(np.float32)
+c = rng.standard_normal((M, N)).astype(np.float32)
+la, lb, lc = dm.split(a, X)[me], dm.split(b, Y)[me], dm.split(c, X)[me]
+problems: list[str] = []
+odd = me == 1
+
+
+def expect(scenario, exc_type, words, call):
+    start = time.monotonic()
+    try:
+        call()
+    except exc_type as e:
+        missing = [w for w in words if w not in str(e)]
+        if missing:
+            problems.append(f"rank {me} {scenario}: {missing} not in {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - report what else came
+        problems.append(f"rank {me} {scenario}: {type(e).__name__}: {e}")
+    else:
+        problems.append(f"rank {me} {scenario}: no error")
+    took = time.monotonic() - start
+    if took > 10:
+        problems.append(f"rank {me} {scenario}: took {took:.1f} s")
+    ok = not any(rt.comm.allgather(problems))
+    if me == 0:
+        print(f"ok {scenario}" if ok else f"FAILED {scenario}", flush=True)
+
+
+def call(**changes):
+    kw = dict(distribution=(X, Y, X), alpha=1.0, beta=0.0, epilog=None, transpose_a=False)
+    if odd:
+        kw.update(changes)
+    return lambda: dm.matmul(la, lb, lc, **kw)
+
+
+expect("result-distribution", ValueError, ["distribution of the result", "rank 1"], call(distribution=(X, Y, Y)))
+expect("alpha", ValueError, ["alpha", "rank 1 passes 2.0"], call(alpha=2.0))
+expect("beta", ValueError, ["beta", "rank 1"], call(beta=0.5))
+expect("epilog", ValueError, ["epilog", "rank 1 passes 'relu'"], call(epilog="relu"))
+expect("transpose-on-square", ValueError, ["transpose_a", "rank 1"], call(transpose_a=True))
+expect(
+    "grid-instead-of-slab", ValueError, ["distribution of a", "rank 1"],
+    call(distribution=(dm.BlockNonCyclic(dm.ProcessGrid((4, 1))), Y, X)),
+)
+expect(
+    "dtype", ValueError, ["dtype", "rank 1 passes 'float64'"],
+    lambda: dm.matmul(la.astype(np.float64) if odd else la, lb.astype(np.float64) if odd else lb,
+                      distribution=(X, Y, X)),
+)
+expect(
+    "one-extra-row", dm.DistributionError, ["a:", "block of rank 1", "(4, 12)"],
+    lambda: dm.matmul(np.vstack([la, la[:1]]) if odd else la, lb, distribution=(X, Y, X)),
+)
+expect(
+    "init-on-another-comm", ValueError, ["another communicator", "dm.finalize()"],
+    lambda: dm.init(rt.comm.Split(me % 2, me)),
+)
+
+# still in step, and products that are right on every rank
+d = dm.matmul(la, lb, distribution=(X, Y, X))
+if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):
+    problems.append(f"rank {me}: wrong result after the errors")
+row, col = dm.ProcessGrid((2, 2)), dm.ProcessGrid((2, 2), layout="col")
+dists = (dm.BlockCyclic(row, (2, 3)), dm.BlockNonCyclic(col), dm.BlockCyclic(col, (5, 2)))
+d = dm.matmul(dm.split(a, dists[0])[me], dm.split(b, dists[1])[me], distribution=dists)
+if not isinstance(d, np.ndarray) or not np.allclose(d, dm.split(a @ b, dists[2])[me], atol=1e-4):
+    problems.append(f"rank {me}: operands on two grids: wrong result")
+cd = dm.split(c, dists[2])[me]
+d = dm.matmul(np.zeros((dists[0].shape(me, (M, 0))), np.float32), np.zeros(dists[1].shape(me, (0, N)), np.float32),
+              cd, beta=2.0, distribution=dists)
+if d.shape != cd.shape or not np.allclose(d, 2 * cd) or not d.flags.writeable:
+    problems.append(f"rank {me}: K = 0: got {d!r}, want 2*c")
+if dm.init(rt.comm) is not rt and dm.init(rt.comm) != rt:
+    problems.append(f"rank {me}: dm.init(the same comm) did not return the runtime")
+all_problems = rt.comm.allgather(problems)
+if me == 0:
+    print("ok still-in-step" if not any(all_problems) else "FAILED still-in-step", flush=True)
+    for p in all_problems:
+        for line in p:
+            print(line, flush=True)
+dm.finalize()
+sys.exit(1 if any(all_problems) else 0)
