@@ -89,15 +89,19 @@ class MPIProcessGroup:
         self.rank = comm.Get_rank()
 
 
-def initialize(device_id: int, process_group: Any, backends: Any = ("nvshmem", "nccl")) -> None:
+def initialize(device_id: int, process_group: Any, backends: Any) -> None:
+    """As nvmath 1.0: ``backends`` is required; Matmul needs "nccl" among them."""
     global _ctx
     if _ctx is not None:
         raise RuntimeError("nvmath.distributed has already been initialized")
     if not isinstance(device_id, int):
         raise TypeError("device_id must be an int")
     backends = list(backends)
-    if not set(backends) <= {"nvshmem", "nccl"}:
-        raise ValueError(f"unknown backends {backends}")
+    for backend in backends:
+        if backend not in ("nvshmem", "nccl"):
+            raise ValueError(f"backend must be one of ('nvshmem', 'nccl'), got {backend}")
+    if not backends:
+        raise ValueError("Need to specify at least one of ('nvshmem', 'nccl') communication backends")
     comm = process_group.comm if isinstance(process_group, MPIProcessGroup) else process_group
     CALLS.append(("initialize", {"device_id": device_id, "backends": backends, "nranks": comm.Get_size()}))
     _ctx = DistributedContext(device_id, comm, "nvshmem" in backends, 1 if "nccl" in backends else None)
