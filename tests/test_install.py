@@ -84,7 +84,8 @@ def test_extra_names_nvmaths_distributed_extra_cupy_and_mpi4py(extra):
     unknown = set(nvmath.extras) - NVMATH_1_0_EXTRAS
     assert not unknown, (f"[{extra}] asks for nvmath-python extras {sorted(unknown)}, which nvmath-python 1.0 does not "
                          f"have (pip ignores them silently); known: {sorted(NVMATH_1_0_EXTRAS)}")
-    assert nvmath_extra in nvmath.extras, f"[{extra}] must ask for nvmath-python[{nvmath_extra}] (cuBLASMp, NCCL, nccl4py)"
+    assert nvmath_extra in nvmath.extras, \
+        f"[{extra}] must ask for nvmath-python[{nvmath_extra}] (cuBLASMp, NCCL, nccl4py)"
     other = {"13": "12", "12": "13"}[cuda]
     assert not any(other in e for e in nvmath.extras), f"[{extra}] mixes CUDA {cuda} and CUDA {other} extras"
     assert nvmath.specifier.contains("1.0.0") and not nvmath.specifier.contains("1.1.0"), \
