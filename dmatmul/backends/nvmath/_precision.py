@@ -67,7 +67,9 @@ def _dtype_name(dtype: Any) -> str:
         except TypeError:
             pass
     if name not in _COMPUTE_TYPES:
-        raise ValueError(f"dtype {dtype!r} has no nvmath compute type here: expected one of {', '.join(_COMPUTE_TYPES)}")
+        raise ValueError(
+            f"dtype {dtype!r} has no nvmath compute type here: expected one of {', '.join(_COMPUTE_TYPES)}"
+        )
     return str(name)
 
 
