@@ -854,8 +854,9 @@ def test_fake_backend_one_process_asks_for_one_device(fake_nvmath):
 
 @pytest.mark.parametrize("ngpus,version,words", [
     (0, 800, "no CUDA device visible"),
-    (1, 1000, "needs 0.6 <= cuBLASMp < 0.10"),
+    (1, 1000, "needs 0.8 <= cuBLASMp < 0.10"),
     (1, 500, "cuBLASMp 0.5.0 found"),
+    (1, 701, "cuBLASMp 0.7.1 found"),  # nvmath 1.0's Matmul: "cublasMp >= 0.8.0 required"
 ])
 def test_unavailable_reasons(fake_nvmath, ngpus, version, words):
     nv = importlib.import_module("dmatmul.backends.nvmath")

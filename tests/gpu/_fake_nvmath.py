@@ -1,4 +1,4 @@
-"""A CPU stand-in for the parts of nvmath-python 1.0 (and CuPy) dmatmul uses.
+"""A CPU stand-in for the parts of nvmath-python 1.0 (and CuPy, nccl4py) dmatmul uses.
 
 It lets the nvmath backend's execution layer run without a GPU: the same
 calls (``nvmath.distributed.initialize``, ``ProcessGrid``/``BlockCyclic``,
@@ -32,7 +32,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = []
 _NAMES = (
     "nvmath", "nvmath.bindings", "nvmath.bindings.cublasMp", "nvmath.distributed", "nvmath.distributed.distribution",
     "nvmath.distributed.linalg", "nvmath.distributed.linalg.advanced", "nvmath.linalg", "nvmath.linalg.advanced",
-    "cupy", "cupy.cuda", "cupy.cuda.runtime",
+    "cupy", "cupy.cuda", "cupy.cuda.runtime", "nccl", "nccl.core",
 )
 _saved: dict[str, Any] = {}
 
@@ -469,7 +469,10 @@ def install(*, ngpus: int = 1, cublasmp_version: int = 800) -> None:
     runtime = _module("cupy.cuda.runtime", getDeviceCount=lambda: ngpus, getDevice=lambda: 0)
     cuda = _module("cupy.cuda", runtime=runtime, Device=_Device)
     cupy = _module("cupy", ndarray=_FakeCupyArray, cuda=cuda, asnumpy=np.asarray)
+    nccl_core = _module("nccl.core")  # nccl4py: nvmath.distributed starts NCCL through it
+    nccl = _module("nccl", core=nccl_core)
     mods = {
+        "nccl": nccl, "nccl.core": nccl_core,
         "nvmath": nvmath, "nvmath.bindings": nvmath.bindings, "nvmath.bindings.cublasMp": cublasmp,
         "nvmath.distributed": distributed, "nvmath.distributed.distribution": dist_mod,
         "nvmath.distributed.linalg": distributed.linalg, "nvmath.distributed.linalg.advanced": adv,
