@@ -40,6 +40,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name in backends.BACKENDS:
         reason = backends.probe(name)
         print(f"backend {name:7s}: {'available' if reason is None else 'unavailable: ' + reason}")
+        if name == "nvmath":  # what is installed for it (wheel metadata; no CUDA loaded for this part)
+            from .backends.nvmath import installation
+
+            for line in installation().lines():
+                print(f"  {line}")
     if importlib.util.find_spec("jax") is not None:
         import jax
 

@@ -17,6 +17,7 @@ import itertools
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -181,7 +182,8 @@ def check_nvmath_rules(tr):
 # --------------------------------------------------------------------------- #
 # package hygiene
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("module", ["dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath"])
+@pytest.mark.parametrize("module", ["dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._engine",
+                                    "dmatmul.backends.nvmath"])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -771,8 +773,35 @@ def test_fake_backend_one_process(fake_nvmath):
     assert_close(d, reference(a, b, c, alpha=0.5, beta=2.0, epilog="relu_bias", bias=bias), "float64")
     assert np.array_equal(c, c0)
     calls = dict(fake_nvmath.CALLS)
-    assert calls["initialize"] == {"device_id": 0, "backends": ["nvshmem", "nccl"], "nranks": 1}
+    assert calls["initialize"] == {"device_id": 0, "backends": ["nccl"], "nranks": 1}  # NCCL only by default
     assert calls["Matmul"]["inplace"] is False and calls["Matmul"]["has_c"]
+
+
+def test_fake_backend_backends_from_the_environment(fake_nvmath, monkeypatch):
+    monkeypatch.setenv("DMATMUL_NVMATH_BACKENDS", "nvshmem, nccl")
+    with dm.Matmul(np.ones((4, 3)), np.ones((3, 5)), backend="nvmath") as mm:
+        assert "backends nvshmem, nccl" in mm.explain()
+        mm.execute()
+    assert dict(fake_nvmath.CALLS)["initialize"]["backends"] == ["nvshmem", "nccl"]
+
+
+@pytest.mark.parametrize("value,words", [
+    ("nvshmem", "leaves out 'nccl'"),
+    ("nccl,mpi", "names ['mpi']"),
+])
+def test_fake_backend_refuses_backends_without_nccl(fake_nvmath, monkeypatch, value, words):
+    monkeypatch.setenv("DMATMUL_NVMATH_BACKENDS", value)
+    with pytest.raises(RuntimeError, match=re.escape(words)):
+        dm.matmul(np.ones((4, 3)), np.ones((3, 5)), backend="nvmath")
+    assert "initialize" not in dict(fake_nvmath.CALLS)  # refused before the collective start-up
+
+
+def test_fake_backend_refuses_a_user_runtime_without_nccl(fake_nvmath):
+    MPI = pytest.importorskip("mpi4py.MPI")
+
+    fake_nvmath.initialize(0, MPI.COMM_SELF, backends=["nvshmem"])
+    with pytest.raises(RuntimeError, match="initialized without the NCCL backend"):
+        dm.matmul(np.ones((4, 3)), np.ones((3, 5)), backend="nvmath")
 
 
 def test_fake_backend_plan_reuse_and_explain(fake_nvmath):
@@ -825,8 +854,9 @@ def test_fake_backend_one_process_asks_for_one_device(fake_nvmath):
 
 @pytest.mark.parametrize("ngpus,version,words", [
     (0, 800, "no CUDA device visible"),
-    (1, 1000, "needs 0.6 <= cuBLASMp < 0.10"),
+    (1, 1000, "needs 0.8 <= cuBLASMp < 0.10"),
     (1, 500, "cuBLASMp 0.5.0 found"),
+    (1, 701, "cuBLASMp 0.7.1 found"),  # nvmath 1.0's Matmul: "cublasMp >= 0.8.0 required"
 ])
 def test_unavailable_reasons(fake_nvmath, ngpus, version, words):
     nv = importlib.import_module("dmatmul.backends.nvmath")

@@ -1,4 +1,4 @@
-"""A CPU stand-in for the parts of nvmath-python 1.0 (and CuPy) dmatmul uses.
+"""A CPU stand-in for the parts of nvmath-python 1.0 (and CuPy, nccl4py) dmatmul uses.
 
 It lets the nvmath backend's execution layer run without a GPU: the same
 calls (``nvmath.distributed.initialize``, ``ProcessGrid``/``BlockCyclic``,
@@ -32,7 +32,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = []
 _NAMES = (
     "nvmath", "nvmath.bindings", "nvmath.bindings.cublasMp", "nvmath.distributed", "nvmath.distributed.distribution",
     "nvmath.distributed.linalg", "nvmath.distributed.linalg.advanced", "nvmath.linalg", "nvmath.linalg.advanced",
-    "cupy", "cupy.cuda", "cupy.cuda.runtime",
+    "cupy", "cupy.cuda", "cupy.cuda.runtime", "nccl", "nccl.core",
 )
 _saved: dict[str, Any] = {}
 
@@ -89,15 +89,19 @@ class MPIProcessGroup:
         self.rank = comm.Get_rank()
 
 
-def initialize(device_id: int, process_group: Any, backends: Any = ("nvshmem", "nccl")) -> None:
+def initialize(device_id: int, process_group: Any, backends: Any) -> None:
+    """As nvmath 1.0: ``backends`` is required; Matmul needs "nccl" among them."""
     global _ctx
     if _ctx is not None:
         raise RuntimeError("nvmath.distributed has already been initialized")
     if not isinstance(device_id, int):
         raise TypeError("device_id must be an int")
     backends = list(backends)
-    if not set(backends) <= {"nvshmem", "nccl"}:
-        raise ValueError(f"unknown backends {backends}")
+    for backend in backends:
+        if backend not in ("nvshmem", "nccl"):
+            raise ValueError(f"backend must be one of ('nvshmem', 'nccl'), got {backend}")
+    if not backends:
+        raise ValueError("Need to specify at least one of ('nvshmem', 'nccl') communication backends")
     comm = process_group.comm if isinstance(process_group, MPIProcessGroup) else process_group
     CALLS.append(("initialize", {"device_id": device_id, "backends": backends, "nranks": comm.Get_size()}))
     _ctx = DistributedContext(device_id, comm, "nvshmem" in backends, 1 if "nccl" in backends else None)
@@ -465,7 +469,10 @@ def install(*, ngpus: int = 1, cublasmp_version: int = 800) -> None:
     runtime = _module("cupy.cuda.runtime", getDeviceCount=lambda: ngpus, getDevice=lambda: 0)
     cuda = _module("cupy.cuda", runtime=runtime, Device=_Device)
     cupy = _module("cupy", ndarray=_FakeCupyArray, cuda=cuda, asnumpy=np.asarray)
+    nccl_core = _module("nccl.core")  # nccl4py: nvmath.distributed starts NCCL through it
+    nccl = _module("nccl", core=nccl_core)
     mods = {
+        "nccl": nccl, "nccl.core": nccl_core,
         "nvmath": nvmath, "nvmath.bindings": nvmath.bindings, "nvmath.bindings.cublasMp": cublasmp,
         "nvmath.distributed": distributed, "nvmath.distributed.distribution": dist_mod,
         "nvmath.distributed.linalg": distributed.linalg, "nvmath.distributed.linalg.advanced": adv,

@@ -9,6 +9,10 @@ Layers (each importable without a GPU):
   stripping, the epilogue dmatmul applies), generic over numpy and cupy.
 * :mod:`._engine` -- the only code that imports nvmath-python, CuPy and MPI:
   runtime start-up and the nvmath objects built from the data.
+* :mod:`._probe` -- what is installed (wheel metadata, the driver's GPUs),
+  read without importing nvmath or loading CUDA: :func:`installation`, which
+  ``dmatmul info`` prints.
+* :mod:`._precision` -- ``precision=`` as nvmath's compute type.
 
 Importing this package imports none of nvmath, CuPy or MPI;
 :func:`unavailable` says why the backend cannot run here.
@@ -18,22 +22,37 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BACKEND", "unavailable", "NvmathBackend"]
+if TYPE_CHECKING:
+    from ._probe import Installation
 
-_EXTRA = "pip install 'dmatmul[nvmath]'"
-#: cuBLASMp versions nvmath-python 1.0 supports (it pins cuBLASMp < 0.10)
-_CUBLASMP_MIN, _CUBLASMP_BELOW = 600, 1000
+__all__ = ["BACKEND", "unavailable", "installation", "NvmathBackend"]
+
+_EXTRA = "pip install 'dmatmul[nvmath]' (CUDA 13) or 'dmatmul[nvmath-cu12]' (CUDA 12)"
+#: cuBLASMp versions nvmath-python 1.0's distributed Matmul runs on: its code
+#: requires >= 0.8.0 ("cublasMp >= 0.8.0 required"), its extras pin < 0.10
+_CUBLASMP_MIN, _CUBLASMP_BELOW = 800, 1000
+
+
+def installation(**fakes: Any) -> Installation:
+    """What is installed for this backend, read from wheel metadata and the
+    driver's files, without importing nvmath or loading CUDA (see :mod:`._probe`)."""
+    from ._probe import installation as _installation
+
+    return _installation(**fakes)
 
 
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
     """Why this backend cannot run here, or None when it can.
 
-    Checks, cheapest first: nvmath-python, CuPy and mpi4py are installed; a
-    CUDA device is visible; cuBLASMp's library loads (and is a version
-    nvmath-python 1.0 supports). The answer is cached for the process.
+    Checks, cheapest first: nvmath-python, CuPy, mpi4py and nccl4py are
+    installed; a CUDA device is visible; cuBLASMp's library loads (and is a
+    version nvmath-python 1.0 supports). The libraries are loaded, not judged
+    by their wheels' versions: a system cuBLASMp or NCCL counts, and a too-old
+    NCCL shows as cuBLASMp failing to load (the message then adds what the
+    wheel metadata says). The answer is cached for the process.
 
     >>> reason = unavailable()
     >>> reason is None or isinstance(reason, str)
@@ -44,6 +63,8 @@ def unavailable() -> str | None:
         return f"{' and '.join(missing)} not installed: {_EXTRA}"
     if importlib.util.find_spec("mpi4py") is None:
         return "mpi4py not installed (nvmath.distributed bootstraps over MPI): pip install 'dmatmul[nvmath,mpi]'"
+    if importlib.util.find_spec("nccl") is None:
+        return f"nccl4py not installed (nvmath.distributed starts NCCL through it): {_EXTRA}"
     try:
         import cupy
 
@@ -57,14 +78,14 @@ def unavailable() -> str | None:
 
         version = int(cublasMp.get_version())
     except Exception as e:  # noqa: BLE001 - library missing or not loadable
-        return (
-            f"the cuBLASMp library could not be loaded ({type(e).__name__}: {e}): {_EXTRA} "
-            "(nvmath-python[cu13,distributed] brings libcublasmp)"
-        )
+        # what the wheels say about it: no cuBLASMp wheel, or an NCCL older than cuBLASMp needs
+        hints = [p for p in installation().problems if p.startswith(("cuBLASMp", "NCCL"))]
+        return f"the cuBLASMp library could not be loaded ({type(e).__name__}: {e}); " + (
+            "; ".join(hints) if hints else _EXTRA)
     if not _CUBLASMP_MIN <= version < _CUBLASMP_BELOW:
         return (
             f"cuBLASMp {version // 10000}.{version // 100 % 100}.{version % 100} found; nvmath-python 1.0 needs "
-            f"0.6 <= cuBLASMp < 0.10: {_EXTRA}"
+            f"0.8 <= cuBLASMp < 0.10: {_EXTRA}"
         )
     return None
 

@@ -8,9 +8,10 @@ work is done by :mod:`._pipeline`. This layer only:
   communicator is dmatmul's MPI runtime under ``mpiexec`` and ``COMM_SELF``
   in one process; the device is the local rank modulo the visible GPUs (one
   process per GPU: NCCL refuses two ranks on one GPU); the communication
-  backends are ``nvshmem`` and ``nccl`` (matmul needs NCCL; nvmath copies
-  host operands to NVSHMEM symmetric memory), or those named in
-  ``DMATMUL_NVMATH_BACKENDS`` (e.g. ``nccl``);
+  backend is ``nccl`` alone (nvmath's distributed Matmul runs on NCCL, and
+  cuBLASMp 0.8+ no longer uses NVSHMEM), or those named in
+  ``DMATMUL_NVMATH_BACKENDS`` (e.g. ``nvshmem,nccl`` for other nvmath
+  libraries in the same process);
 * builds ``BlockCyclic(ProcessGrid(...), block_sizes, first_process=...)``,
   the qualifiers array and ``MatmulOptions(inplace=False)``;
 * creates, plans (with the fused epilog, falling back to dmatmul's epilogue
@@ -32,10 +33,12 @@ from ... import _runtime
 from ._pipeline import Prepared
 from ._translate import NvDistribution, Translation
 
-__all__ = ["Context", "context", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine", "nvmath_version"]
+__all__ = ["Context", "context", "requested_backends", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine",
+           "nvmath_version"]
 
 BACKENDS_ENV = "DMATMUL_NVMATH_BACKENDS"
-_DEFAULT_BACKENDS = ("nvshmem", "nccl")
+#: NCCL only: nvmath 1.0's distributed Matmul needs the NCCL backend (cuBLASMp dropped NVSHMEM at 0.8)
+_DEFAULT_BACKENDS = ("nccl",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +71,33 @@ def _context_size(ctx: Any) -> int | None:
     return None
 
 
+def requested_backends(environ: Any = None) -> tuple[str, ...]:
+    """The communication backends to start nvmath.distributed with: NCCL
+    alone, or those named in ``DMATMUL_NVMATH_BACKENDS`` (comma-separated).
+
+    >>> requested_backends({})
+    ('nccl',)
+    >>> requested_backends({"DMATMUL_NVMATH_BACKENDS": " nvshmem, nccl "})
+    ('nvshmem', 'nccl')
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(BACKENDS_ENV)
+    if raw is None or not raw.strip():
+        return _DEFAULT_BACKENDS
+    backends = tuple(dict.fromkeys(b.strip().lower() for b in raw.split(",") if b.strip()))
+    unknown = [b for b in backends if b not in ("nccl", "nvshmem")]
+    if unknown:
+        raise RuntimeError(f"{BACKENDS_ENV}={raw!r} names {unknown}: nvmath.distributed knows 'nccl' and 'nvshmem'")
+    if "nccl" not in backends:
+        raise RuntimeError(f"{BACKENDS_ENV}={raw!r} leaves out 'nccl', which nvmath's distributed Matmul needs "
+                           f"(cuBLASMp communicates over NCCL): unset it or add nccl")
+    return backends
+
+
 def preflight() -> None:
     """The local checks before the collective start-up (run under
     ``_runtime.agree``, so one rank's failure is every rank's error)."""
+    requested_backends()
     import cupy
     import nvmath.distributed  # noqa: F401 - needs mpi4py
 
@@ -109,7 +136,7 @@ def context(spmd: bool) -> Context:
     ctx = nd.get_context()
     if ctx is None:
         device_id = int(cupy.cuda.runtime.getDevice()) if local_rank is None else int(local_rank) % ndev
-        backends = tuple(b.strip() for b in os.environ.get(BACKENDS_ENV, ",".join(_DEFAULT_BACKENDS)).split(",") if b.strip())
+        backends = requested_backends()
         cupy.cuda.Device(device_id).use()
         group = nd.MPIProcessGroup(comm) if hasattr(nd, "MPIProcessGroup") else comm
         try:
@@ -117,13 +144,17 @@ def context(spmd: bool) -> Context:
         except Exception as e:
             raise RuntimeError(
                 f"nvmath.distributed.initialize(device_id={device_id}, backends={list(backends)}) failed on rank "
-                f"{rank}: {e}. One process per GPU is required (NCCL refuses two ranks on one GPU); set "
-                f"{BACKENDS_ENV}=nccl to start without NVSHMEM"
+                f"{rank}: {e}. One process per GPU is required (NCCL refuses two ranks on one GPU); "
+                f"{BACKENDS_ENV} (comma-separated, default {','.join(_DEFAULT_BACKENDS)}) chooses the backends"
             ) from e
     else:  # the user started nvmath.distributed: use it as it is
         device_id = int(ctx.device_id)
         backends = tuple(b for b, on in (("nvshmem", getattr(ctx, "nvshmem_available", False)),
                                           ("nccl", getattr(ctx, "nccl_comm", None) is not None)) if on)
+        if "nccl" not in backends:
+            raise RuntimeError("nvmath.distributed was initialized without the NCCL backend, which its distributed "
+                               "Matmul needs: finalize it and initialize with backends=['nccl'] (or leave the "
+                               "start-up to dmatmul)")
         got = _context_size(ctx)
         if got is not None and got != size:
             raise RuntimeError(

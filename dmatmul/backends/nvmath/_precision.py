@@ -1,0 +1,90 @@
+"""``precision=`` on the nvmath backend: nvmath's compute type, as a name.
+
+Pure Python (no nvmath import), so the mapping is tested on CPU; the engine
+turns the name into ``nvmath.distributed.linalg.ComputeType[name]`` and passes
+it as ``MatmulOptions(compute_type=...)``.
+
+The contract (section 3): ``None`` follows the framework's default -- on
+nvmath, its own default compute type, which this module expresses as ``None``
+(leave ``MatmulOptions.compute_type`` unset; nvmath 1.0 then picks COMPUTE_32F
+for 16- and 32-bit types and COMPUTE_64F for 64-bit ones, so no TF32).
+"default" is the same here. "high" allows TF32 for float32 (and the float32
+parts of complex64); "highest" forbids it. Neither ever lowers the
+accumulation below the nvmath default: float16/bfloat16 keep COMPUTE_32F,
+float64/complex128 keep COMPUTE_64F (no emulation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PRECISIONS", "compute_type", "normalize_precision"]
+
+#: the names ``precision=`` accepts, as ``jax.lax.Precision`` does (aliases included)
+_ALIASES = {
+    "default": "default", "fastest": "default", "bfloat16": "default",
+    "high": "high", "bfloat16_3x": "high", "tensorfloat32": "high",
+    "highest": "highest", "float32": "highest",
+}
+PRECISIONS = ("default", "high", "highest")
+
+#: dtype name -> (compute type for "high", compute type for "highest"); None/"default": nvmath's default
+_COMPUTE_TYPES = {
+    "float16": ("COMPUTE_32F", "COMPUTE_32F"),
+    "bfloat16": ("COMPUTE_32F", "COMPUTE_32F"),
+    "float32": ("COMPUTE_32F_FAST_TF32", "COMPUTE_32F"),
+    "complex64": ("COMPUTE_32F_FAST_TF32", "COMPUTE_32F"),
+    "float64": ("COMPUTE_64F", "COMPUTE_64F"),
+    "complex128": ("COMPUTE_64F", "COMPUTE_64F"),
+}
+
+
+def normalize_precision(precision: Any) -> str | None:
+    """``None`` or one of :data:`PRECISIONS`, from a string or a ``jax.lax.Precision``.
+
+    >>> normalize_precision("HIGHEST"), normalize_precision("tensorfloat32"), normalize_precision(None)
+    ('highest', 'high', None)
+    """
+    if precision is None:
+        return None
+    name = precision if isinstance(precision, str) else getattr(precision, "name", None)
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in _ALIASES:
+        raise ValueError(
+            f"precision={precision!r} is not a precision: expected None, 'default', 'high' or 'highest' "
+            "(or a jax.lax.Precision)"
+        )
+    return _ALIASES[key]
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
+    if name not in _COMPUTE_TYPES:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in _COMPUTE_TYPES:
+        raise ValueError(
+            f"dtype {dtype!r} has no nvmath compute type here: expected one of {', '.join(_COMPUTE_TYPES)}"
+        )
+    return str(name)
+
+
+def compute_type(dtype: Any, precision: Any) -> str | None:
+    """The ``nvmath...ComputeType`` member name for ``dtype`` at ``precision``,
+    or None for nvmath's default (leave ``compute_type`` unset).
+
+    >>> compute_type("float32", "high"), compute_type("float32", "highest"), compute_type("float32", None)
+    ('COMPUTE_32F_FAST_TF32', 'COMPUTE_32F', None)
+    >>> compute_type("float16", "high"), compute_type("float64", "high")
+    ('COMPUTE_32F', 'COMPUTE_64F')
+    """
+    name = _dtype_name(dtype)
+    level = normalize_precision(precision)
+    if level is None or level == "default":
+        return None
+    high, highest = _COMPUTE_TYPES[name]
+    return high if level == "high" else highest
