@@ -80,7 +80,7 @@ def test_demo_under_mpiexec():
     proc = launch(4, "-m", "dmatmul", "demo", "-m", "101", "-n", "67", "-k", "53", timeout=300)
     assert proc.returncode == 0, output(proc)
     assert "4 processes (mpiexec)" in proc.stdout
-    assert "9 passed, 0 failed" in proc.stdout
+    assert "15 passed, 0 failed" in proc.stdout
 
 
 @pytest.mark.parametrize("mode", ["implicit", "comm"])

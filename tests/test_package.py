@@ -56,8 +56,10 @@ def test_cli_demo_passes_and_prints_the_table():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "max rel err" in out.stdout
     assert re.search(r"^\d+ passed, 0 failed$", out.stdout, re.M)
-    for name in ("allgather", "reduce_scatter", "allreduce", "local"):
+    for name in ("allgather", "reduce_scatter", "allreduce", "local", "summa", "redistribute", "float64",
+                 "complex64", "BC(2x4 col"):
         assert name in out.stdout
+    assert "15 passed, 0 failed" in out.stdout
 
 
 def test_cli_info():
