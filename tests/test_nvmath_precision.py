@@ -117,3 +117,19 @@ def test_doctests():
 
     result = doctest.testmod(P, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("precision, want", [(None, None), ("default", None), ("high", "COMPUTE_32F_FAST_TF32"),
+                                             ("highest", "COMPUTE_32F")])
+def test_precision_reaches_the_translation_options(precision, want):
+    """dm.matmul(precision=...) -> Spec -> Problem -> Translation.options -> MatmulOptions(compute_type=...)."""
+    import dmatmul as dm
+    from dmatmul._matmul import Operands, _validate
+    from dmatmul.backends.nvmath._translate import Problem, translate
+
+    ops = Operands(np.ones((8, 4), np.float32), np.ones((4, 6), np.float32))
+    spec = _validate(ops, distribution=dm.Slab.X, alpha=1.0, beta=0.0, transpose_a=False, transpose_b=False,
+                     epilog=None, backend="nvmath", algorithm="auto", precision=precision, devices=None)
+    tr = translate(Problem.from_spec(spec, 2, ("C", "C", None)))
+    assert dict(tr.options).get("compute_type") == want
+    assert dict(tr.options)["inplace"] is False

@@ -186,7 +186,17 @@ def qualifiers(flags: tuple[bool, bool, bool], dtype: Any) -> np.ndarray:
 
 def _options(cls: Any, **wanted: Any) -> tuple[Any, set[str]]:
     fields = {f.name for f in dataclasses.fields(cls)}
+    if isinstance(wanted.get("compute_type"), str):  # the Translation names it; nvmath wants its enum
+        wanted["compute_type"] = _compute_type(wanted["compute_type"])
     return cls(**{k: v for k, v in wanted.items() if k in fields}), fields
+
+
+def _compute_type(name: str) -> Any:
+    try:
+        from nvmath.bindings.cublas import ComputeType
+    except ImportError:  # a stand-in nvmath (the tests' simulation) takes the name
+        return name
+    return ComputeType[name]
 
 
 def _fallback_worthy(e: BaseException) -> bool:
@@ -266,7 +276,7 @@ class CublasLtEngine:
         self.translation = tr
         self.refused: str | None = None
         p = tr.problem
-        options, _ = _options(MatmulOptions, inplace=False, device_id=ctx.device_id)
+        options, _ = _options(MatmulOptions, **dict(tr.options), device_id=ctx.device_id)
         a, b, c = self._operands(prepared)
         self._mm: Any = None
         self._empty: tuple[int, int] | None = None

@@ -94,6 +94,7 @@ from ..._distribution import (
     slab_extent,
 )
 from ..._errors import DistributionError
+from ._precision import compute_type
 
 __all__ = [
     "Order",
@@ -180,6 +181,7 @@ class Problem:
     dtype: str = "float32"
     alpha: complex = 1.0
     beta: complex = 0.0
+    precision: str | None = None
 
     @classmethod
     def from_spec(cls, spec: Any, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
@@ -190,6 +192,7 @@ class Problem:
             m=spec.m, n=spec.n, k=spec.k, nranks=nranks, transpose_a=spec.transpose_a,
             transpose_b=spec.transpose_b, distributions=tuple(dists), orders=orders, use_c=spec.use_c,
             epilog=spec.epilog, algorithm=spec.algorithm, dtype=spec.dtype, alpha=spec.alpha, beta=spec.beta,
+            precision=getattr(spec, "precision", None),
         )
 
     @property
@@ -946,9 +949,16 @@ def _finish(
         post_epilog=post,
         post_beta_c=post_c,
         gather=gather,
+        options=_options(p),
         notes=notes,
         cost=cost,
     )
+
+
+def _options(p: Problem) -> tuple[tuple[str, Any], ...]:
+    """nvmath's MatmulOptions: never in place (c is the user's); the compute type ``precision`` asks for."""
+    ct = compute_type(p.dtype, p.precision)
+    return (("inplace", False),) + ((("compute_type", ct),) if ct is not None else ())
 
 
 def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) -> tuple[NvDistribution, tuple[int, int]]:
