@@ -29,7 +29,26 @@ from jax import lax
 
 from ..._plan import Kernel
 
-__all__ = ["Epilogue", "LocalProblem", "SummaSchedule", "body", "finish", "summa"]
+__all__ = [
+    "Epilogue",
+    "LocalProblem",
+    "SummaSchedule",
+    "body",
+    "contract",
+    "finish",
+    "ring_allgather",
+    "ring_order",
+    "ring_reduce_scatter",
+    "summa",
+    "varying_zeros",
+]
+
+
+def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype: Any) -> jax.Array:
+    """The 2-D product contracting axis ``ka`` of ``a`` with axis ``kb`` of ``b``
+    (``a.T @ b`` is ``contract(a, b, 0, 0, ...)``), no transpose materialized;
+    ``precision`` and ``dtype`` (``preferred_element_type``) as ``lax.dot_general``."""
+    return lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=precision, preferred_element_type=dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +118,7 @@ class LocalProblem:
     def mm(self, a: jax.Array, b: jax.Array) -> jax.Array:
         """op(a) @ op(b) in the accumulation dtype."""
         ax = self.axes
-        return lax.dot_general(
-            a,
-            b,
-            (((ax["aK"],), (ax["bK"],)), ((), ())),
-            precision=self.precision,
-            preferred_element_type=self.acc_dtype,
-        )
+        return contract(a, b, ax["aK"], ax["bK"], self.precision, self.acc_dtype)
 
     def take(self, x: jax.Array, axis: int, dim: str, j: jax.Array) -> jax.Array:
         """Block ``j`` of logical dim ``dim`` (stored axis ``axis``) of a local array."""
@@ -155,14 +168,15 @@ def _index_of(table: jax.Array | None, q: jax.Array) -> jax.Array:
 
 def ring_allgather(
     block: jax.Array,
-    acc: jax.Array,
-    step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    acc: Any,
+    step: Callable[[Any, jax.Array, jax.Array], Any],
     p: int,
     axis: Any,
-) -> jax.Array:
+) -> Any:
     """``step(acc, block_j, j)`` over every block ``j`` of the ring, sending left.
 
-    ``j`` is the block's index in ``axis``'s own numbering (``lax.axis_index``).
+    ``j`` is the block's index in ``axis``'s own numbering (``lax.axis_index``);
+    ``acc`` may be any pytree (several products can ride one ring).
     """
     ring, table = ring_order(axis)
     idx = lax.axis_index(ring)
@@ -229,12 +243,14 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
         nxt = panels(t + 1)
         return acc + lp.mm(pa, pb), nxt
 
-    acc = _varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
+    acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
     acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)))
     return acc + lp.mm(pa, pb)
 
 
-def _varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
+def varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
+    """Zeros typed as varying over ``axis`` (a name or tuple; ``()``: plain zeros),
+    as a ``fori_loop`` carry that will hold varying values must be."""
     return lax.pcast(jnp.zeros(shape, dtype), axis, to="varying")
 
 
@@ -262,7 +278,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             if kern.moving == "b" and kern.b == "N":  # write column block j of D's rows
                 return ring_allgather(
                     b,
-                    _varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis),
+                    varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis),
                     lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(a, blk), j * n_loc, axis=1),
                     p,
                     axis,
@@ -270,7 +286,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             if kern.moving == "b":  # K blocks of b meet the matching K slice of a
                 return ring_allgather(
                     b,
-                    _varying_zeros((m_loc, n_loc), lp.acc_dtype, axis),
+                    varying_zeros((m_loc, n_loc), lp.acc_dtype, axis),
                     lambda acc, blk, j: acc + lp.mm(lp.take(a, ax["aK"], "K", j), blk),
                     p,
                     axis,
@@ -279,14 +295,14 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             if kern.a == "M":  # write row block j of D's columns
                 return ring_allgather(
                     a,
-                    _varying_zeros((m_blk * p, n_loc), lp.acc_dtype, axis),
+                    varying_zeros((m_blk * p, n_loc), lp.acc_dtype, axis),
                     lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(blk, b), j * m_blk, axis=0),
                     p,
                     axis,
                 )
             return ring_allgather(
                 a,
-                _varying_zeros((m_blk, n_loc), lp.acc_dtype, axis),
+                varying_zeros((m_blk, n_loc), lp.acc_dtype, axis),
                 lambda acc, blk, j: acc + lp.mm(blk, lp.take(b, ax["bK"], "K", j)),
                 p,
                 axis,
