@@ -1,11 +1,11 @@
 """Collective matmul building blocks for code that already runs inside ``jax.shard_map``.
 
-=====================================================  ===========================================================
-call (inside ``shard_map``)                            equals
-=====================================================  ===========================================================
-``allgather_matmul(x, y, axis_name=ax)``               ``lax.all_gather(x, ax, axis=0, tiled=True) @ y``
-``matmul_reduce_scatter(x, y, axis_name=ax)``          ``lax.psum_scatter(x @ y, ax, scatter_dimension=0, tiled=True)``
-=====================================================  ===========================================================
+===============================================  =================================================================
+call (inside ``shard_map``)                      equals
+===============================================  =================================================================
+``allgather_matmul(x, y, axis_name=ax)``         ``lax.all_gather(x, ax, axis=0, tiled=True) @ y``
+``matmul_reduce_scatter(x, y, axis_name=ax)``    ``lax.psum_scatter(x @ y, ax, scatter_dimension=0, tiled=True)``
+===============================================  =================================================================
 
 Both run as rings of ``lax.ppermute`` whose transfers overlap the local GEMMs
 (the ring kernels of dmatmul's JAX backend) instead of one blocking collective
@@ -19,7 +19,8 @@ mesh works (``jax.make_mesh``'s Explicit axes or Auto ones), under ``jit`` or
 not, with ``check_vma`` on (the default) or off. ``precision`` and
 ``preferred_element_type`` mean what they mean to ``jnp.dot``: ``None``
 precision follows ``jax.default_matmul_precision``; mixed input dtypes are
-allowed as ``jnp.dot`` allows them.
+allowed as ``jnp.dot`` allows them. ``allgather_matmul(..., bidirectional=True)``
+sends half of each block each way around the ring.
 
 A tensor-parallel MLP on a ``data x model`` mesh, rings over ``model`` only
 (each ``data`` row of the mesh runs its own rings). The activations' rows are
@@ -59,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .backends.jax._kernels import contract, ring_allgather, ring_reduce_scatter, varying_zeros
+from .backends.jax._kernels import contract, ring_allgather, ring_allgathers, ring_reduce_scatter, varying_zeros
 
 __all__ = ["allgather_matmul", "matmul_reduce_scatter"]
 
@@ -73,12 +74,23 @@ class _Ring:
     vma: tuple[Hashable, ...]  # mesh axes the operands vary over (empty when check_vma is off)
     precision: Any
     dtype: Any  # the product's dtype (preferred_element_type, or what jnp.dot would return)
+    bidirectional: bool = False  # gather rings: half of each block each way
 
     def mm(self, a: jax.Array, b: jax.Array, ka: int, kb: int) -> jax.Array:
         return contract(a, b, ka, kb, self.precision, self.dtype)
 
     def zeros(self, shape: tuple[int, ...]) -> jax.Array:
         return varying_zeros(shape, self.dtype, self.vma)
+
+    def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
+        """What travels of block ``a`` (split along ``axis``): ``(piece, shift, offset)``,
+        the whole block leftwards, or with ``bidirectional`` its first half left
+        and the rest right."""
+        m = a.shape[axis]
+        if not self.bidirectional or m < 2:
+            return ((a, -1, 0),)
+        h = (m + 1) // 2
+        return ((lax.slice_in_dim(a, 0, h, axis=axis), -1, 0), (lax.slice_in_dim(a, h, m, axis=axis), 1, h))
 
 
 def allgather_matmul(
@@ -88,6 +100,7 @@ def allgather_matmul(
     axis_name: Any,
     precision: Any = None,
     preferred_element_type: Any = None,
+    bidirectional: bool = False,
 ) -> jax.Array:
     """``lax.all_gather(x, axis_name, axis=0, tiled=True) @ y`` as a ring, inside ``shard_map``.
 
@@ -98,6 +111,9 @@ def allgather_matmul(
       axis_name: the mesh axis, or tuple of mesh axes, of the ring (``P`` ranks).
       precision: as ``jnp.dot`` (``None``: ``jax.default_matmul_precision``).
       preferred_element_type: as ``jnp.dot`` (the result's dtype).
+      bidirectional: send the first half of each block's rows left and the
+        rest right, two rings at once (for links that carry both directions at
+        full speed; the same result). ``dy``'s backward ring does the same.
 
     Returns:
       ``(P * m, n)``: the gathered rows times ``y``. Rank ``r`` starts with its
@@ -112,7 +128,7 @@ def allgather_matmul(
     """
     name = "allgather_matmul"
     ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
-    return _allgather_matmul_jit(x, y, ring)
+    return _allgather_matmul_jit(x, y, dataclasses.replace(ring, bidirectional=bool(bidirectional)))
 
 
 def matmul_reduce_scatter(
@@ -223,11 +239,13 @@ def _vary(x: jax.Array, order: tuple) -> jax.Array:
 def _gather_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> jax.Array:
     """all_gather(a) . b with a's free axis gathered into the result's rows."""
     m = a.shape[1 - ka]
+    pieces = ring.pieces(a, 1 - ka)
 
-    def step(acc: jax.Array, blk: jax.Array, j: jax.Array) -> jax.Array:
-        return lax.dynamic_update_slice_in_dim(acc, ring.mm(blk, b, ka, kb), j * m, axis=0)
+    def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:
+        return lax.dynamic_update_slice_in_dim(acc, ring.mm(blk, b, ka, kb), j * m + pieces[i][2], axis=0)
 
-    return ring_allgather(a, ring.zeros((ring.p * m, b.shape[1 - kb])), step, ring.p, ring.axis)
+    zeros = ring.zeros((ring.p * m, b.shape[1 - kb]))
+    return ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), zeros, step, ring.p, ring.axis)
 
 
 def _scatter_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> jax.Array:
@@ -254,10 +272,13 @@ def _allgather_matmul_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Arr
     m = x.shape[0]
     dx = _scatter_rows(dz, y, 1, 1, ring)  # psum_scatter(dz @ y.T)
 
-    def step(acc: jax.Array, blk: jax.Array, j: jax.Array) -> jax.Array:  # x_j.T @ dz_j
-        return acc + ring.mm(blk, lax.dynamic_slice_in_dim(dz, j * m, m, axis=0), 0, 0)
+    pieces = ring.pieces(x, 0)
 
-    dy = ring_allgather(x, ring.zeros(y.shape), step, ring.p, ring.axis)
+    def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:  # x_j.T @ dz_j
+        rows = lax.dynamic_slice_in_dim(dz, j * m + pieces[i][2], blk.shape[0], axis=0)
+        return acc + ring.mm(blk, rows, 0, 0)
+
+    dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ring.zeros(y.shape), step, ring.p, ring.axis)
     return dx.astype(x.dtype), dy.astype(y.dtype)
 
 

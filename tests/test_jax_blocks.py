@@ -148,7 +148,7 @@ def layout(op: str, operands: str, mesh, axis, m: int, k: int = 4, n: int = 2):
     return x, y, z
 
 
-def references(op: str, axis, precision, preferred):
+def references(op: str, axis, precision, preferred, bidirectional: bool = False):
     def ref(x, y):
         dot = lambda a, b: jnp.dot(a, b, precision=precision, preferred_element_type=preferred)  # noqa: E731
         if op == "allgather_matmul":
@@ -156,7 +156,8 @@ def references(op: str, axis, precision, preferred):
         return lax.psum_scatter(dot(x, y), axis, scatter_dimension=0, tiled=True)
 
     def ours(x, y):
-        return getattr(dmj, op)(x, y, axis_name=axis, precision=precision, preferred_element_type=preferred)
+        kw = {"bidirectional": True} if bidirectional else {}
+        return getattr(dmj, op)(x, y, axis_name=axis, precision=precision, preferred_element_type=preferred, **kw)
 
     return ours, ref
 
@@ -181,7 +182,7 @@ def run_case(c: dict) -> None:
         x = jax.device_put(random_array(rng, xshape, xdt), NamedSharding(mesh, xspec))
         y = jax.device_put(random_array(rng, yshape, ydt), NamedSharding(mesh, yspec))
         results = []
-        for body in references(c["op"], axis, precision, preferred):
+        for body in references(c["op"], axis, precision, preferred, c.get("bidirectional", False)):
             f = jax.shard_map(body, mesh=mesh, in_specs=(xspec, yspec), out_specs=zspec, check_vma=c["check_vma"])
             if not results:  # a random cotangent, in the result's dtype (at least float32)
                 z = jax.eval_shape(f, x, y)
@@ -307,10 +308,40 @@ def test_precision_is_passed_to_every_dot(op, precision):
     ours, _ = references(op, "model", precision, None)
     f = jax.shard_map(ours, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
     grad = jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1))
-    dots = [e for e in equations(jax.make_jaxpr(grad)(jnp.ones((64, 3)), jnp.ones((3, 2)))) if e.primitive.name == "dot_general"]
+    eqns = equations(jax.make_jaxpr(grad)(jnp.ones((64, 3)), jnp.ones((3, 2))))
+    dots = [e for e in eqns if e.primitive.name == "dot_general"]
     assert len(dots) >= 3  # forward, dx, dy
     for e in dots:
         assert e.params["precision"] is None if precision is None else "HIGHEST" in str(e.params["precision"]), e
+
+
+@pytest.mark.parametrize(
+    "mesh, axis, m, dtype, check_vma",
+    [
+        ((8,), "model", 5, "float32", True),  # halves of 3 and 2 rows
+        ((2, 4), "model,data", 4, "bfloat16", False),
+        ((4, 2), "model", 1, "complex64", True),  # one row: nothing to split, one ring
+        ((2, 4), "data", 7, "float32", False),  # two ranks: both halves go to the same neighbour
+    ],
+)
+def test_bidirectional_allgather_matmul(mesh, axis, m, dtype, check_vma):
+    case = {"mesh": mesh, "types": "explicit", "axis": axis, "op": "allgather_matmul", "operands": "replicated"}
+    options = {"precision": None, "jit": True, "check_vma": check_vma, "bidirectional": True}
+    run_case({**case, "dtype": dtype, "m": m, **options})
+
+
+def test_bidirectional_sends_both_ways():
+    mesh = make_mesh((8,), "auto")
+    for bidirectional, directions in ((False, {-1}), (True, {-1, 1})):
+        ours, _ = references("allgather_matmul", "model", None, None, bidirectional)
+        f = jax.shard_map(ours, mesh=mesh, in_specs=(P("model"), P()), out_specs=P(None, "model"))
+        for fn in (f, jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1))):
+            eqns = equations(jax.make_jaxpr(fn)(jnp.ones((32, 3)), jnp.ones((3, 2))))
+            perms = [dict(e.params["perm"]) for e in eqns if e.primitive.name == "ppermute"]
+            # the backward's dx ring (a reduce-scatter) always sends right
+            assert {perm[1] - 1 for perm in perms} >= directions, perms
+            if fn is f:
+                assert {perm[1] - 1 for perm in perms} == directions, perms
 
 
 # --------------------------------------------------------------------------- #
@@ -318,9 +349,10 @@ def test_precision_is_passed_to_every_dot(op, precision):
 # --------------------------------------------------------------------------- #
 def trace(op: str, xshape, yshape, axis="model", **kw):
     mesh = make_mesh((2, 4), "auto")
-    f = jax.shard_map(
-        lambda x, y: getattr(dmj, op)(x, y, axis_name=axis, **kw), mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
-    )
+    def body(x, y):
+        return getattr(dmj, op)(x, y, axis_name=axis, **kw)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
     return jax.make_jaxpr(f)(jnp.ones(xshape), jnp.ones(yshape))
 
 
@@ -342,7 +374,8 @@ def test_shape_errors_name_the_argument_and_the_fix(op, xshape, yshape, words):
 
 
 def test_reduce_scatter_rows_must_split_over_the_ring():
-    with pytest.raises(ValueError, match=r"x @ y has 6 rows .*\(6, 3\).* 4 ranks .*'model'.*pad x's rows to a multiple of 4"):
+    message = r"x @ y has 6 rows .*\(6, 3\).* 4 ranks .*'model'.*pad x's rows to a multiple of 4"
+    with pytest.raises(ValueError, match=message):
         trace("matmul_reduce_scatter", (6, 3), (3, 2))
     with pytest.raises(ValueError, match=r"8 ranks"):
         trace("matmul_reduce_scatter", (12, 3), (3, 2), axis=("model", "data"))
