@@ -194,6 +194,7 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
             f"({x.shape[1]}) must equal y's rows ({y.shape[0]}); these are the local blocks this rank holds"
         )
     axis = tuple(axis_name) if isinstance(axis_name, list) else axis_name
+    precision = tuple(precision) if isinstance(precision, list) else precision  # static: hashable
     if isinstance(axis, tuple) and not axis:
         raise ValueError(f"{name}: axis_name=() names no mesh axis; pass a mesh axis name or a tuple of them")
     names = axis if isinstance(axis, tuple) else (axis,)
