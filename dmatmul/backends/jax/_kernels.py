@@ -30,7 +30,27 @@ from jax import lax
 from ... import _epilogue
 from ..._plan import Kernel
 
-__all__ = ["Epilogue", "LocalProblem", "SummaSchedule", "body", "finish", "summa"]
+__all__ = [
+    "Epilogue",
+    "LocalProblem",
+    "SummaSchedule",
+    "body",
+    "contract",
+    "finish",
+    "ring_allgather",
+    "ring_allgathers",
+    "ring_order",
+    "ring_reduce_scatter",
+    "summa",
+    "varying_zeros",
+]
+
+
+def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype: Any) -> jax.Array:
+    """The 2-D product contracting axis ``ka`` of ``a`` with axis ``kb`` of ``b``
+    (``a.T @ b`` is ``contract(a, b, 0, 0, ...)``), no transpose materialized;
+    ``precision`` and ``dtype`` (``preferred_element_type``) as ``lax.dot_general``."""
+    return lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=precision, preferred_element_type=dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +114,7 @@ class LocalProblem:
     def mm(self, a: jax.Array, b: jax.Array) -> jax.Array:
         """op(a) @ op(b) in the accumulation dtype."""
         ax = self.axes
-        return lax.dot_general(
-            a,
-            b,
-            (((ax["aK"],), (ax["bK"],)), ((), ())),
-            precision=self.precision,
-            preferred_element_type=self.acc_dtype,
-        )
+        return contract(a, b, ax["aK"], ax["bK"], self.precision, self.acc_dtype)
 
     def take(self, x: jax.Array, axis: int, dim: str, j: jax.Array) -> jax.Array:
         """Block ``j`` of logical dim ``dim`` (stored axis ``axis``) of a local array."""
@@ -150,28 +164,50 @@ def _index_of(table: jax.Array | None, q: jax.Array) -> jax.Array:
 
 def ring_allgather(
     block: jax.Array,
-    acc: jax.Array,
-    step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    acc: Any,
+    step: Callable[[Any, jax.Array, jax.Array], Any],
     p: int,
     axis: Any,
-) -> jax.Array:
+) -> Any:
     """``step(acc, block_j, j)`` over every block ``j`` of the ring, sending left.
 
-    ``j`` is the block's index in ``axis``'s own numbering (``lax.axis_index``).
+    ``j`` is the block's index in ``axis``'s own numbering (``lax.axis_index``);
+    ``acc`` may be any pytree (several products can ride one ring).
     """
+    return ring_allgathers(((block, -1),), acc, lambda acc, _, blk, j: step(acc, blk, j), p, axis)
+
+
+def ring_allgathers(
+    blocks: tuple[tuple[jax.Array, int], ...],
+    acc: Any,
+    step: Callable[[Any, int, jax.Array, jax.Array], Any],
+    p: int,
+    axis: Any,
+) -> Any:
+    """AllGather rings run side by side: ``(block, shift)`` travels to rank
+    ``r + shift`` (``-1``: left, ``+1``: right) each step, so at step ``s`` rank
+    ``r`` holds ring ``i``'s block ``j = (r - shift * s) mod P``, which meets
+    ``step(acc, i, block, j)``. Two halves of a block sent opposite ways use
+    both directions of a bidirectional link."""
     ring, table = ring_order(axis)
     idx = lax.axis_index(ring)
-    perm = [(i, (i - 1) % p) for i in range(p)]
+    shifts = tuple(shift for _, shift in blocks)
+    perms = [[(i, (i + shift) % p) for i in range(p)] for shift in shifts]
 
-    def one(s: int | jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        acc, blk = carry
-        nxt = lax.ppermute(blk, ring, perm)
-        return step(acc, blk, _index_of(table, (idx + s) % p)), nxt
+    def visit(acc: Any, s: int | jax.Array, held: tuple[jax.Array, ...]) -> Any:
+        for i, (blk, shift) in enumerate(zip(held, shifts)):
+            acc = step(acc, i, blk, _index_of(table, (idx - shift * s) % p))
+        return acc
+
+    def one(s: int | jax.Array, carry: tuple[Any, tuple[jax.Array, ...]]) -> tuple[Any, tuple[jax.Array, ...]]:
+        acc, held = carry
+        nxt = tuple(lax.ppermute(blk, ring, perm) for blk, perm in zip(held, perms))
+        return visit(acc, s, held), nxt
 
     # unrolled: the rolled loop copies the travelling block every step (measured: +10% at n=2048, P=8);
     # capped so that many ranks do not blow up compile time
-    acc, block = lax.fori_loop(0, p - 1, one, (acc, block), unroll=min(p - 1, 16))
-    return step(acc, block, _index_of(table, (idx + p - 1) % p))
+    acc, held = lax.fori_loop(0, p - 1, one, (acc, tuple(blk for blk, _ in blocks)), unroll=min(p - 1, 16))
+    return visit(acc, p - 1, held)
 
 
 def ring_reduce_scatter(partial: Callable[[jax.Array], jax.Array], p: int, axis: Any) -> jax.Array:
@@ -224,12 +260,14 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
         nxt = panels(t + 1)
         return acc + lp.mm(pa, pb), nxt
 
-    acc = _varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
+    acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
     acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)))
     return acc + lp.mm(pa, pb)
 
 
-def _varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
+def varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
+    """Zeros typed as varying over ``axis`` (a name or tuple; ``()``: plain zeros),
+    as a ``fori_loop`` carry that will hold varying values must be."""
     return lax.pcast(jnp.zeros(shape, dtype), axis, to="varying")
 
 
@@ -257,7 +295,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             if kern.moving == "b" and kern.b == "N":  # write column block j of D's rows
                 return ring_allgather(
                     b,
-                    _varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis),
+                    varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis),
                     lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(a, blk), j * n_loc, axis=1),
                     p,
                     axis,
@@ -265,7 +303,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             if kern.moving == "b":  # K blocks of b meet the matching K slice of a
                 return ring_allgather(
                     b,
-                    _varying_zeros((m_loc, n_loc), lp.acc_dtype, axis),
+                    varying_zeros((m_loc, n_loc), lp.acc_dtype, axis),
                     lambda acc, blk, j: acc + lp.mm(lp.take(a, ax["aK"], "K", j), blk),
                     p,
                     axis,
@@ -274,14 +312,14 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             if kern.a == "M":  # write row block j of D's columns
                 return ring_allgather(
                     a,
-                    _varying_zeros((m_blk * p, n_loc), lp.acc_dtype, axis),
+                    varying_zeros((m_blk * p, n_loc), lp.acc_dtype, axis),
                     lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(blk, b), j * m_blk, axis=0),
                     p,
                     axis,
                 )
             return ring_allgather(
                 a,
-                _varying_zeros((m_blk, n_loc), lp.acc_dtype, axis),
+                varying_zeros((m_blk, n_loc), lp.acc_dtype, axis),
                 lambda acc, blk, j: acc + lp.mm(blk, lp.take(b, ax["bK"], "K", j)),
                 p,
                 axis,

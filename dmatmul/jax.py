@@ -1,0 +1,314 @@
+"""Collective matmul building blocks for code that already runs inside ``jax.shard_map``.
+
+===============================================  =================================================================
+call (inside ``shard_map``)                      equals
+===============================================  =================================================================
+``allgather_matmul(x, y, axis_name=ax)``         ``lax.all_gather(x, ax, axis=0, tiled=True) @ y``
+``matmul_reduce_scatter(x, y, axis_name=ax)``    ``lax.psum_scatter(x @ y, ax, scatter_dimension=0, tiled=True)``
+===============================================  =================================================================
+
+Both run as rings of ``lax.ppermute`` whose transfers overlap the local GEMMs
+(the ring kernels of dmatmul's JAX backend) instead of one blocking collective
+followed by one GEMM, and both are differentiable: the backward pass is a ring
+too (the transpose of AllGather+GEMM is GEMM+ReduceScatter and vice versa).
+
+``axis_name`` is one mesh axis or a tuple of them, in any order (the ranks are
+numbered as ``lax.axis_index`` numbers them, so a tuple's first axis is the
+major one, as for ``all_gather``); the other mesh axes stay independent. Any
+mesh works (``jax.make_mesh``'s Explicit axes or Auto ones), under ``jit`` or
+not, with ``check_vma`` on (the default) or off. ``precision`` and
+``preferred_element_type`` mean what they mean to ``jnp.dot``: ``None``
+precision follows ``jax.default_matmul_precision``; mixed input dtypes are
+allowed as ``jnp.dot`` allows them. ``allgather_matmul(..., bidirectional=True)``
+sends half of each block each way around the ring.
+
+A tensor-parallel MLP on a ``data x model`` mesh, rings over ``model`` only
+(each ``data`` row of the mesh runs its own rings). The activations' rows are
+split over all 8 devices (sequence parallel); ``w1``'s columns and ``w2``'s
+rows over ``model``:
+
+>>> import jax, jax.numpy as jnp, numpy as np
+>>> from jax.sharding import NamedSharding, PartitionSpec as P
+>>> import dmatmul.jax as dmj
+>>> mesh = jax.make_mesh((2, 4), ("data", "model"))
+>>> def mlp(x, w1, w2):  # local blocks: x (4, 16), w1 (16, 8), w2 (8, 16)
+...     h = dmj.allgather_matmul(x, w1, axis_name="model")  # (16, 8): its data row's tokens
+...     return dmj.matmul_reduce_scatter(jax.nn.relu(h), w2, axis_name="model")  # (4, 16)
+>>> specs = (P(("data", "model")), P(None, "model"), P("model", None))
+>>> f = jax.jit(jax.shard_map(mlp, mesh=mesh, in_specs=specs, out_specs=P(("data", "model"))))
+>>> rng = np.random.default_rng(0)
+>>> x, w1, w2 = (rng.standard_normal(s, dtype=np.float32) for s in ((32, 16), (16, 32), (32, 16)))
+>>> args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w1, w2), specs)]
+>>> out = f(*args)
+>>> out.shape, bool(np.allclose(out, np.maximum(x @ w1, 0) @ w2, rtol=1e-4, atol=1e-4))
+((32, 16), True)
+>>> with jax.set_mesh(mesh):  # (Explicit axes: code outside shard_map sees the mesh)
+...     g = jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2))(*args)  # backward: rings too
+>>> [t.shape for t in g]
+[(32, 16), (16, 32), (32, 16)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .backends.jax._kernels import contract, ring_allgather, ring_allgathers, ring_reduce_scatter, varying_zeros
+
+__all__ = ["allgather_matmul", "matmul_reduce_scatter"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    """What a ring needs besides its operands (static, hashable)."""
+
+    axis: Any  # the axis name or tuple as given (its order numbers the ranks)
+    p: int  # ranks on the ring
+    vma: tuple[Hashable, ...]  # mesh axes the operands vary over (empty when check_vma is off)
+    precision: Any
+    dtype: Any  # the product's dtype (preferred_element_type, or what jnp.dot would return)
+    bidirectional: bool = False  # gather rings: half of each block each way
+
+    def mm(self, a: jax.Array, b: jax.Array, ka: int, kb: int) -> jax.Array:
+        return contract(a, b, ka, kb, self.precision, self.dtype)
+
+    def zeros(self, shape: tuple[int, ...]) -> jax.Array:
+        return varying_zeros(shape, self.dtype, self.vma)
+
+    def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
+        """What travels of block ``a`` (split along ``axis``): ``(piece, shift, offset)``,
+        the whole block leftwards, or with ``bidirectional`` its first half left
+        and the rest right."""
+        m = a.shape[axis]
+        if not self.bidirectional or m < 2:
+            return ((a, -1, 0),)
+        h = (m + 1) // 2
+        return ((lax.slice_in_dim(a, 0, h, axis=axis), -1, 0), (lax.slice_in_dim(a, h, m, axis=axis), 1, h))
+
+
+def allgather_matmul(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    axis_name: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    bidirectional: bool = False,
+) -> jax.Array:
+    """``lax.all_gather(x, axis_name, axis=0, tiled=True) @ y`` as a ring, inside ``shard_map``.
+
+    Args:
+      x: this rank's row block, ``(m, k)``; the result stacks the ``P`` ranks'
+        blocks in ``lax.axis_index(axis_name)`` order.
+      y: this rank's ``(k, n)`` right operand (replicated, or a column block).
+      axis_name: the mesh axis, or tuple of mesh axes, of the ring (``P`` ranks).
+      precision: as ``jnp.dot`` (``None``: ``jax.default_matmul_precision``).
+      preferred_element_type: as ``jnp.dot`` (the result's dtype).
+      bidirectional: send the first half of each block's rows left and the
+        rest right, two rings at once (for links that carry both directions at
+        full speed; the same result). ``dy``'s backward ring does the same.
+
+    Returns:
+      ``(P * m, n)``: the gathered rows times ``y``. Rank ``r`` starts with its
+      own block and passes blocks to rank ``r - 1``; each step's transfer
+      overlaps that step's GEMM. The gradient is a ring as well: ``dx`` is
+      ``matmul_reduce_scatter(dz, y.T)`` and ``dy = all_gather(x).T @ dz``
+      reuses the ring of ``x``'s blocks.
+
+    Raises:
+      ValueError: an operand is not 2-D, the inner dimensions differ, or
+        ``axis_name`` is not an axis of the enclosing ``shard_map``'s mesh.
+    """
+    name = "allgather_matmul"
+    ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
+    return _allgather_matmul_jit(x, y, dataclasses.replace(ring, bidirectional=bool(bidirectional)))
+
+
+def matmul_reduce_scatter(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    axis_name: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+    """``lax.psum_scatter(x @ y, axis_name, scatter_dimension=0, tiled=True)`` as a ring, inside ``shard_map``.
+
+    Args:
+      x: this rank's ``(M, k)`` left operand; ``M`` must be a multiple of the
+        number of ranks ``P`` on ``axis_name``.
+      y: this rank's ``(k, n)`` right operand. ``x @ y`` is this rank's partial
+        sum (typically ``k`` is this rank's slice of the contraction).
+      axis_name: the mesh axis, or tuple of mesh axes, of the ring.
+      precision: as ``jnp.dot`` (``None``: ``jax.default_matmul_precision``).
+      preferred_element_type: as ``jnp.dot``; the partial sums travel and are
+        added in this dtype.
+
+    Returns:
+      ``(M // P, n)``: row block ``lax.axis_index(axis_name)`` of the sum over
+      the ranks of ``x @ y``. Rank ``r`` passes partial sums to ``r + 1``, each
+      step's transfer overlapping the GEMM of the next block. The gradient
+      gathers ``dz`` around one ring: ``dx = all_gather(dz) @ y.T`` and
+      ``dy = x.T @ all_gather(dz)``.
+
+    Raises:
+      ValueError: an operand is not 2-D, the inner dimensions differ, ``M`` is
+        not a multiple of ``P``, or ``axis_name`` is not an axis of the
+        enclosing ``shard_map``'s mesh.
+    """
+    name = "matmul_reduce_scatter"
+    ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
+    if x.shape[0] % ring.p:
+        rows = x.shape[0]
+        raise ValueError(
+            f"{name}: x @ y has {rows} rows (x has shape {tuple(x.shape)}), which {ring.p} ranks on "
+            f"axis_name={ring.axis!r} cannot split evenly; pad x's rows to a multiple of {ring.p} "
+            f"(jnp.pad(x, ((0, {-rows % ring.p}), (0, 0)))) and drop the padding rows of the result"
+        )
+    return _matmul_reduce_scatter_jit(x, y, ring)
+
+
+# --------------------------------------------------------------------------- #
+# checks and vma alignment
+# --------------------------------------------------------------------------- #
+def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferred: Any) -> tuple[_Ring, Any, Any]:
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    for arg, v, fix in (("x", x, "(rows, k)"), ("y", y, "(k, columns)")):
+        if v.ndim != 2:
+            raise ValueError(
+                f"{name}: {arg} must be 2-D {fix}, got shape {tuple(v.shape)}; reshape it "
+                f"(e.g. {arg}.reshape(-1, {arg}.shape[-1]) folds leading batch dimensions into the rows)"
+                if arg == "x" and v.ndim > 2
+                else f"{name}: {arg} must be 2-D {fix}, got shape {tuple(v.shape)}; pass a matrix"
+            )
+    if x.shape[1] != y.shape[0]:
+        raise ValueError(
+            f"{name}: x has shape {tuple(x.shape)} and y has shape {tuple(y.shape)}, but x's columns "
+            f"({x.shape[1]}) must equal y's rows ({y.shape[0]}); these are the local blocks this rank holds"
+        )
+    axis = tuple(axis_name) if isinstance(axis_name, list) else axis_name
+    precision = tuple(precision) if isinstance(precision, list) else precision  # static: hashable
+    if isinstance(axis, tuple) and not axis:
+        raise ValueError(f"{name}: axis_name=() names no mesh axis; pass a mesh axis name or a tuple of them")
+    names = axis if isinstance(axis, tuple) else (axis,)
+    try:
+        p = int(lax.axis_size(axis))
+    except NameError as e:
+        raise ValueError(
+            f"{name}: axis_name={axis!r} is not an axis of an enclosing jax.shard_map ({e}); call {name} "
+            "inside a function run by jax.shard_map whose mesh has that axis"
+        ) from e
+    # the product's dtype, as jnp.dot chooses it
+    dtype = jnp.result_type(x, y) if preferred is None else np.dtype(jax.dtypes.canonicalize_dtype(preferred))
+    # As jnp.dot does, type both operands as varying over the union of their
+    # axes and the ring's (a no-op with check_vma off); the transposes of these
+    # casts sum the gradients of operands that were invariant.
+    vma = _vma(x) | _vma(y) | set(names)
+    order = _mesh_order(vma)
+    x = _vary(x, order)
+    y = _vary(y, order)
+    ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype)
+    return ring, x, y
+
+
+def _vma(x: jax.Array) -> frozenset:
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # JAX 0.10
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _mesh_order(names: set) -> tuple:
+    mesh_names = tuple(jax.sharding.get_abstract_mesh().axis_names)
+    return tuple(n for n in mesh_names if n in names) + tuple(n for n in names if n not in mesh_names)
+
+
+def _vary(x: jax.Array, order: tuple) -> jax.Array:
+    missing = tuple(n for n in order if n not in _vma(x))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+# --------------------------------------------------------------------------- #
+# the rings (forward and backward)
+# --------------------------------------------------------------------------- #
+def _gather_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> jax.Array:
+    """all_gather(a) . b with a's free axis gathered into the result's rows."""
+    m = a.shape[1 - ka]
+    pieces = ring.pieces(a, 1 - ka)
+
+    def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:
+        return lax.dynamic_update_slice_in_dim(acc, ring.mm(blk, b, ka, kb), j * m + pieces[i][2], axis=0)
+
+    zeros = ring.zeros((ring.p * m, b.shape[1 - kb]))
+    return ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), zeros, step, ring.p, ring.axis)
+
+
+def _scatter_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> jax.Array:
+    """psum_scatter(a . b) over the result's rows (a's free axis)."""
+    m = a.shape[1 - ka] // ring.p
+
+    def partial(j: jax.Array) -> jax.Array:
+        return ring.mm(lax.dynamic_slice_in_dim(a, j * m, m, axis=1 - ka), b, ka, kb)
+
+    return ring_reduce_scatter(partial, ring.p, ring.axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _allgather_matmul(x: jax.Array, y: jax.Array, ring: _Ring) -> jax.Array:
+    return _gather_rows(x, y, 1, 0, ring)
+
+
+def _allgather_matmul_fwd(x: jax.Array, y: jax.Array, ring: _Ring) -> tuple[jax.Array, Any]:
+    return _gather_rows(x, y, 1, 0, ring), (x, y)
+
+
+def _allgather_matmul_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
+    x, y = res
+    m = x.shape[0]
+    dx = _scatter_rows(dz, y, 1, 1, ring)  # psum_scatter(dz @ y.T)
+
+    pieces = ring.pieces(x, 0)
+
+    def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:  # x_j.T @ dz_j
+        rows = lax.dynamic_slice_in_dim(dz, j * m + pieces[i][2], blk.shape[0], axis=0)
+        return acc + ring.mm(blk, rows, 0, 0)
+
+    dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ring.zeros(y.shape), step, ring.p, ring.axis)
+    return dx.astype(x.dtype), dy.astype(y.dtype)
+
+
+_allgather_matmul.defvjp(_allgather_matmul_fwd, _allgather_matmul_bwd)
+# jitted: one dispatch per call where shard_map runs eagerly (op by op); inlined under an outer jit
+_allgather_matmul_jit = jax.jit(_allgather_matmul, static_argnums=2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul_reduce_scatter(x: jax.Array, y: jax.Array, ring: _Ring) -> jax.Array:
+    return _scatter_rows(x, y, 1, 0, ring)
+
+
+def _matmul_reduce_scatter_fwd(x: jax.Array, y: jax.Array, ring: _Ring) -> tuple[jax.Array, Any]:
+    return _scatter_rows(x, y, 1, 0, ring), (x, y)
+
+
+def _matmul_reduce_scatter_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
+    x, y = res
+    m = dz.shape[0]
+
+    def step(acc: tuple[jax.Array, jax.Array], blk: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+        dx, dy = acc  # one ring of dz's blocks feeds both: dx_j = dz_j @ y.T, dy += x_j.T @ dz_j
+        dx = lax.dynamic_update_slice_in_dim(dx, ring.mm(blk, y, 1, 1), j * m, axis=0)
+        return dx, dy + ring.mm(lax.dynamic_slice_in_dim(x, j * m, m, axis=0), blk, 0, 0)
+
+    dx, dy = ring_allgather(dz, (ring.zeros(x.shape), ring.zeros(y.shape)), step, ring.p, ring.axis)
+    return dx.astype(x.dtype), dy.astype(y.dtype)
+
+
+_matmul_reduce_scatter.defvjp(_matmul_reduce_scatter_fwd, _matmul_reduce_scatter_bwd)
+_matmul_reduce_scatter_jit = jax.jit(_matmul_reduce_scatter, static_argnums=2)
