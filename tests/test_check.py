@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ast
 import collections
+import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -255,3 +257,37 @@ def test_the_check_module_needs_only_numpy():
             "print(sorted(m for m in ('jax', 'hypothesis', 'nvmath', 'cupy', 'mpi4py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+# --------------------------------------------------------------------------- #
+# dmatmul check
+# --------------------------------------------------------------------------- #
+def _check_cli(*args: str, patch: str = "") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PMI_", "OMPI_"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    code = textwrap.dedent(f"""
+        import sys
+        {patch}
+        from dmatmul.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    return subprocess.run([sys.executable, "-c", code, "check", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+def test_dmatmul_check_passes_and_prints_the_table():
+    proc = subprocess.run([sys.executable, "-m", "dmatmul", "check", "--cases", "20", "--seed", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert "dmatmul check: 20 random products, seed 1, backend jax, on 8 CPU device(s)" in proc.stdout
+    assert "layout family" in proc.stdout and "worst err/tol" in proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_dmatmul_check_fails_on_a_broken_kernel():
+    # every local GEMM of every kernel returns twice the product
+    patch = ("from dmatmul.backends.jax import _kernels as K; _mm = K.LocalProblem.mm; "
+             "K.LocalProblem.mm = lambda self, a, b: 2 * _mm(self, a, b)")
+    proc = _check_cli("--cases", "20", "--seed", "1", patch=patch)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert "max error" in proc.stdout and "reproduce one: dmatmul check --seed 1" in proc.stdout

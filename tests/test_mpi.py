@@ -98,3 +98,13 @@ def test_block_cyclic_example():
     proc = launch(4, "mpi_examples/block_cyclic.py", timeout=300)
     assert proc.returncode == 0, output(proc)
     assert "block-cyclic summa on a 2x2 grid" in proc.stdout and "matches numpy: True" in proc.stdout
+
+
+def test_check_under_mpiexec():
+    """The differential matrix of tests/test_check.py as four processes: every
+    rank draws the same cases, passes its own blocks and checks its block."""
+    proc = launch(4, "-m", "dmatmul", "check", "--cases", "30", "--seed", "3", timeout=600)
+    assert "dmatmul check: 30 random products, seed 3, backend jax, on 4 processes (mpiexec)" in proc.stdout, \
+        output(proc)
+    assert "layout family" in proc.stdout
+    assert proc.returncode == 0, output(proc)
