@@ -193,8 +193,8 @@ class Case:
 
         args = [operand(self.a_shape), operand(self.b_shape)]
         if self.use_c:
-            args.append(f"np.full({(self.m, self.n)}, np.nan, {self.dtype!r})" if self.beta == 0
-                        else operand((self.m, self.n)))
+            c = operand((self.m, self.n))
+            args.append(c[:-1] + ", fill=float('nan'))" if self.beta == 0 else c)
         dists = ", ".join(_dm_repr(d) for d in self.distributions)
         kw = [f"distribution=({dists})"]
         for name, value, default in (
@@ -220,9 +220,13 @@ def _dm_repr(d: Distribution) -> str:
     return re.sub(r"\b(Slab|Replicated|BlockCyclic|BlockNonCyclic|ProcessGrid)\b", r"dm.\1", repr(d))
 
 
-def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", seed: int = 0) -> Any:
-    """Random operand of ``shape`` (for :meth:`Case.describe` lines)."""
+def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", *, fill: float | None = None,
+         seed: int = 0) -> Any:
+    """A random operand of ``shape`` (or one full of ``fill``), as the lines of
+    :meth:`Case.describe` use it: ``from dmatmul._check import rand``."""
     x = random_matrix(np.random.default_rng(seed), shape, dtype)
+    if fill is not None:
+        x[...] = fill
     if family == "jax":
         import jax
         import jax.numpy as jnp

@@ -159,6 +159,12 @@ def test_describe_is_the_python_call():
             got = eval(ast.unparse(kw[name])) if name in kw else default
             assert got == getattr(case, name), (name, line)
         assert len(call.args) == 2 + case.use_c and ("bias" in kw) == case.has_bias
+        namespace["rand"] = ck.rand
+        shapes = [case.a_shape, case.b_shape, (case.m, case.n)]
+        for arg, shape in zip(call.args + ([kw["bias"]] if case.has_bias else []),
+                              shapes[: len(call.args)] + [(case.m,)]):
+            x = eval(ast.unparse(arg), namespace)
+            assert x.shape == shape and x.dtype.name == case.dtype and ck._family_of(x) == case.family
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
 
 
