@@ -1,12 +1,14 @@
-"""The ``dmatmul`` command: ``info``, ``demo`` and ``bench``.
+"""The ``dmatmul`` command: ``info``, ``demo``, ``check`` and ``bench``.
 
 ``dmatmul demo`` runs every algorithm on simulated CPU devices (JAX), checks
-each result against numpy and exits non-zero on any mismatch.
+each result against numpy and exits non-zero on any mismatch. ``dmatmul
+check`` does the same for random products over the whole layout space.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import platform
@@ -175,6 +177,91 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_backends(choice: str) -> list[str]:
+    """The backends ``dmatmul check --backend choice`` runs (raises SystemExit if none)."""
+    from . import backends
+
+    found = [name for name in backends.BACKENDS if backends.probe(name) is None]
+    if choice == "all-found":
+        names = found
+    elif choice == "auto":
+        names = ["nvmath"] if "nvmath" in found else ["jax"]
+    else:
+        names = [choice]
+    for name in names:
+        reason = backends.probe(name)
+        if reason is not None:
+            raise SystemExit(f"dmatmul check: backend {name!r} cannot run here: {reason}")
+    if not names:
+        raise SystemExit("dmatmul check: no backend can run here: pip install 'dmatmul[jax]'")
+    return names
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Random products over the whole layout space against numpy: in one
+    process on this machine's devices (simulated CPU devices where JAX has
+    no accelerator), or under ``mpiexec -n P`` with each rank's blocks."""
+    from . import _runtime
+
+    spmd = _runtime.launched_size() > 1
+    names = _check_backends(args.backend)
+    if "nvmath" in names:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU to cuBLASMp too
+    ndev = 1
+    if "jax" in names and not spmd:
+        import jax
+
+        try:  # on CPU: simulated devices (a no-op for GPUs and TPUs)
+            jax.config.update("jax_num_cpu_devices", args.devices)
+        except RuntimeError:  # JAX already started by the caller: use what it has
+            pass
+        ndev = min(args.devices, len(jax.devices()))
+    from . import _check
+    import dmatmul as dm
+
+    rt = dm.init(start_jax="jax" in names) if spmd else None
+    rank = rt.rank if rt else 0
+    say = print if rank == 0 else (lambda *a, **k: None)
+    ncases = args.cases if args.cases is not None else (12 if args.quick else 50)
+    indices = range(ncases) if args.case is None else [args.case]
+    outcomes = []
+    for name in names:
+        if rt:
+            ranks: tuple[int, ...] = (rt.size,)
+            where = f"{rt.size} processes (mpiexec)"
+        elif name == "nvmath":  # one process, one GPU: several ranks need mpiexec
+            ranks, where = (1,), "1 GPU (one process; mpiexec -n P for more)"
+        else:
+            import jax
+
+            ranks = tuple(sorted({p for p in _check.NRANKS if p <= ndev} | {ndev}))
+            where = f"{ndev} {jax.devices()[0].platform.upper()} device(s), {len(ranks)} rank counts {ranks}"
+        families = ("numpy", "jax") if name == "jax" else ("numpy",)
+        say(f"dmatmul check: {len(indices)} random products, seed {args.seed}, backend {name}, on {where}",
+            flush=True)
+        for i in indices:
+            chooser = _check.NumpyChooser([args.seed, i])
+            case = _check.draw_case(chooser, chooser.choice(ranks), families=families)
+            try:
+                out = _check.run_case(case, backend=name, rng_seed=args.seed * 100_003 + i)
+            except Exception as e:  # noqa: BLE001 - a bug of the check itself still counts
+                out = _check.Outcome(case, "failed", float("nan"), f"the check itself failed: {type(e).__name__}: {e}",
+                                     backend=name, mpi=rt is not None)
+            if rt:
+                parts = rt.comm.allgather((out.status, out.ratio, out.message))
+                out = _check.combine([dataclasses.replace(out, status=s, ratio=r, message=m) for s, r, m in parts])
+            outcomes.append(dataclasses.replace(out, label=f"{name} #{i}"))
+            if args.verbose:
+                say(f"  #{i:<4d} {out.status:8s} {case.layout_family:16s} {out.message}", flush=True)
+    say(_check.report(outcomes))
+    failed = sum(o.status == "failed" for o in outcomes)
+    if failed:
+        say(f"reproduce one: dmatmul check --seed {args.seed} --case <#> --backend <backend> -v")
+    if rt:
+        dm.finalize()
+    return 1 if failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dmatmul", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +272,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("-n", type=int, default=768, help="columns of the result (default 768)")
     demo.add_argument("-k", type=int, default=517, help="inner dimension (default 517: prime-ish, uneven)")
     demo.set_defaults(func=cmd_demo)
+    check = sub.add_parser(
+        "check", help="random products over every layout, dtype and option, checked against numpy",
+        description="Random products over the whole layout space (every distribution kind for a, b and the "
+        "result, row- and column-major grids, operands on different grids, transposes, dtypes, alpha/beta/C, "
+        "epilogs, named algorithms), checked against numpy: a table by layout family, exit status 1 on any "
+        "failure. Under mpiexec -n P each rank passes its own blocks.",
+    )
+    check.add_argument("--cases", type=int, default=None, help="products per backend (default 50; --quick: 12)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the cases and data (default 0)")
+    check.add_argument("--backend", choices=("auto", "jax", "nvmath", "all-found"), default="auto",
+                       help="auto: nvmath where it runs, else jax; all-found: every backend that runs here")
+    check.add_argument("--devices", type=int, default=8,
+                       help="devices in one process; on CPU, the simulated devices JAX makes (default 8)")
+    check.add_argument("--quick", action="store_true", help="fewer cases")
+    check.add_argument("--case", type=int, default=None, help="run only case number CASE of the seed")
+    check.add_argument("-v", "--verbose", action="store_true", help="one line per case")
+    check.set_defaults(func=cmd_check)
     from . import _bench
 
     _bench.add_parser(sub)

@@ -133,3 +133,13 @@ def test_sigterm_ends_a_job_hung_in_a_collective():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
+
+
+def test_check_under_mpiexec():
+    """The differential matrix of tests/test_check.py as four processes: every
+    rank draws the same cases, passes its own blocks and checks its block."""
+    proc = launch(4, "-m", "dmatmul", "check", "--cases", "30", "--seed", "3", timeout=600)
+    assert "dmatmul check: 30 random products, seed 3, backend jax, on 4 processes (mpiexec)" in proc.stdout, \
+        output(proc)
+    assert "layout family" in proc.stdout
+    assert proc.returncode == 0, output(proc)

@@ -739,27 +739,7 @@ def test_pipeline_extreme_sizes():
 # --------------------------------------------------------------------------- #
 # the execution layer against a fake nvmath-python
 # --------------------------------------------------------------------------- #
-@pytest.fixture
-def fake_nvmath():
-    sys.path.insert(0, str(GPU_DIR))
-    import _fake_nvmath
-
-    from dmatmul.backends.nvmath import _engine
-    nv = importlib.import_module("dmatmul.backends.nvmath")
-
-    def reset():
-        nv.unavailable.cache_clear()
-        backends._loaded.pop("nvmath", None)
-        _engine._context = None
-
-    _fake_nvmath.install()
-    reset()
-    try:
-        yield _fake_nvmath
-    finally:
-        _fake_nvmath.uninstall()
-        reset()
-        sys.path.remove(str(GPU_DIR))
+# the fake_nvmath fixture (tests/conftest.py) puts tests/gpu/_fake_nvmath.py in place of nvmath-python
 
 
 def test_fake_backend_one_process(fake_nvmath):

@@ -1,0 +1,521 @@
+"""Random products over the whole layout space, checked against numpy.
+
+One generator, three drivers: ``dmatmul check`` (a numpy ``Generator`` makes
+the choices), the hypothesis test of ``tests/test_check.py`` (hypothesis makes
+them, so it shrinks a failure to the simplest case), and ``mpiexec -n P
+dmatmul check`` (every rank draws the same cases and passes its own blocks).
+
+* :func:`draw_case` draws a :class:`Case` through a *chooser*: any object with
+  ``choice(seq)``, ``integer(lo, hi)`` (both ends included) and ``boolean()``.
+  Choices are ordered simplest first, so a shrinking chooser shrinks towards
+  float32, Slab.X, small sizes, no transposes, "auto".
+* :func:`run_case` builds the operands, calls :func:`dmatmul.matmul` and
+  classifies the :class:`Outcome`: ``passed``, ``refused`` (an error the case
+  expects: see :meth:`Case.refusals`) or ``failed`` (wrong numbers, wrong
+  shape, dtype or array family of the result, a read-only numpy result, a
+  modified input, an unexpected exception of any kind, or no error where one
+  is required).
+* :func:`report` prints a table by layout family and the first failures,
+  each with a line that reproduces it.
+
+Importing this module needs numpy only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import _plan, _runtime
+from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
+from ._matmul import DTYPES, EPILOGS
+from ._plan import ALGORITHMS
+from ._reference import error_ratio, random_matrix, reference
+
+__all__ = [
+    "Chooser", "NumpyChooser", "Case", "Outcome", "Refusal", "draw_case", "run_case", "combine", "report",
+    "LAYOUT_FAMILIES", "NRANKS",
+]
+
+#: the rank counts the matrix covers in one process (each has its own grid shapes)
+NRANKS = (1, 2, 3, 4, 6, 8)
+#: the table's rows, in order
+LAYOUT_FAMILIES = ("one rank", "1-D", "mixed 1-D/2-D", "2-D, one grid", "different grids", "grid != ranks")
+
+_KINDS = ("Slab.X", "Slab.Y", "Replicated", "BlockNonCyclic", "BlockCyclic")
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")  # simplest first
+_REAL_EPILOGS = tuple(e for e in EPILOGS if e is not None)
+_COMPLEX_REFUSED = ("relu", "gelu", "relu_bias", "gelu_bias")
+_BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than any drawn dimension
+_MAX_DIM = 40
+assert set(_DTYPES) == set(DTYPES)
+
+
+class Chooser(Protocol):
+    """What :func:`draw_case` asks of its source of randomness."""
+
+    def choice(self, seq: Sequence[Any]) -> Any: ...
+
+    def integer(self, lo: int, hi: int) -> int: ...  # lo <= x <= hi
+
+    def boolean(self) -> bool: ...
+
+
+class NumpyChooser:
+    """A :class:`Chooser` on a numpy ``Generator`` (``dmatmul check``)."""
+
+    def __init__(self, rng: np.random.Generator | int | Sequence[int]) -> None:
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+    def choice(self, seq: Sequence[Any]) -> Any:
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def boolean(self) -> bool:
+        return bool(self.rng.integers(2))
+
+
+def _rarely(draw: Chooser, one_in: int) -> bool:
+    """True about once in ``one_in`` draws (False is the simple side when shrinking)."""
+    return draw.integer(0, one_in - 1) == one_in - 1
+
+
+# --------------------------------------------------------------------------- #
+# cases
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """An error a case may end in: its types and words its message must hold."""
+
+    types: tuple[type[BaseException], ...]
+    words: tuple[str, ...]
+    why: str
+
+    def matches(self, e: BaseException) -> bool:
+        text = str(e)
+        return isinstance(e, self.types) and all(re.search(w, text) for w in self.words)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One product: ``epilog(alpha * op(A) @ op(B) + beta * C [+ bias])`` on
+    ``nranks`` ranks with the stored operands distributed as ``distributions``
+    says (a, b, result)."""
+
+    nranks: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    transpose_a: bool
+    transpose_b: bool
+    distributions: tuple[Distribution, Distribution, Distribution]
+    alpha: complex = 1.0
+    beta: complex = 0.0
+    use_c: bool = False
+    epilog: str | None = None
+    algorithm: str = "auto"
+    family: str = "numpy"
+
+    # -- shapes ------------------------------------------------------------------
+    @property
+    def a_shape(self) -> tuple[int, int]:
+        return (self.k, self.m) if self.transpose_a else (self.m, self.k)
+
+    @property
+    def b_shape(self) -> tuple[int, int]:
+        return (self.n, self.k) if self.transpose_b else (self.k, self.n)
+
+    @property
+    def has_bias(self) -> bool:
+        return self.epilog is not None and self.epilog.endswith("bias")
+
+    @property
+    def grids(self) -> list[ProcessGrid]:
+        return [d.grid for d in self.distributions if d.grid is not None]
+
+    # -- what is expected ----------------------------------------------------------
+    @property
+    def layout_family(self) -> str:
+        """The row of the report this case counts in (one of LAYOUT_FAMILIES)."""
+        grids = self.grids
+        if any(g.size != self.nranks for g in grids):
+            return "grid != ranks"
+        if self.nranks == 1:
+            return "one rank"
+        if not grids:
+            return "1-D"
+        if len(set(grids)) > 1:
+            return "different grids"
+        return "2-D, one grid" if len(grids) == 3 else "mixed 1-D/2-D"
+
+    def refusals(self) -> tuple[list[Refusal], list[Refusal]]:
+        """``(required, allowed)``: errors the product must end in (any one of
+        them), and errors it may end in instead of a result.
+
+        * a relu/gelu epilog on complex operands: TypeError naming the epilog;
+        * a grid whose size is not the number of ranks: ValueError (or
+          DistributionError) naming the grid's shape, its size and the rank count;
+        * a named algorithm may not fit the distributions: ValueError naming
+          the algorithm and saying what it needs.
+        """
+        required: list[Refusal] = []
+        if self.dtype.startswith("complex") and self.epilog in _COMPLEX_REFUSED:
+            required.append(Refusal((TypeError,), (re.escape(repr(self.epilog)), "complex"),
+                                    f"epilog={self.epilog!r} on {self.dtype}"))
+        for g in dict.fromkeys(self.grids):
+            if g.size != self.nranks:
+                required.append(Refusal(
+                    (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
+                    f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
+        allowed: list[Refusal] = []
+        if self.algorithm != "auto":
+            allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
+                                   f"algorithm={self.algorithm!r} may not fit"))
+        return required, allowed
+
+    # -- reproduction --------------------------------------------------------------
+    def describe(self, backend: str | None = None, *, mpi: bool = False) -> str:
+        """A line of Python that makes this product (``rand`` is :func:`rand`)."""
+        fam = "" if self.family == "numpy" else f", {self.family!r}"
+
+        def operand(shape: tuple[int, ...]) -> str:
+            return f"rand({shape}, {self.dtype!r}{fam})"
+
+        args = [operand(self.a_shape), operand(self.b_shape)]
+        if self.use_c:
+            c = operand((self.m, self.n))
+            args.append(c[:-1] + ", fill=float('nan'))" if self.beta == 0 else c)
+        dists = ", ".join(_dm_repr(d) for d in self.distributions)
+        kw = [f"distribution=({dists})"]
+        for name, value, default in (
+            ("alpha", self.alpha, 1.0), ("beta", self.beta, 0.0), ("transpose_a", self.transpose_a, False),
+            ("transpose_b", self.transpose_b, False), ("epilog", self.epilog, None),
+            ("algorithm", self.algorithm, "auto"),
+        ):
+            if value != default or (name == "beta" and self.use_c):
+                kw.append(f"{name}={value!r}")
+        if self.has_bias:
+            kw.append(f"bias={operand((self.m,))}")
+        if backend is not None:
+            kw.append(f"backend={backend!r}")
+        if not mpi:
+            kw.append(f"devices={self.nranks}")
+        line = f"dm.matmul({', '.join(args + kw)})"
+        if mpi:
+            line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
+        return line
+
+
+def _dm_repr(d: Distribution) -> str:
+    return re.sub(r"\b(Slab|Replicated|BlockCyclic|BlockNonCyclic|ProcessGrid)\b", r"dm.\1", repr(d))
+
+
+def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", *, fill: float | None = None,
+         seed: int = 0) -> Any:
+    """A random operand of ``shape`` (or one full of ``fill``), as the lines of
+    :meth:`Case.describe` use it: ``from dmatmul._check import rand``."""
+    x = random_matrix(np.random.default_rng(seed), shape, dtype)
+    if fill is not None:
+        x[...] = fill
+    if family == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        with jax.enable_x64(dtype in ("float64", "complex128")):
+            return jnp.asarray(x)
+    return x
+
+
+def _factorizations(p: int) -> list[tuple[int, int]]:
+    return [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+
+
+def _draw_grid(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -> ProcessGrid:
+    """A grid of ``nranks`` ranks: the grid of an earlier operand (3 times in
+    4), or a fresh shape and layout (rarely of another size: to be refused)."""
+    if earlier and not _rarely(draw, 4):
+        return draw.choice(earlier)
+    size = nranks
+    if _rarely(draw, 25):
+        size = draw.choice([s for s in (1, 2, 3, 4, 6, 8, 9) if s != nranks])
+    shapes = _factorizations(size)
+    proper = [s for s in shapes if min(s) > 1]  # both grid axes split: where rings and SUMMA differ by layout
+    shape = draw.choice(proper) if proper and not _rarely(draw, 3) else draw.choice(shapes)
+    return ProcessGrid(shape, layout=draw.choice(("row", "col")))
+
+
+def _draw_distribution(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -> Distribution:
+    kind = draw.choice(_KINDS)
+    if kind == "Slab.X":
+        return Slab.X
+    if kind == "Slab.Y":
+        return Slab.Y
+    if kind == "Replicated":
+        return Replicated()
+    grid = _draw_grid(draw, nranks, earlier)
+    earlier.append(grid)
+    first = (0, 0)
+    if draw.boolean():
+        first = (draw.integer(0, grid.shape[0] - 1), draw.integer(0, grid.shape[1] - 1))
+    if kind == "BlockNonCyclic":
+        return BlockNonCyclic(grid, first)
+    return BlockCyclic(grid, (draw.choice(_BLOCK_SIZES), draw.choice(_BLOCK_SIZES)), first)
+
+
+def _fitting_algorithms(
+    nranks: int, dists: tuple[Distribution, Distribution, Distribution], ta: bool, tb: bool
+) -> list[str]:
+    """The named algorithms whose kernel takes the operands in their given
+    roles (Replicated fits wherever a Slab is needed; SUMMA: all on one grid).
+    Only a hint for drawing: a refusal of any named algorithm is accepted."""
+    roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, "abd", (ta, tb, False))]
+    one_grid = len({d.grid for d in dists}) == 1
+    out = []
+    for kernel in _plan.KERNELS:
+        want = (kernel.a, kernel.b, kernel.d)
+        if all(g == w or (g == "R" and w != "G") for g, w in zip(roles, want)) and (kernel.a != "G" or one_grid):
+            out.append(kernel.algorithm)
+    return [name for name in ALGORITHMS if name in out]
+
+
+def _draw_dim(draw: Chooser, zero_one_in: int) -> int:
+    return 0 if _rarely(draw, zero_one_in) else draw.integer(1, _MAX_DIM)
+
+
+def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy", "jax")) -> Case:
+    """One random product on ``nranks`` ranks over the whole layout space.
+
+    a, b and the result each get a distribution of any kind, drawn
+    independently; grid distributions get row- or column-major grids of any
+    2-D factorization of ``nranks``, an operand's grid being another's or its
+    own; block sizes from 1 to larger than the matrix, any first process.
+    Sizes 1..40 (uneven, prime, smaller than the rank count), K = 0 about once
+    in 12 cases, M or N = 0 about once in 40; every dtype, transposes,
+    alpha (0 and complex too), beta with or without C (C full of NaN where
+    beta = 0: it must not be read), every epilog (relu/gelu on complex rarely:
+    it must be refused), "auto" or (one case in four) a named algorithm,
+    mostly one that fits the layouts, numpy or jax operands.
+    """
+    dtype = draw.choice(_DTYPES)
+    is_complex = dtype.startswith("complex")
+    m, n, k = _draw_dim(draw, 40), _draw_dim(draw, 40), _draw_dim(draw, 12)
+    ta, tb = draw.boolean(), draw.boolean()
+    earlier: list[ProcessGrid] = []
+    dists = tuple(_draw_distribution(draw, nranks, earlier) for _ in range(3))
+    alphas = (1.0, 0.5, -1.5, 0.0) + ((0.5 - 0.25j, 1j) if is_complex else (2.25,))
+    betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())
+    alpha, beta = draw.choice(alphas), draw.choice(betas)
+    use_c = draw.boolean()
+    if is_complex and not _rarely(draw, 8):
+        epilog = draw.choice((None, "bias"))
+    else:
+        epilog = draw.choice(EPILOGS)
+    algorithm = "auto"
+    if _rarely(draw, 4):  # a named algorithm: mostly one that fits the layouts (so that it runs), else any one
+        fitting = _fitting_algorithms(nranks, dists, ta, tb)  # type: ignore[arg-type]
+        if fitting and not _rarely(draw, 3):
+            algorithm = draw.choice(fitting)
+        elif _rarely(draw, 2):
+            algorithm = draw.choice(ALGORITHMS)
+    family = draw.choice(tuple(families))
+    return Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
+                distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,  # type: ignore[arg-type]
+                algorithm=algorithm, family=family)
+
+
+# --------------------------------------------------------------------------- #
+# running a case
+# --------------------------------------------------------------------------- #
+_ORDER = {"passed": 0, "refused": 1, "failed": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What became of one case (on one rank, or combined over the ranks)."""
+
+    case: Case
+    status: str  # "passed", "refused" or "failed"
+    ratio: float = 0.0  # max error / tolerance (<= 1 passes); NaN when no result was compared
+    message: str = ""
+    backend: str = "jax"
+    mpi: bool = False
+    label: str = ""  # e.g. the case's index, for the report
+
+    @property
+    def layout_family(self) -> str:
+        return self.case.layout_family
+
+    def describe(self) -> str:
+        return self.case.describe(self.backend, mpi=self.mpi)
+
+
+def _snapshot(x: Any) -> bytes | None:
+    return None if x is None else np.asarray(x).tobytes()
+
+
+def _family_of(x: Any) -> str:
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, jax.Array):
+        return "jax"
+    return type(x).__module__.split(".")[0] + "." + type(x).__name__
+
+
+def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed: int = 0) -> Outcome:
+    """Run ``case`` with ``dm.matmul`` and classify the result.
+
+    In one process the operands are global matrices on ``devices`` (default:
+    ``case.nranks``); under a multi-process run each rank passes its own
+    blocks (``dm.split``) and checks its block of the result. The data comes
+    from ``rng_seed`` (the same global matrices on every rank).
+    """
+    from . import matmul
+
+    rt = _runtime.active()
+    mpi = rt is not None and rt.size > 1
+    out = dict(case=case, backend=backend, mpi=mpi)
+    rng = np.random.default_rng(rng_seed)
+    a = random_matrix(rng, case.a_shape, case.dtype)
+    b = random_matrix(rng, case.b_shape, case.dtype)
+    c = None
+    if case.use_c:
+        c = random_matrix(rng, (case.m, case.n), case.dtype)
+        if case.beta == 0:
+            c[...] = np.nan  # must not be read
+    bias = random_matrix(rng, (case.m,), case.dtype) if case.has_bias else None
+    ref = reference(a, b, c, alpha=case.alpha, beta=case.beta, transpose_a=case.transpose_a,
+                    transpose_b=case.transpose_b, epilog=case.epilog, bias=bias)
+    scale = float(np.abs(ref).max()) if ref.size else 1.0
+    da, db, dd = case.distributions
+    if mpi:
+        assert rt is not None
+
+        def local(x: np.ndarray, d: Distribution) -> np.ndarray:
+            blocks = split(x, d, nranks=None if d.grid is not None else rt.size)
+            return blocks[rt.rank % len(blocks)]  # a grid of another size is refused: any block will do
+
+        a, b = local(a, da), local(b, db)
+        c = None if c is None else local(c, dd)
+        want_shape = dd.shape(rt.rank, (case.m, case.n), rt.size) if dd.grid is None or dd.grid.size == rt.size \
+            else None
+        kwargs: dict[str, Any] = {}
+    else:
+        want_shape = (case.m, case.n)
+        kwargs = {"devices": case.nranks if devices is None else devices}
+    x64: Any = contextlib.nullcontext()
+    if case.family == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        if case.dtype in ("float64", "complex128"):  # as a user of 64-bit jax arrays runs
+            x64 = jax.enable_x64(True)
+        with x64:
+            a, b = jnp.asarray(a), jnp.asarray(b)
+            c = None if c is None else jnp.asarray(c)
+    before = [_snapshot(x) for x in (a, b, c, bias)]
+    required, allowed = case.refusals()
+    try:
+        with x64:
+            d = matmul(a, b, c, distribution=case.distributions, alpha=case.alpha, beta=case.beta,
+                       transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog, bias=bias,
+                       backend=backend, algorithm=case.algorithm, **kwargs)
+    except Exception as e:  # noqa: BLE001 - every exception is classified
+        if any(r.matches(e) for r in required + allowed):
+            return Outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}", **out)
+        why = f" (expected: {'; '.join(r.why for r in required)})" if required else ""
+        return Outcome(status="failed", ratio=math.nan, message=f"{type(e).__name__}: {e}{why}", **out)
+    problems = []
+    if required:
+        problems.append(f"no error, expected one: {'; '.join(r.why for r in required)}")
+    changed = [name for name, x, x0 in zip(("a", "b", "c", "bias"), (a, b, c, bias), before) if _snapshot(x) != x0]
+    if changed:
+        problems.append(f"input(s) modified: {', '.join(changed)}")
+    fam = _family_of(d)
+    if fam != case.family:
+        problems.append(f"result is {fam}, expected {case.family}")
+        return Outcome(status="failed", ratio=math.nan, message="; ".join(problems), **out)
+    if fam == "numpy" and not d.flags.writeable:
+        problems.append("numpy result is read-only")
+    if np.dtype(d.dtype).name != case.dtype:
+        problems.append(f"result dtype {np.dtype(d.dtype).name}, expected {case.dtype}")
+    ratio = math.nan
+    if want_shape is not None and tuple(d.shape) != tuple(want_shape):
+        problems.append(f"result shape {tuple(d.shape)}, expected {tuple(want_shape)}")
+    elif want_shape is not None:
+        want = split(ref, dd, nranks=rt.size)[rt.rank] if mpi and rt is not None else ref
+        try:  # a jax.Array's computation may fail only when it is read
+            host = np.asarray(d)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"reading the result raised {type(e).__name__}: {e}")
+        else:
+            ratio = error_ratio(host, want, case.dtype, scale)
+            if math.isnan(ratio):  # NaN in the result
+                ratio = math.inf
+            if not ratio <= 1.0:
+                problems.append(f"max error {ratio:.3g} x the tolerance")
+    if problems:
+        return Outcome(status="failed", ratio=ratio, message="; ".join(problems), **out)
+    return Outcome(status="passed", ratio=ratio, **out)
+
+
+def combine(outcomes: Sequence[Outcome]) -> Outcome:
+    """One outcome from every rank's: a failure on any rank is a failure, and
+    ranks that disagree (one refused, another passed) fail."""
+    statuses = {o.status for o in outcomes}
+    ratios = [o.ratio for o in outcomes if not math.isnan(o.ratio)]
+    ratio = max(ratios) if ratios else math.nan
+    first = outcomes[0]
+    if "failed" in statuses:
+        bad = [r for r, o in enumerate(outcomes) if o.status == "failed"]
+        msg = outcomes[bad[0]].message
+        return dataclasses.replace(first, status="failed", ratio=ratio, message=f"on rank(s) {bad}: {msg}")
+    if len(statuses) > 1:
+        split_ = {s: [r for r, o in enumerate(outcomes) if o.status == s] for s in sorted(statuses)}
+        msgs = "; ".join(o.message for o in outcomes if o.message)
+        return dataclasses.replace(first, status="failed", ratio=ratio,
+                                   message=f"ranks disagree: {split_}: {msgs}")
+    return dataclasses.replace(first, ratio=ratio)
+
+
+# --------------------------------------------------------------------------- #
+# the report
+# --------------------------------------------------------------------------- #
+def _worst(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    return f"{max(ratios):.2f}"
+
+
+def report(outcomes: Sequence[Outcome], *, failures: int = 5) -> str:
+    """A table by layout family (cases, passed, refused, failed, worst error
+    relative to the tolerance) and the first ``failures`` failures."""
+    head = f"{'layout family':18s} {'cases':>6s} {'passed':>7s} {'refused':>8s} {'failed':>7s} {'worst err/tol':>14s}"
+    lines = [head, "-" * len(head)]
+    rows = [f for f in LAYOUT_FAMILIES if any(o.layout_family == f for o in outcomes)]
+    for fam in rows + ["total"]:
+        mine = [o for o in outcomes if fam == "total" or o.layout_family == fam]
+        count = {s: sum(o.status == s for o in mine) for s in _ORDER}
+        ratios = [o.ratio for o in mine if o.status != "refused" and not math.isnan(o.ratio)]
+        if fam == "total":
+            lines.append("-" * len(head))
+        lines.append(f"{fam:18s} {len(mine):6d} {count['passed']:7d} {count['refused']:8d} {count['failed']:7d} "
+                     f"{_worst(ratios):>14s}")
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        lines.append("")
+        lines.append(f"first {min(failures, len(failed))} of {len(failed)} failure(s):")
+        for o in failed[:failures]:
+            lines.append(f"  [{o.label or o.layout_family}] {o.message}")
+            lines.append(f"    {o.describe()}")
+    return "\n".join(lines)
