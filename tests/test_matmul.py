@@ -298,3 +298,16 @@ def test_gradient_with_transposes_and_uneven_sizes():
 def test_tolerances_are_meaningful():
     # guard against a tolerance table that would accept anything
     assert all(t < 0.05 for t in TOLERANCE.values())
+
+
+@pytest.mark.parametrize(
+    "dists, tb, algorithm, ndev",
+    [((R, Y, Y), True, "auto", 3), ((Y, Y, X), True, "reduce_scatter", 6)],
+)
+def test_bfloat16_jax_operands(dists, tb, algorithm, ndev):
+    """Found by the differential matrix: XLA's CPU dot thunk refused BF16 x BF16 = F32 at run time."""
+    rng = np.random.default_rng(5)
+    a, b, _ = operands(rng, 8, 8, 8, False, tb, dtype="bfloat16")
+    d = dm.matmul(jnp.asarray(a), jnp.asarray(b), distribution=dists, transpose_b=tb, algorithm=algorithm,
+                  devices=ndev, backend="jax")
+    assert_close(np.asarray(d), reference(a, b, transpose_b=tb), "bfloat16")

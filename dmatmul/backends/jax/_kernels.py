@@ -49,7 +49,15 @@ __all__ = [
 def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype: Any) -> jax.Array:
     """The 2-D product contracting axis ``ka`` of ``a`` with axis ``kb`` of ``b``
     (``a.T @ b`` is ``contract(a, b, 0, 0, ...)``), no transpose materialized;
-    ``precision`` and ``dtype`` (``preferred_element_type``) as ``lax.dot_general``."""
+    ``precision`` and ``dtype`` (``preferred_element_type``) as ``lax.dot_general``.
+
+    On CPU, half-precision operands accumulated in float32 are widened first:
+    XLA's CPU dot thunk refuses some BF16 x BF16 = F32 dots at run time
+    ("UNIMPLEMENTED: Unsupported element type for DotThunk"), and the CPU has
+    no half-precision GEMM to lose."""
+    if (dtype is not None and jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "cpu"
+            and jnp.dtype(a.dtype).itemsize == 2 and jnp.dtype(b.dtype).itemsize == 2):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=precision, preferred_element_type=dtype)
 
 
