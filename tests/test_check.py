@@ -105,6 +105,7 @@ def test_the_generator_covers_the_whole_layout_space():
         seen["beta, c"].add((case.beta != 0, case.use_c))
         seen["algorithm"].add(case.algorithm)
         seen["array family"].add(case.family)
+        seen["precision"].add(case.precision)
         required, allowed = case.refusals()
         seen["refusals"].update(r.why.split()[0] for r in required + allowed)
     kinds = {"Slab.X", "Slab.Y", "Replicated()", "BlockNonCyclic", "BlockCyclic"}
@@ -127,6 +128,7 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["beta, c"] == {(False, False), (False, True), (True, False), (True, True)}
     assert seen["algorithm"] == {"auto", *dm.ALGORITHMS}
     assert seen["array family"] == {"numpy", "jax"}
+    assert seen["precision"] == {None, "default", "high", "highest"}
     assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm"}
 
 
@@ -164,7 +166,7 @@ def test_describe_is_the_python_call():
         for arg, shape in zip(call.args + ([kw["bias"]] if case.has_bias else []),
                               shapes[: len(call.args)] + [(case.m,)]):
             x = eval(ast.unparse(arg), namespace)
-            assert x.shape == shape and x.dtype.name == case.dtype and ck._family_of(x) == case.family
+            assert x.shape == shape and x.dtype.name == case.dtype and dm._matmul.family(x) == case.family
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
 
 

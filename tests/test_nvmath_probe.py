@@ -24,7 +24,6 @@ from dmatmul import backends
 from dmatmul.backends.nvmath import _probe
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-GPU_DIR = ROOT / "tests" / "gpu"
 HINT = "pip install 'dmatmul[nvmath]' (CUDA 13) or 'dmatmul[nvmath-cu12]' (CUDA 12)"
 
 CU13 = {"nvmath-python": "1.0.0", "nvidia-cublasmp-cu13": "0.9.1.3056", "nvidia-nccl-cu13": "2.32.3",
@@ -207,27 +206,7 @@ def test_cli_info_prints_the_installation(monkeypatch, capsys):
 # --------------------------------------------------------------------------- #
 # unavailable(): the runtime gate, against the fake nvmath
 # --------------------------------------------------------------------------- #
-@pytest.fixture
-def fake_nvmath():
-    sys.path.insert(0, str(GPU_DIR))
-    import _fake_nvmath
-
-    from dmatmul.backends.nvmath import _engine
-    nv = importlib.import_module("dmatmul.backends.nvmath")
-
-    def reset():
-        nv.unavailable.cache_clear()
-        backends._loaded.pop("nvmath", None)
-        _engine._context = None
-
-    _fake_nvmath.install()
-    reset()
-    try:
-        yield _fake_nvmath
-    finally:
-        _fake_nvmath.uninstall()
-        reset()
-        sys.path.remove(str(GPU_DIR))
+# the fake_nvmath fixture comes from conftest.py
 
 
 def test_unavailable_without_nccl4py(fake_nvmath):
