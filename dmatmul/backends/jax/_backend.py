@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ... import _cost, _plan
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
@@ -54,21 +54,105 @@ def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
     return max(grids, key=lambda g: (grids.count(g), -order.index(g)))
 
 
-def _infer_distribution(x: Any, devices: tuple[jax.Device, ...]) -> Distribution | None:
-    """The 1-D distribution a jax.Array's sharding expresses over ``devices``."""
+def user_mesh(operands: Operands) -> Mesh | None:
+    """The mesh a user placed the ``jax.Array`` operands on (one process), or
+    the mesh of ``jax.set_mesh``; None when there is none of several devices."""
+    for x in (operands.a, operands.b, operands.c):
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            sharding = x.sharding
+            if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.size > 1:
+                return sharding.mesh
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # inside jit/grad: no concrete mesh to read
+        return None
+    if isinstance(mesh, Mesh) and not mesh.empty and mesh.size > 1:
+        return mesh
+    return None
+
+
+def _mesh_axes(mesh: Any) -> tuple[str, ...]:
+    """The mesh axes that split anything (size > 1), in mesh order."""
+    return tuple(name for name, size in mesh.shape.items() if size > 1)
+
+
+def _spec_axes(part: Any, mesh: Any) -> tuple[str, ...]:
+    names = () if part is None else (part,) if isinstance(part, str) else tuple(part)
+    return tuple(n for n in names if mesh.shape[n] > 1)
+
+
+def _infer_distribution(x: Any, devices: tuple[jax.Device, ...], name: str = "a") -> Distribution | None:
+    """The dmatmul distribution a jax.Array's NamedSharding expresses over
+    ``devices`` (rank r = ``devices[r]``), None where the operand has no layout
+    over them (one device, another sharding type: the cost model picks).
+
+    Over a mesh whose devices in mesh order are ``devices``: nothing split is
+    ``Replicated()``; one dimension split over every mesh axis in mesh order
+    is a Slab; rows over the leading axes and columns over the trailing ones
+    (or the other way round) is ``BlockNonCyclic`` on a row-major (or
+    column-major) grid. Anything else (an axis that replicates, a split that
+    is uneven, as JAX and nvmath split uneven sizes differently) raises a
+    ValueError naming the operand and its sharding.
+    """
     if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         return None
     sharding = x.sharding
     if not isinstance(sharding, NamedSharding) or tuple(sharding.mesh.devices.flat) != devices:
         return None
-    if sharding.mesh.devices.ndim != 1 and len(devices) > 1:
-        return None
+    mesh = sharding.mesh
     parts = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
-    split = [i for i, s in enumerate(parts) if s is not None]
-    if not split:
+    rows, cols = _spec_axes(parts[0], mesh), _spec_axes(parts[1], mesh)
+    every = _mesh_axes(mesh)
+    size = lambda axes: int(np.prod([mesh.shape[n] for n in axes]))  # noqa: E731
+    dist: Distribution | None = None
+    if not rows and not cols:
         return Replicated()
-    if len(split) == 1:
-        return Slab(split[0])
+    if rows + cols == every or cols + rows == every:
+        if not cols:
+            dist = Slab.X
+        elif not rows:
+            dist = Slab.Y
+        else:
+            layout = "row" if rows + cols == every else "col"
+            dist = BlockNonCyclic(ProcessGrid((size(rows), size(cols)), layout=layout))  # type: ignore[arg-type]
+    why = ""
+    if dist is None:
+        left = [n for n in every if n not in rows + cols]
+        why = (f"it replicates over mesh axis {', '.join(map(repr, left))}" if left else
+               "its axes are not in mesh order")
+    elif x.shape[0] % size(rows) or x.shape[1] % size(cols):
+        why = (f"shape {tuple(x.shape)} does not divide evenly (JAX and nvmath split uneven sizes "
+               "differently)")
+    if why:
+        raise ValueError(
+            f"{name}: its sharding {sharding.spec} on mesh {dict(mesh.shape)} is not one of dmatmul's "
+            f"distributions: {why}; pass distribution= explicitly (dmatmul then re-lays {name}), or "
+            "shard it over every mesh axis, e.g. PartitionSpec(mesh.axis_names, None) for Slab.X"
+        )
+    return dist
+
+
+def _sharding_of(dist: Distribution, mesh: Mesh, shape: tuple[int, int]) -> NamedSharding | None:
+    """The inverse of :func:`_infer_distribution`: ``dist`` as a NamedSharding on
+    ``mesh`` (ranks in mesh order), or None where no NamedSharding says it."""
+    every = _mesh_axes(mesh)
+    p = int(np.prod([mesh.shape[n] for n in every])) if every else 1
+    if isinstance(dist, Replicated) or p == 1:
+        return NamedSharding(mesh, PartitionSpec())
+    if isinstance(dist, Slab):
+        if shape[dist.dim] % p:
+            return None
+        return NamedSharding(mesh, PartitionSpec(every, None) if dist.dim == 0 else PartitionSpec(None, every))
+    if isinstance(dist, BlockNonCyclic) and dist.first_process == (0, 0):
+        rows, cols = dist.grid.shape
+        lead = [every[:i] for i in range(len(every) + 1)]
+        for i, head in enumerate(lead):
+            tail = every[i:]
+            sizes = (int(np.prod([mesh.shape[n] for n in head])), int(np.prod([mesh.shape[n] for n in tail])))
+            if dist.grid.layout == "row" and sizes == (rows, cols) and not shape[0] % rows and not shape[1] % cols:
+                return NamedSharding(mesh, PartitionSpec(head or None, tail or None))
+            if dist.grid.layout == "col" and sizes == (cols, rows) and not shape[0] % rows and not shape[1] % cols:
+                return NamedSharding(mesh, PartitionSpec(tail or None, head or None))
     return None
 
 
@@ -129,7 +213,14 @@ class JaxPlan:
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
-        self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else _layout.resolve_devices(spec.devices)
+        # the user's mesh (jax.Array operands placed on one, or jax.set_mesh): its devices in mesh order are
+        # the ranks, and the result goes back onto it
+        self.user_mesh = user_mesh(operands) if spec.family == "jax" and not spec.spmd and spec.devices is None \
+            else None
+        if self.user_mesh is not None:
+            self.devices = tuple(self.user_mesh.devices.flat)
+        else:
+            self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else _layout.resolve_devices(spec.devices)
         self.nranks = p = len(self.devices)
         self.model = _cost.model_for(self.devices[0].platform, p)
         itemsize = np.dtype(operands.a.dtype).itemsize
@@ -262,7 +353,7 @@ class JaxPlan:
         if self.spec.distributions is not None:
             return self.spec.distributions, False
         options = (Slab.X, Slab.Y, Replicated())
-        fixed = [_infer_distribution(operands.a, self.devices), _infer_distribution(operands.b, self.devices)]
+        fixed = [_infer_distribution(operands.a, self.devices, "a"), _infer_distribution(operands.b, self.devices, "b")]
         best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
         for da, db, dd in itertools.product(
             [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, options
@@ -350,33 +441,53 @@ class JaxPlan:
         """A jax.Array operand on this plan's devices (moved there only if it
         lives on other devices; an operand already laid out is used as it is)."""
         x = jnp.asarray(x)
-        if isinstance(x, jax.core.Tracer) or x.sharding.device_set == set(self.devices):
+        if isinstance(x, jax.core.Tracer):
             return x
+        sharding = x.sharding
+        on_ours = isinstance(sharding, NamedSharding) and sharding.mesh == self.geom.mesh
+        if sharding.device_set == set(self.devices) and (on_ours or not isinstance(sharding, NamedSharding)):
+            return x
+        # on other devices, or on another mesh (the user's: its axis names mean nothing to the kernels):
+        # re-laid device to device
         expressible = operand != "bias" and _layout.expressible(self.given[operand])
         return jax.device_put(x, self.sharding(operand) if expressible else self.geom.replicated())
 
     def execute(self, operands: Operands) -> Any:
+        # dmatmul's own mesh is the context of its computations, also under the user's jax.set_mesh
+        traced = any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
+        with _x64(self.spec.dtype):
+            with contextlib.nullcontext() if traced else jax.set_mesh(self.geom.mesh):  # not inside jit/grad
+                d = self._execute(operands)
+            return d if self.user_mesh is None else self._to_user_mesh(d)
+
+    def _execute(self, operands: Operands) -> Any:
         spec, given, geom = self.spec, self.given, self.geom
         c = operands.c if spec.use_c else None
         bias = operands.bias if spec.has_bias else None
-        with _x64(spec.dtype):
-            if spec.spmd:
-                return self._execute_local_blocks(operands, c, bias)
-            if operands.family == "numpy":
-                fn = self._function("padded")
-                a = _layout.host_to_device(operands.a, given["a"], geom)
-                b = _layout.host_to_device(operands.b, given["b"], geom)
-                if c is not None:
-                    c = _layout.host_to_device(c, given["d"], geom)
-                if bias is not None:
-                    bias = jax.device_put(self._padded_bias(np.asarray(bias)), geom.replicated())
-                return _layout.device_to_host(fn(a, b, c, bias), given["d"])
-            fn = self._function("jax")
-            a = self._device_operand(operands.a, "a")
-            b = self._device_operand(operands.b, "b")
-            c = None if c is None else self._device_operand(c, "d")
-            bias = None if bias is None else self._device_operand(bias, "bias")
-            return fn(a, b, c, bias)
+        if spec.spmd:
+            return self._execute_local_blocks(operands, c, bias)
+        if operands.family == "numpy":
+            fn = self._function("padded")
+            a = _layout.host_to_device(operands.a, given["a"], geom)
+            b = _layout.host_to_device(operands.b, given["b"], geom)
+            if c is not None:
+                c = _layout.host_to_device(c, given["d"], geom)
+            if bias is not None:
+                bias = jax.device_put(self._padded_bias(np.asarray(bias)), geom.replicated())
+            return _layout.device_to_host(fn(a, b, c, bias), given["d"])
+        fn = self._function("jax")
+        a = self._device_operand(operands.a, "a")
+        b = self._device_operand(operands.b, "b")
+        c = None if c is None else self._device_operand(c, "d")
+        bias = None if bias is None else self._device_operand(bias, "bias")
+        return fn(a, b, c, bias)
+
+    def _to_user_mesh(self, d: jax.Array) -> jax.Array:
+        """The result on the user's mesh: the NamedSharding its distribution implies
+        (the same blocks on the same devices), else replicated there."""
+        assert self.user_mesh is not None
+        target = _sharding_of(self.distributions[2], self.user_mesh, (self.spec.m, self.spec.n))
+        return jax.device_put(d, target if target is not None else NamedSharding(self.user_mesh, PartitionSpec()))
 
     def _execute_local_blocks(self, operands: Operands, c: Any, bias: Any) -> Any:
         """Several processes: this rank's blocks in, this rank's result block out."""
@@ -499,9 +610,12 @@ class JaxBackend:
 
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         key: Any = spec
-        if spec.distributions is None and spec.family == "jax":
-            devices = _layout.resolve_devices(spec.devices)
-            key = (spec, _infer_distribution(operands.a, devices), _infer_distribution(operands.b, devices))
+        if spec.family == "jax" and not spec.spmd:
+            mesh = user_mesh(operands) if spec.devices is None else None
+            devices = tuple(mesh.devices.flat) if mesh is not None else _layout.resolve_devices(spec.devices)
+            key = (spec, mesh)
+            if spec.distributions is None:
+                key += (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"))
         plan = self._plans.get(key)
         if plan is None:
             plan = JaxPlan(spec, operands)
