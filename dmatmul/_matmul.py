@@ -569,6 +569,13 @@ class Matmul:
                 raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
             if family(value) == "other":
                 value = np.asarray(value)
+            jax = sys.modules.get("jax")
+            if jax is not None and isinstance(value, jax.core.Tracer):
+                raise TypeError(
+                    f"reset_operands: {name} is a traced value (inside jax.jit, grad or vmap); a Matmul plan "
+                    "keeps its operands between calls, so a tracer would outlive its trace: call dm.matmul "
+                    "inside the traced function instead"
+                )
             got = (tuple(value.shape), np.dtype(value.dtype).name, family(value))
             want = (tuple(old.shape), np.dtype(old.dtype).name, family(old))
             if got != want:

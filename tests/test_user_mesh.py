@@ -124,3 +124,14 @@ def test_gradients_through_the_users_mesh():
     ga, gb = jax.grad(loss, argnums=(0, 1))(a, b)
     assert_close(np.asarray(ga), g.astype(np.float64) @ B.T.astype(np.float64), "float32")
     assert_close(np.asarray(gb), A.T.astype(np.float64) @ g.astype(np.float64), "float32")
+
+
+def test_reset_operands_refuses_a_tracer():
+    with dm.Matmul(jnp.asarray(A), jnp.asarray(B), distribution=X) as mm:
+        def step(x):
+            mm.reset_operands(a=x)
+            return mm.execute()
+
+        with pytest.raises(TypeError, match=r"reset_operands: a is a traced value.*dm.matmul"):
+            jax.jit(step)(jnp.asarray(A))
+        assert_close(np.asarray(mm.execute()), reference(A, B), "float32")  # the plan is still usable
