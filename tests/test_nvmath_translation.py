@@ -817,11 +817,49 @@ def test_fake_backend_refused_epilog_falls_back(fake_nvmath, monkeypatch):
 
     monkeypatch.setattr(fake_nvmath.Matmul, "plan", refuse)
     rng = np.random.default_rng(2)
-    a, b, bias = rng.standard_normal((5, 4)), rng.standard_normal((4, 3)), rng.standard_normal(5)
+    a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((5, 4), (4, 3), (5,)))  # f64 GELU: never fused
     with dm.Matmul(a, b, epilog="gelu_bias", bias=bias, backend="nvmath") as mm:
         d = mm.execute()
         assert "nvmath refused the fused epilog" in mm.explain()
-    assert_close(d, reference(a, b, epilog="gelu_bias", bias=bias), "float64")
+    assert_close(d, reference(a, b, epilog="gelu_bias", bias=bias), "float32")
+
+
+@pytest.mark.parametrize("dtype,epilog,words", [
+    ("complex64", "bias", "cuBLASMp refuses a bias epilog on complex64"),
+    ("complex128", "bias", "cuBLASMp refuses a bias epilog on complex128"),
+    ("float64", "gelu", "not float64-accurate"),
+    ("float64", "gelu_bias", "not float64-accurate"),
+])
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_fake_backend_plans_around_what_cublasmp_refuses(fake_nvmath, dtype, epilog, words, transpose_a):
+    """Planned with dmatmul's own epilogue from the start: the fake nvmath
+    refuses these at execute (as cuBLASMp does), so nothing here may reach it."""
+    rng = np.random.default_rng(3)
+    m, k, n = 6, 5, 4
+    a = random_matrix(rng, (k, m) if transpose_a else (m, k), dtype)
+    b, c = random_matrix(rng, (k, n), dtype), random_matrix(rng, (m, n), dtype)
+    bias = random_matrix(rng, (m, 1), dtype).reshape(-1) if epilog.endswith("bias") else None
+    with dm.Matmul(a, b, c, beta=0.5, transpose_a=transpose_a, epilog=epilog, bias=bias, backend="nvmath") as mm:
+        text = mm.explain()
+        d = mm.execute()
+    assert words in text and f"epilog {epilog!r} not fused" in text
+    assert "fused into cuBLASMp" not in text and f"applied by dmatmul on the local result block" in text
+    assert all(kw["epilog"] is None for name, kw in fake_nvmath.CALLS if name in ("plan", "host plan"))
+    assert_close(d, reference(a, b, c, beta=0.5, transpose_a=transpose_a, epilog=epilog, bias=bias), dtype)
+
+
+def test_fake_nvmath_refuses_at_execute_what_cublasmp_refuses(fake_nvmath):
+    """The fake is faithful: sent fused, these fail at execute, after a plan() that accepted them."""
+    fake_nvmath.initialize(0, __import__("mpi4py.MPI").MPI.COMM_SELF, backends=["nccl"])
+    grid = fake_nvmath.ProcessGrid(shape=(1, 1), layout=fake_nvmath.GridLayout.ROW_MAJOR)
+    dist = fake_nvmath.BlockCyclic(grid, (4, 4))
+    for dtype, epilog in ((np.complex64, "BIAS"), (np.float64, "GELU")):
+        a = np.asfortranarray(np.ones((4, 4), dtype=dtype))
+        mm = fake_nvmath.Matmul(a, a, distributions=[dist] * 3)
+        ep = fake_nvmath.MatmulEpilogue[epilog]
+        mm.plan(epilog=ep, epilog_inputs={"bias": np.ones(4, dtype=dtype)} if epilog == "BIAS" else None)
+        with pytest.raises(RuntimeError, match="NOT_SUPPORTED|not float64-accurate"):
+            mm.execute()
 
 
 def test_fake_backend_one_process_asks_for_one_device(fake_nvmath):

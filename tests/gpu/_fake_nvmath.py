@@ -216,6 +216,23 @@ def _gelu(z: np.ndarray) -> np.ndarray:
     return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
 
 
+class cuBLASMpError(RuntimeError):  # noqa: N801 - nvmath's name
+    pass
+
+
+def _refuse_at_execute(epilog: Any, dtype: np.dtype, lib: str) -> None:
+    """What the real libraries do wrong only at execute (issue 13's H100 runs):
+    cuBLASMp raises NOT_SUPPORTED for a bias epilog on complex types; cuBLASLt's
+    fused GELU is not float64-accurate (the fake refuses it rather than be wrong)."""
+    if epilog is None:
+        return
+    if lib == "cublasmp" and dtype.kind == "c" and epilog.name.endswith("BIAS"):
+        raise cuBLASMpError(f"NOT_SUPPORTED (CUBLASMP_STATUS_NOT_SUPPORTED): epilog {epilog.name} on {dtype}")
+    if dtype == np.float64 and epilog.name.startswith("GELU"):
+        raise RuntimeError(f"fake nvmath: cuBLASLt's fused {epilog.name} is not float64-accurate; "
+                           "dmatmul must not send it")
+
+
 def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
 
@@ -334,6 +351,7 @@ class Matmul:
             raise RuntimeError("Execution cannot be performed before plan() has been called.")
         dA, dB, dD = self.distributions
         dtype = self.a.dtype
+        _refuse_at_execute(self.epilog, dtype, "cublasmp")
         if NOOP:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros(dD.shape(self.rank, self.d_global), dtype=dtype, order="F")
@@ -416,6 +434,7 @@ class HostMatmul:
             self.bias = epilog_inputs["bias"]
 
     def execute(self, **kwargs: Any) -> np.ndarray:
+        _refuse_at_execute(self.epilog, self.a.dtype, "cublaslt")
         if NOOP:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros((self.a.shape[0], self.b.shape[1]), dtype=self.a.dtype)

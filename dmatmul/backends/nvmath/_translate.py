@@ -759,6 +759,32 @@ def _cost_of(p: Problem, kernel: NvKernel | None, gather_from: Role | None, role
     return Cost(nbytes, messages, flops, _MODEL.time(messages=messages, nbytes=nbytes, flops=flops))
 
 
+def refused_epilog(p: Problem) -> str | None:
+    """Why cuBLASMp/cuBLASLt cannot be given ``p``'s epilog fused (None: it can).
+
+    Known from the hardware runs (issue 13), so planned around, never tried:
+    a bias epilog on complex types is refused by cuBLASMp with NOT_SUPPORTED
+    at *execute* (too late for a plan-time fallback), and cuBLASLt's fused
+    GELU is not float64-accurate.
+
+    >>> p = Problem(4, 4, 4, 1, False, False, (Replicated(),) * 3, ("C", "C", None))
+    >>> refused_epilog(dataclasses.replace(p, dtype="complex64", epilog="relu_bias"))
+    'cuBLASMp refuses a bias epilog on complex64 (NOT_SUPPORTED at execute)'
+    >>> refused_epilog(dataclasses.replace(p, dtype="float64", epilog="gelu"))
+    "cuBLASLt's fused GELU is not float64-accurate"
+    >>> refused_epilog(dataclasses.replace(p, dtype="float32", epilog="gelu_bias")) is None
+    True
+    """
+    ep = p.epilog
+    if ep is None:
+        return None
+    if p.dtype.startswith("complex") and ep.endswith("bias"):
+        return f"cuBLASMp refuses a bias epilog on {p.dtype} (NOT_SUPPORTED at execute)"
+    if p.dtype == "float64" and ep.startswith("gelu"):
+        return "cuBLASLt's fused GELU is not float64-accurate"
+    return None
+
+
 def _epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | None, str | None, bool]:
     """(fused cuBLASMp epilog, epilog dmatmul applies after, beta*c after)."""
     ep = p.epilog
@@ -766,6 +792,8 @@ def _epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | 
         return "ALLREDUCE", ep, p.use_c  # the epilog slot holds ALLREDUCE; C would be summed P times
     if ep is None:
         return None, None, False
+    if refused_epilog(p) is not None:
+        return None, ep, False  # known refused (or wrong) when fused: dmatmul's epilogue from the start
     if engine == "cublaslt":
         return _EPILOG_NAMES[ep], None, False
     if path in ("AG+GEMM", "GEMM+RS", "local GEMM"):
@@ -929,6 +957,9 @@ def _finish(
     cost: Cost | None,
 ) -> Translation:
     fused, post, post_c = _epilogs(p, path, frame.swapped, engine)
+    why = refused_epilog(p)
+    if why is not None and post is not None:
+        notes = notes + (f"epilog {p.epilog!r} not fused: {why}; dmatmul applies it after nvmath's call",)
     by_slot = {h.slot: h for h in frame.handovers}
     qualifiers = (by_slot["A"].is_transpose, by_slot["B"].is_transpose, False)
     return Translation(
