@@ -47,6 +47,12 @@ def _engine_array(x: Any) -> Any:
     return np.asarray(x)
 
 
+def on_device(xp: Any) -> bool:
+    """Whether operands of array module ``xp`` live on the GPU, where nvmath
+    reads them in place (so the same buffers need no ``reset_operands``)."""
+    return xp is not np
+
+
 def _xp(arrays: list[Any]) -> Any:
     cupy = sys.modules.get("cupy")
     if cupy is not None and any(isinstance(x, cupy.ndarray) for x in arrays if x is not None):
@@ -92,9 +98,15 @@ class NvmathPlan:
         problem = Problem.from_spec(spec, self.ctx.size, (orders[0] or "C", orders[1] or "C", orders[2]))
         self.translation: Translation = _runtime.agree(lambda: translate(problem), "dmatmul (nvmath plan)")
         self.algorithm = self.translation.algorithm
+        self._last_in: Any = None
+        self._last_arrays: Any = None
         prepared = self._prepare(arrays)
         self._engine = _engine.make_engine(self.translation, prepared, self.ctx)
-        self.translation = self._engine.translation  # unfused if nvmath refused the epilog
+        self._engine.resident = on_device(self._xp)
+        if self._engine.translation is not self.translation:  # unfused: nvmath refused the epilog
+            self.translation = self._engine.translation
+            prepared = self._prepare(arrays)
+        self._engine.handed(prepared)
 
     # -- helpers ----------------------------------------------------------------
     def _arrays(self, operands: Operands) -> list[Any]:
@@ -120,30 +132,52 @@ class NvmathPlan:
         return out
 
     def _prepare(self, arrays: list[Any]) -> _pipeline.Prepared:
+        """Decide the hand-over program once (collectively agreed) and run it on the plan's operands."""
         a, b, c, bias = arrays
         rank = self.ctx.rank
-        return _runtime.agree(
-            lambda: _pipeline.prepare(self.translation, rank, a, b, c, bias, self._xp), "dmatmul (nvmath operands)"
-        )
+
+        def build() -> _pipeline.Prepared:
+            self._program = _pipeline.Program(self.translation, rank, a, b, c, bias, self._xp)
+            return self._program.prepare(a, b, c, bias)
+
+        return _runtime.agree(build, "dmatmul (nvmath operands)")
+
+    def _current(self, operands: Operands) -> list[Any]:
+        """This call's operands as nvmath arrays in the planned memory orders;
+        the last call's conversion again when the very same objects come back
+        (and the conversion made no copy that could be stale)."""
+        key = (operands.a, operands.b, operands.c, operands.bias)
+        last = self._last_in
+        if last is not None and key[0] is last[0] and key[1] is last[1] and key[2] is last[2] and key[3] is last[3]:
+            return self._last_arrays
+        arrays = self._orders_match(self._arrays(operands))
+        given = (key[0], key[1], key[2] if self.spec.use_c else None, key[3] if self.spec.has_bias else None)
+        fresh = all(x is None or x is g or family(g) == "jax" for x, g in zip(arrays, given))  # jax: immutable
+        self._last_in, self._last_arrays = (key, arrays) if fresh else (None, None)
+        return arrays
 
     # -- protocol -----------------------------------------------------------------
     def execute(self, operands: Operands) -> Any:
-        """Prepare this call's operands, run nvmath, finish the local result.
+        """Hand this call's operands over, run nvmath, finish the local result.
 
-        Operands are always handed over again (``reset_operands``): host
-        operands are copied to the GPU by nvmath at that point, so values
-        changed since planning are seen, as with the JAX backend.
+        Every index and selection was decided at plan time
+        (:class:`._pipeline.Program`): this is data movement only, with no
+        collective except the allgather of a replicated result. Host
+        operands are handed over again every call (``reset_operands``: nvmath
+        copies them to the GPU then, so values changed since planning are
+        seen, as with the JAX backend); device operands are not, when the
+        same buffers come back (nvmath reads them where they are).
         """
-        arrays = self._orders_match(self._arrays(operands))
-        prepared = self._prepare(arrays)
-        d_nv = self._engine.run(prepared)
+        arrays = self._current(operands)
         _, _, c, bias = arrays
-        tr = self.translation
-        d = _pipeline.finish(tr, self.ctx.rank, d_nv, c, bias, self._xp)
-        if tr.gather:
+        d_nv = self._engine.run(self._program.prepare(*arrays))
+        d = self._program.finish(d_nv, c, bias)
+        if self.translation.gather:
             host = np.ascontiguousarray(d.get() if self._xp is not np else d)
-            full = _pipeline.assemble(tr, self.ctx.comm.allgather(host))
+            full = _pipeline.assemble(self.translation, self.ctx.comm.allgather(host))
             d = full if self._xp is np else self._xp.asarray(full)
+        if self.spec.family == "numpy" and type(d) is np.ndarray:
+            return d
         return _to_family(d, self.spec.family)
 
     def explain(self) -> list[str]:

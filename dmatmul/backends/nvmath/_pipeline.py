@@ -31,7 +31,7 @@ from ... import _epilogue
 from ..._distribution import join
 from ._translate import Handover, Translation
 
-__all__ = ["Prepared", "prepare", "localize", "fused_bias", "finish", "post_epilogue", "assemble", "Selection"]
+__all__ = ["Prepared", "prepare", "localize", "fused_bias", "finish", "post_epilogue", "assemble", "Selection", "Program"]
 
 Selection = Any  # a slice or an integer index array
 
@@ -245,3 +245,157 @@ def assemble(tr: Translation, blocks: list[np.ndarray]) -> np.ndarray:
     """The replicated result from every rank's block of ``tr.computed`` (host arrays)."""
     p = tr.problem
     return join(blocks, tr.computed, (p.m, p.n)).astype(blocks[0].dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- #
+# the same work decided once: a per-rank hand-over program
+# --------------------------------------------------------------------------- #
+class _Slot:
+    """One handover decided at plan time: the user's block as it is, a view
+    of it, or a staging buffer (allocated once; its padding stays zero) that
+    each call fills with precomputed selections."""
+
+    def __init__(self, h: Handover, tr: Translation, rank: int, x: Any, xp: Any) -> None:
+        p = tr.problem
+        self.operand, self.slot, self.h, self.tr, self.rank, self.xp = h.operand, h.slot, h, tr, rank, xp
+        shape = p.global_shape(h.operand)
+        src_rows, src_cols = h.source.global_indices(rank, shape, p.nranks)
+        target = h.target_padded()
+        self.local = target is None  # cuBLASLt: either order
+        if target is None:
+            dst_rows, dst_cols = h.target.global_indices(rank, shape, p.nranks)
+            rmap = _axis_map(src_rows, dst_rows, None, f"the block of {h.operand}")
+            cmap = _axis_map(src_cols, dst_cols, None, f"the block of {h.operand}")
+        else:
+            dr, dc = tr.dim(h.dims[0]), tr.dim(h.dims[1])
+            dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded, dc.padded))
+            rmap = _axis_map(src_rows, dst_rows, dr.real_of_padded() if dr.padding else None, f"the block of {h.operand}")
+            cmap = _axis_map(src_cols, dst_cols, dc.real_of_padded() if dc.padding else None, f"the block of {h.operand}")
+        self.transpose = target is not None and h.transposed
+        self.need = "CF" if self.local else ("C" if h.transposed else "F")
+        self.view: tuple[Any, Any] | None = None
+        if rmap.full(x.shape[0]) and cmap.full(x.shape[1]):
+            self.view = (slice(None), slice(None))
+        elif _is_full(rmap.dst, rmap.size) and _is_full(cmap.dst, cmap.size) and isinstance(rmap.src, slice) \
+                and isinstance(cmap.src, slice):
+            self.view = (rmap.src, cmap.src)
+        if self.view is not None and not self._fits(x[self.view]):
+            self.view = None
+        self.whole = self.view == (slice(None), slice(None))
+        self.staging: Any = None
+        if self.view is None:
+            order = "C" if h.transposed or (target is None and _c_contiguous(x)) else "F"
+            self.staging = xp.zeros((rmap.size, cmap.size), dtype=x.dtype, order=order)
+            self.out = self.staging.T if self.transpose else self.staging
+            full_dst = _is_full(rmap.dst, rmap.size) and _is_full(cmap.dst, cmap.size)
+            self.dst = Ellipsis if full_dst else (
+                (_index(xp, rmap.dst), _index(xp, cmap.dst)) if isinstance(rmap.dst, slice) or isinstance(cmap.dst, slice)
+                else xp.ix_(xp.asarray(rmap.dst), xp.asarray(cmap.dst)))
+            self.src = (_index(xp, rmap.src), _index(xp, cmap.src)) \
+                if isinstance(rmap.src, slice) or isinstance(cmap.src, slice) \
+                else xp.ix_(xp.asarray(rmap.src), xp.asarray(cmap.src))
+        self._last_x: Any = None
+        self._last_y: Any = None
+
+    def _fits(self, y: Any) -> bool:
+        if self.need == "CF":
+            return _c_contiguous(y) or _f_contiguous(y)
+        return _c_contiguous(y) if self.need == "C" else _f_contiguous(y)
+
+    def __call__(self, x: Any) -> tuple[Any, bool]:
+        if self.staging is not None:
+            self.staging[self.dst] = x[self.src]
+            return self.out, True
+        if x is self._last_x:
+            return self._last_y, False
+        y = x if self.whole else x[self.view]
+        if not self._fits(y):  # another memory layout than planned: the general way (a copy)
+            return localize(self.h, self.tr, self.rank, x, self.xp)
+        y = y.T if self.transpose else y
+        self._last_x, self._last_y = x, y
+        return y, False
+
+
+class Program:
+    """Everything :func:`prepare` and :func:`finish` compute from the
+    Translation alone, computed once for one rank: each call only moves data
+    (views, staging copies, the epilogue dmatmul applies)."""
+
+    def __init__(self, tr: Translation, rank: int, a: Any, b: Any, c: Any, bias: Any, xp: Any) -> None:
+        p = tr.problem
+        self.tr, self.rank, self.xp = tr, rank, xp
+        arrays = {"a": a, "b": b, "c": c}
+        self.slots = [_Slot(h, tr, rank, arrays[h.operand], xp) for h in tr.handovers]
+        self.index = {s.operand: i for i, s in enumerate(self.slots)}
+        # the fused epilog's bias: a buffer allocated once, filled each call
+        self.bias_buf: Any = None
+        if tr.fused_epilog not in (None, "ALLREDUCE") and p.epilog and p.epilog.endswith("bias"):
+            if tr.engine == "cublaslt":
+                rows, _ = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
+                real = rows
+            else:
+                dm = tr.dim("M")
+                padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)  # type: ignore[union-attr]
+                real = dm.real_of_padded()[padded_rows] if dm.padding else padded_rows
+            keep = np.nonzero(real >= 0)[0]
+            self.bias_buf = xp.zeros(len(real), dtype=a.dtype)
+            if len(keep) == len(real):
+                self.bias_dst, self.bias_src = Ellipsis, _index(xp, _selection(real))
+            else:
+                self.bias_dst, self.bias_src = xp.asarray(keep), xp.asarray(real[keep])
+        # finish: where the result block is in nvmath's, and the post-epilogue's c and bias
+        rows, cols = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
+        self.result_sel: tuple[Any, Any] | None = None
+        if tr.engine != "cublaslt":
+            dm, dn = tr.dim("M"), tr.dim("N")
+            if tr.path == "GEMM+AR":
+                prow, pcol = np.arange(dm.padded), np.arange(dn.padded)
+            else:
+                res = tr.result_padded_user()
+                assert res is not None
+                prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded, dn.padded))
+            rsel = _selection(_locate(prow, dm.positions()[rows] if dm.padding else rows, "the result block"))
+            csel = _selection(_locate(pcol, dn.positions()[cols] if dn.padding else cols, "the result block"))
+            shape = (len(prow), len(pcol))
+            if not (_is_full(rsel, shape[0]) and _is_full(csel, shape[1])):
+                self.result_sel = _ix(xp, rsel, csel)
+        self.c_sel: Any = None
+        if tr.post_beta_c and p.use_c:
+            crows, ccols = p.distributions[2].global_indices(rank, (p.m, p.n), p.nranks)
+            self.c_sel = _ix(xp, _selection(_locate(crows, rows, "c")), _selection(_locate(ccols, cols, "c")))
+        self.bias_rows: Any = None
+        if tr.post_epilog and tr.post_epilog.endswith("bias"):
+            self.bias_rows = _index(xp, _selection(rows))
+
+    def prepare(self, a: Any, b: Any, c: Any, bias: Any) -> Prepared:
+        arrays = {"a": a, "b": b, "c": c}
+        out: dict[str, Any] = {}
+        copied: dict[str, bool] = {}
+        for s in self.slots:
+            out[s.slot], copied[s.operand] = s(arrays[s.operand])
+        fb = None
+        if self.bias_buf is not None:
+            self.bias_buf[self.bias_dst] = self.xp.asarray(bias).reshape(-1)[self.bias_src]
+            fb = self.bias_buf
+        return Prepared(out["A"], out["B"], out.get("C"), fb, copied)
+
+    def finish(self, d_nv: Any, c: Any, bias: Any) -> Any:
+        tr = self.tr
+        d = d_nv
+        if tr.engine != "cublaslt":
+            d = d_nv.T if tr.swapped else d_nv
+            if self.result_sel is not None:
+                d = d[self.result_sel].copy()  # compact: do not keep the padded buffer alive
+        if tr.post_beta_c or tr.post_epilog:
+            c_block = c[self.c_sel] if self.c_sel is not None and c is not None else None
+            b_block = self.xp.asarray(bias).reshape(-1)[self.bias_rows] if self.bias_rows is not None else None
+            d = post_epilogue(self.xp, d, beta=tr.problem.beta, c=c_block, bias=b_block, epilog=tr.post_epilog,
+                              dtype=d.dtype)
+        return d
+
+
+def _ix(xp: Any, rows: Selection, cols: Selection) -> Any:
+    """An index for ``x[...]`` taking ``rows`` x ``cols`` (slices, or an open mesh of index arrays)."""
+    if isinstance(rows, slice) or isinstance(cols, slice):
+        return (_index(xp, rows), _index(xp, cols))
+    return xp.ix_(xp.asarray(rows), xp.asarray(cols))
