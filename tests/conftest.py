@@ -58,6 +58,7 @@ def fake_nvmath():
     nv = importlib.import_module("dmatmul.backends.nvmath")
 
     def reset():
+        nv.BACKEND.clear()  # cached plans hold the previous fake's objects
         nv.unavailable.cache_clear()
         backends._loaded.pop("nvmath", None)
         _engine._context = None

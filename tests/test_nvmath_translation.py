@@ -804,6 +804,8 @@ def test_fake_backend_plan_reuse_and_explain(fake_nvmath):
     assert_close(d1, reference(a0, b, transpose_a=True), "float64")
     assert np.allclose(d2, 2 * d1) and np.allclose(d3, 0)
     assert [name for name, _ in fake_nvmath.CALLS].count("Matmul") == 1  # planned once
+    assert ("free", {}) not in fake_nvmath.CALLS  # the cache owns the plan: a Matmul only borrowed it
+    importlib.import_module("dmatmul.backends.nvmath").BACKEND.clear()
     assert ("free", {}) in fake_nvmath.CALLS
 
 
@@ -954,3 +956,36 @@ def test_fake_backend_execute_hands_over_only_what_changed(fake_nvmath, monkeypa
     assert np.array_equal(d1, d2)
     assert_close(d3, ref(a, bias), "float64")
     assert_close(d4, ref(a2, bias), "float64")
+
+
+def test_fake_backend_plan_cache_borrows(fake_nvmath, monkeypatch):
+    """dm.matmul reuses one plan per problem (keyed by spec and memory orders);
+    a Matmul's free() returns its borrow and never frees a plan another holds;
+    an evicted plan is freed when its last borrow returns; clear() (atexit)
+    frees the rest."""
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+    from dmatmul.backends.nvmath import _backend as B
+
+    monkeypatch.setattr(B.NvmathBackend, "cache_size", 2)
+    names = lambda: [n for n, _ in fake_nvmath.CALLS]  # noqa: E731
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    for scale in (1.0, 2.0, 3.0):
+        assert_close(dm.matmul(scale * a, b, backend="nvmath"), reference(scale * a, b), "float64")
+    assert names().count("Matmul") == 1 and "free" not in names()
+    dm.matmul(np.asfortranarray(a), b, backend="nvmath")  # another memory order: another plan
+    assert names().count("Matmul") == 2
+    held = dm.Matmul(a, b, backend="nvmath")
+    held.plan()  # borrows the first plan
+    with dm.Matmul(a, b, backend="nvmath") as other:
+        assert_close(other.execute(), reference(a, b), "float64")
+    assert "free" not in names()  # other's free() returned its borrow; held still uses the plan
+    dm.matmul(np.asfortranarray(a), b, backend="nvmath")  # the F-order plan used last: the first is the oldest
+    assert names().count("Matmul") == 2
+    dm.matmul(a.astype(np.float32), b.astype(np.float32), backend="nvmath")  # a third plan evicts the first
+    assert "free" not in names()  # evicted but borrowed: kept
+    assert_close(held.execute(), reference(a, b), "float64")
+    held.free()
+    assert names().count("free") == 1  # the last borrow returned: freed
+    nv.BACKEND.clear()
+    assert names().count("free") == 3  # the two still cached

@@ -106,6 +106,11 @@ class _LazyBackend:
             self._impl = NvmathBackend()
         return self._impl.plan(spec, operands)
 
+    def clear(self) -> None:
+        """Free every cached plan (nothing to do before the first plan)."""
+        if self._impl is not None:
+            self._impl.clear()
+
     def __repr__(self) -> str:
         return "<dmatmul nvmath backend (cuBLASMp)>"
 

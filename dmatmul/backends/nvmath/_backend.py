@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import collections
 import numbers
 import sys
 from typing import Any
@@ -80,6 +82,8 @@ def _to_family(d: Any, fam: str) -> Any:
 
 class NvmathPlan:
     """One product planned with nvmath: the Translation plus the nvmath object."""
+
+    borrows = 0  # Matmuls holding this plan (see _Borrowed)
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
@@ -194,12 +198,116 @@ class NvmathPlan:
             self._engine = None  # type: ignore[assignment]
 
 
+class _Borrowed:
+    """What a :class:`dmatmul.Matmul` holds: a borrow of a cached plan.
+
+    Ownership rule: the backend's cache owns every plan it makes. ``free()``
+    on a borrow returns the borrow and never frees the plan (another Matmul,
+    or the next ``dm.matmul`` call, may be using it); the plan's nvmath
+    objects are freed when it leaves the cache (evicted, or ``clear()``) and
+    no borrow is left, when the last borrow of an evicted plan is returned,
+    or at interpreter exit.
+    """
+
+    def __init__(self, plan: NvmathPlan, backend: NvmathBackend) -> None:
+        self._p: NvmathPlan | None = plan
+        self._backend = backend
+        plan.borrows += 1
+
+    def _live(self) -> NvmathPlan:
+        if self._p is None:
+            raise RuntimeError("dmatmul internal error: a returned nvmath plan borrow was used")
+        return self._p
+
+    def execute(self, operands: Operands) -> Any:
+        return self._live().execute(operands)
+
+    def explain(self) -> list[str]:
+        return self._live().explain()
+
+    def free(self) -> None:
+        plan, self._p = self._p, None
+        if plan is not None:
+            plan.borrows -= 1
+            self._backend._release(plan)
+
+    def __getattr__(self, name: str) -> Any:  # algorithm, translation, spec, ...
+        return getattr(self._live(), name)
+
+
 class NvmathBackend:
-    """The cuBLASMp backend. Each plan owns its nvmath ``Matmul`` (freed with
-    the dmatmul plan), as nvmath's own function form does; translations are
-    pure and cheap."""
+    """The cuBLASMp backend. Plans are cached (bounded, least recently used
+    out) per Spec, local memory orders and where the operands live, so
+    repeated ``dm.matmul`` calls on one problem plan (and create nvmath's
+    Matmul) once; see :class:`_Borrowed` for who frees what. Under mpiexec a
+    cache hit is used only when every rank hits (one small collective per
+    plan lookup, never per execute)."""
 
     name = "nvmath"
+    cache_size = 16
 
-    def plan(self, spec: Spec, operands: Operands) -> NvmathPlan:
-        return NvmathPlan(spec, operands)
+    def __init__(self) -> None:
+        self._plans: collections.OrderedDict[Any, NvmathPlan] = collections.OrderedDict()
+        self._evicted: list[NvmathPlan] = []
+        atexit.register(self.clear)
+
+    @staticmethod
+    def _key(spec: Spec, operands: Operands) -> Any:
+        def where(x: Any) -> str:
+            if x is None:
+                return "-"
+            if family(x) == "jax":
+                try:
+                    return "jax:" + next(iter(x.devices())).platform
+                except Exception:  # noqa: BLE001
+                    return "jax"
+            return family(x)
+
+        c = operands.c if spec.use_c else None
+        return (spec, order_of(operands.a), order_of(operands.b), None if c is None else order_of(c),
+                where(operands.a), where(operands.b), where(c))
+
+    def plan(self, spec: Spec, operands: Operands) -> _Borrowed:
+        key = self._key(spec, operands)
+        plan = self._plans.get(key)
+        hit = plan is not None
+        if spec.spmd:
+            rt = _runtime.active()
+            if rt is not None and rt.size > 1:
+                hit = all(rt.comm.allgather(hit))
+        if hit:
+            assert plan is not None
+            self._plans.move_to_end(key)
+            return _Borrowed(plan, self)
+        if plan is not None:  # another rank missed: plan again, everywhere
+            self._retire(self._plans.pop(key))
+        plan = NvmathPlan(spec, operands)
+        if self.cache_size <= 0:  # no cache: the plan is retired at once, freed when its borrow returns
+            self._evicted.append(plan)
+            return _Borrowed(plan, self)
+        while len(self._plans) >= self.cache_size:
+            self._retire(self._plans.popitem(last=False)[1])
+        self._plans[key] = plan
+        return _Borrowed(plan, self)
+
+    def _retire(self, plan: NvmathPlan) -> None:
+        if plan.borrows == 0:
+            plan.free()
+        else:
+            self._evicted.append(plan)
+
+    def _release(self, plan: NvmathPlan) -> None:
+        if plan.borrows == 0 and plan in self._evicted:
+            self._evicted.remove(plan)
+            plan.free()
+
+    def clear(self) -> None:
+        """Free every cached plan (and evicted ones still borrowed): at exit, or on request."""
+        plans = list(self._plans.values()) + self._evicted
+        self._plans.clear()
+        self._evicted = []
+        for plan in plans:
+            try:
+                plan.free()
+            except Exception:  # noqa: BLE001 - at exit nvmath may already be gone
+                pass
