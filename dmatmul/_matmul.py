@@ -400,6 +400,22 @@ def _validate(ops: Operands, **options: Any) -> Spec:
 # --------------------------------------------------------------------------- #
 # the plan object and the function
 # --------------------------------------------------------------------------- #
+def check_fit(
+    dists: tuple[Distribution, ...], nranks: int, *, spmd: bool, available: int | None = None
+) -> None:
+    """Every grid distribution spans exactly the ``nranks`` ranks in use, else a
+    DistributionError naming the operand, the grid, its size and the rank count
+    (``available``: the devices one process could use, for the hint)."""
+    where = f"{nranks} processes" if spmd else f"{nranks} device{'s' if nranks > 1 else ''} in use"
+    for name, dist in zip(("a", "b", "result"), dists):
+        if dist.grid is not None and dist.grid.size != nranks:
+            fix = "" if spmd or available is None or dist.grid.size > available else f", or devices={dist.grid.size}"
+            raise DistributionError(
+                f"distribution of {name}: {dist!r} spans {dist.grid.size} ranks (its grid "
+                f"{dist.grid.shape}) but there are {where}: use a ProcessGrid of {nranks} ranks{fix}"
+            )
+
+
 class _Degenerate:
     """The "backend" of an empty product: no communication, no GEMM.
 
@@ -409,7 +425,12 @@ class _Degenerate:
 
     name = "none (empty product)"
 
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend  # the one the product would run on: it says how many ranks there are
+
     def plan(self, spec: Spec, operands: Operands) -> _DegeneratePlan:
+        if spec.distributions is not None:
+            check_fit(spec.distributions, self.backend.ranks(spec), spmd=spec.spmd)
         return _DegeneratePlan(spec)
 
 
@@ -526,7 +547,9 @@ class Matmul:
             devices=devices,
         )
         self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
-        self._backend: Any = _Degenerate() if self._spec.degenerate else _backends.resolve(backend, self._spec)
+        self._backend: Any = _backends.resolve(backend, self._spec)
+        if self._spec.degenerate:
+            self._backend = _Degenerate(self._backend)
         self._plan: _backends.BackendPlan | None = None
         self._freed = False
 

@@ -147,3 +147,12 @@ def test_precision_is_accepted(precision):
     a, b = np.random.default_rng(1).standard_normal((2, 9, 6)).astype(f32)
     d = dm.matmul(a, b.T, distribution=dm.Slab.X, precision=precision)
     np.testing.assert_allclose(d, a @ b.T, rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_product_still_checks_the_grid_against_the_devices():
+    """Found by the differential matrix: K = 0 skipped the grid check (no error for a 2x2 grid on 1 device)."""
+    pytest.importorskip("jax")
+    grid = dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2))
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: .*4 ranks.*1 device in use"):
+        dm.matmul(ones(4, 0), ones(0, 3), distribution=grid, devices=1)
+    assert dm.matmul(ones(4, 0), ones(0, 3), distribution=grid, devices=4).shape == (4, 3)

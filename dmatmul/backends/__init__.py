@@ -37,6 +37,8 @@ class Backend(Protocol):
 
     def plan(self, spec: Spec, operands: Operands) -> BackendPlan: ...
 
+    def ranks(self, spec: Spec) -> int: ...  # how many ranks a product of ``spec`` spans
+
 
 #: name -> (module, the extra that installs it)
 BACKENDS: dict[str, tuple[str, str]] = {

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ... import _cost, _plan
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._errors import DistributionError
+from ..._matmul import check_fit
 from ..._matmul import Operands, Spec
 from . import _kernels, _layout
 from . import _redistribute as _moves
@@ -227,7 +228,7 @@ class JaxPlan:
         acc_dtype = _ACC.get(spec.dtype, jnp.dtype(spec.dtype))
         self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, np.dtype(acc_dtype).itemsize)
         self.distributions, self.chosen_by_model = self._distributions(operands)
-        self._check_fit(self.distributions)
+        check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions) if p > 1 else None
         # operands on another grid than the product's are re-laid as Slab.X first (and the result
         # from Slab.X after): in one process the global matrices need no move at all
@@ -297,19 +298,6 @@ class JaxPlan:
         self._compiled: dict[str, Any] = {}
 
     # -- planning -------------------------------------------------------------
-    def _check_fit(self, dists: tuple[Distribution, Distribution, Distribution]) -> None:
-        """Every distribution spans the ranks in use (a grid of another size does not)."""
-        p = self.nranks
-        where = f"{p} processes" if self.spec.spmd else f"{p} device{'s' if p > 1 else ''} in use"
-        for name, dist in zip(("a", "b", "result"), dists):
-            if dist.grid is not None and dist.grid.size != p:
-                fix = "" if self.spec.spmd else f", or devices={dist.grid.size}" if dist.grid.size <= len(
-                    jax.local_devices()) else ""
-                raise DistributionError(
-                    f"distribution of {name}: {dist!r} spans {dist.grid.size} ranks (its grid "
-                    f"{dist.grid.shape}) but there are {where}: use a ProcessGrid of {p} ranks{fix}"
-                )
-
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
         spec, p = self.spec, self.nranks
@@ -607,6 +595,10 @@ class JaxBackend:
 
     def __init__(self) -> None:
         self._plans: dict[Any, JaxPlan] = {}
+
+    def ranks(self, spec: Spec) -> int:
+        """One device per process under mpiexec; else the devices ``devices=`` picks."""
+        return spec.nprocs if spec.spmd else len(_layout.resolve_devices(spec.devices))
 
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         key: Any = spec
