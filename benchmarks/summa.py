@@ -4,12 +4,12 @@ Layout (a, b, result) = BlockNonCyclic on one ProcessGrid (2x4 and 4x2, row-
 and column-major), float32, 8 simulated CPU devices, inputs already sharded:
 
   psum            textbook SUMMA: one masked ``psum`` per K panel, ``lax.fori_loop``
-                  (dmatmul's first kernel, ``_kernels.summa_psum``)
+                  (the kernel dmatmul runs, ``_kernels.summa``)
   psum-unrolled   the same, ``fori_loop(unroll=True)``
   ring-a          op(A)'s blocks ride a ``ppermute`` ring along the grid row, op(B)
-                  is all-gathered (tiled) down the grid column once
+                  is all-gathered (tiled) down the grid column once (``_kernels.summa_ring``)
   ring-b          op(B)'s blocks ride the grid column, op(A) is gathered along the row
-  dmatmul         the planned Matmul as shipped (ring along the longer grid axis)
+  dmatmul         the planned Matmul as shipped (today: psum)
   gather-both     all-gather both operands, one GEMM (what a partitioner may do)
   xla             ``jit(jnp.dot)`` with the same in/out shardings
   numpy           ``a @ b`` in this process (all cores)
@@ -57,10 +57,10 @@ def main() -> int:
 
     hi = lax.Precision.HIGHEST
     variants = {
-        "psum": _kernels.summa_psum,
-        "psum-unrolled": functools.partial(_kernels.summa_psum, unroll=True),
-        "ring-a": functools.partial(_kernels.summa, ring="a"),
-        "ring-b": functools.partial(_kernels.summa, ring="b"),
+        "psum": _kernels.summa,
+        "psum-unrolled": functools.partial(_kernels.summa, unroll=True),
+        "ring-a": functools.partial(_kernels.summa_ring, ring="a"),
+        "ring-b": functools.partial(_kernels.summa_ring, ring="b"),
         "dmatmul": None,
     }
     only = set(filter(None, args.only.split(",")))

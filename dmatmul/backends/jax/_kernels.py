@@ -42,7 +42,7 @@ __all__ = [
     "ring_order",
     "ring_reduce_scatter",
     "summa",
-    "summa_psum",
+    "summa_ring",
     "summa_tables",
     "varying_zeros",
 ]
@@ -279,7 +279,7 @@ def summa_tables(
     return table, contiguous
 
 
-def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None) -> jax.Array:
+def summa_ring(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None) -> jax.Array:
     """SUMMA on the ("r", "c") mesh as one ring and one all-gather.
 
     One operand travels around a ring of ``ppermute``s along its grid axis (op(A)'s
@@ -290,8 +290,12 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None)
     K maps line up, as for ``BlockNonCyclic``; a gather, done once, otherwise).
     The ring runs along the longer grid axis (``ring``: "a" or "b" to choose),
     so the gathered copy is the smaller one. Against the textbook SUMMA (a
-    masked ``psum`` per panel, ``summa_psum``) no byte of zeros is reduced, and
-    there are ``P - 1`` steps per ring instead of one per panel.
+    masked ``psum`` per panel, ``summa``) no byte of zeros is reduced, and
+    there are ``P - 1`` steps per ring instead of one per panel. Measured on 8
+    simulated CPU devices (``benchmarks/summa.py``) it is no faster than
+    ``summa`` (paired 0.80-1.10x, within the noise of a shared 2-core machine)
+    and holds a gathered copy of one operand, so dmatmul does not run it;
+    correct on every grid test when it did (``tests/test_grid.py``).
     """
     sched, ax = lp.summa, lp.axes
     assert sched is not None
@@ -320,9 +324,9 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None)
     return ring_allgather(moving, acc, step, n_ring, m_axis)
 
 
-def summa_psum(lp: LocalProblem, a: jax.Array, b: jax.Array, unroll: int | bool = 1) -> jax.Array:
-    """Textbook SUMMA on the ("r", "c") mesh (dmatmul's first SUMMA kernel, kept
-    for ``benchmarks/summa.py``): op(A) panels are broadcast along grid rows,
+def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, unroll: int | bool = 1) -> jax.Array:
+    """Textbook SUMMA on the ("r", "c") mesh (the kernel dmatmul runs; ``summa_ring``
+    was measured against it in ``benchmarks/summa.py`` and did not win): op(A) panels are broadcast along grid rows,
     op(B) panels along grid columns (a masked psum over the axis: an all-reduce
     of mostly zeros), and each step's broadcast is issued before the previous
     panel's GEMM, which does not depend on it."""
