@@ -16,6 +16,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
+import dmatmul.backends  # noqa: E402,F401
 from _reference import assert_close, random_matrix, reference  # noqa: E402
 
 _layout = importlib.import_module("dmatmul.backends.jax._layout")
@@ -200,3 +201,22 @@ def test_redistribute_bad_arguments():
         dm.redistribute(np.ones((4, 4)), dm.Slab.X, "rows", devices=4)
     with pytest.raises(dm.DistributionError, match="dst: .*8 devices.*4 ranks"):
         dm.redistribute(np.ones((4, 4)), dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 2)), (1, 1)), devices=8)
+
+
+@pytest.mark.parametrize("variant", ["ring-a", "ring-b", "psum-unrolled"])
+@pytest.mark.parametrize("shape, layout, blocks", [((2, 4), "col", (3, 2)), ((4, 2), "row", (1, 5))])
+def test_summa_variants_of_the_benchmark(variant, shape, layout, blocks, monkeypatch):
+    """The SUMMA variants benchmarks/summa.py measures against the shipped kernel are right too."""
+    import functools
+
+    from dmatmul.backends.jax import _kernels
+
+    kern = {"ring-a": functools.partial(_kernels.summa_ring, ring="a"),
+            "ring-b": functools.partial(_kernels.summa_ring, ring="b"),
+            "psum-unrolled": functools.partial(_kernels.summa, unroll=True)}[variant]
+    monkeypatch.setattr(_kernels, "summa", kern)
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})  # no plan compiled with another kernel
+    a, b, c = operands(hash((variant, shape, layout)) % 1000, 13, 11, 17, False, True)
+    d = dm.BlockCyclic(dm.ProcessGrid(shape, layout=layout), blocks)
+    got = dm.matmul(a, b, c, beta=0.5, distribution=d, transpose_b=True, algorithm="summa", devices=8)
+    assert_close(got, reference(a, b, c, beta=0.5, transpose_b=True), "float32")

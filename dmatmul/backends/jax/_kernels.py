@@ -42,6 +42,8 @@ __all__ = [
     "ring_order",
     "ring_reduce_scatter",
     "summa",
+    "summa_ring",
+    "summa_tables",
     "varying_zeros",
 ]
 
@@ -232,11 +234,102 @@ def ring_reduce_scatter(partial: Callable[[jax.Array], jax.Array], p: int, axis:
     return lax.fori_loop(1, p, one, partial(_index_of(table, (idx - 1) % p)))
 
 
-def summa(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
-    """SUMMA on the ("r", "c") mesh: op(A) panels are broadcast along grid rows,
-    op(B) panels along grid columns (a masked psum over the axis), and each
-    step's broadcast is issued before the previous panel's GEMM, which does not
-    depend on it."""
+def _pad_to_extents(lp: LocalProblem, a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Zero-pad the local K extents to what the panels read (only when K's last
+    block is short: room to read a full panel)."""
+    sched, ax = lp.summa, lp.axes
+    assert sched is not None
+    out = []
+    for x, axis, extent in ((a, ax["aK"], sched.extent_a), (b, ax["bK"], sched.extent_b)):
+        if x.shape[axis] < extent:
+            widths = [(0, 0), (0, 0)]
+            widths[axis] = (0, extent - x.shape[axis])
+            x = jnp.pad(x, widths)
+        out.append(x)
+    return out[0], out[1]
+
+
+def summa_tables(
+    sched: SummaSchedule, travel: str, n_own: int, n_other: int, len_travel: int, len_other: int
+) -> tuple[np.ndarray, bool]:
+    """Where the rows of the gathered operand that meet each travelling block are.
+
+    ``travel`` is the operand that rides a ring (``"a"`` along the grid row,
+    ``"b"`` along the grid column); the other one is all-gathered (tiled) along
+    the other grid axis, so its local K position ``j`` of owner ``q'`` is row
+    ``q' * len_other + j`` of the gathered K axis. ``table[q, i]`` is the
+    gathered row that local K position ``i`` of owner ``q`` of the travelling
+    operand meets (padding positions that meet nothing: ``n_other * len_other``,
+    one past the end, read as zeros). The second value says whether every owner's
+    rows are one contiguous run (``table[q] = table[q, 0] + arange``), so a
+    slice can stand for a gather.
+    """
+    own, off_t, other, off_o = (
+        (sched.owner_col, sched.offset_a, sched.owner_row, sched.offset_b) if travel == "a"
+        else (sched.owner_row, sched.offset_b, sched.owner_col, sched.offset_a)
+    )
+    fill = n_other * len_other  # past the end: zeros
+    table = np.full((n_own, len_travel), fill, np.int64)
+    u = np.arange(sched.width)
+    for q, i0, q2, j0 in zip(own, off_t, other, off_o):
+        table[q, i0 + u] = q2 * len_other + j0 + u
+    contiguous = bool(np.all(table == table[:, :1] + np.arange(len_travel))) and bool(
+        np.all(table[:, 0] + len_travel <= fill)
+    )
+    return table, contiguous
+
+
+def summa_ring(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None) -> jax.Array:
+    """SUMMA on the ("r", "c") mesh as one ring and one all-gather.
+
+    One operand travels around a ring of ``ppermute``s along its grid axis (op(A)'s
+    K blocks along the grid row "c", or op(B)'s along the grid column "r": the
+    ring kernel of the 1-D AllGather+GEMM, whose transfers overlap the GEMMs);
+    the other is all-gathered once (tiled) along the other grid axis, and each
+    travelling block meets the rows of it that hold the same k (a slice when the
+    K maps line up, as for ``BlockNonCyclic``; a gather, done once, otherwise).
+    The ring runs along the longer grid axis (``ring``: "a" or "b" to choose),
+    so the gathered copy is the smaller one. Against the textbook SUMMA (a
+    masked ``psum`` per panel, ``summa``) no byte of zeros is reduced, and
+    there are ``P - 1`` steps per ring instead of one per panel. Measured on 8
+    simulated CPU devices (``benchmarks/summa.py``) it is no faster than
+    ``summa`` (paired 0.80-1.10x, within the noise of a shared 2-core machine)
+    and holds a gathered copy of one operand, so dmatmul does not run it;
+    correct on every grid test when it did (``tests/test_grid.py``).
+    """
+    sched, ax = lp.summa, lp.axes
+    assert sched is not None
+    a, b = _pad_to_extents(lp, a, b)
+    rows, cols = lax.axis_size("r"), lax.axis_size("c")
+    if ring is None:
+        ring = "a" if cols >= rows else "b"
+    if ring == "a":  # a's blocks ride the grid row; b is gathered down the grid column
+        moving, m_axis, k_moving, other, k_other, n_ring, gather_axis = a, "c", ax["aK"], b, ax["bK"], cols, "r"
+    else:
+        moving, m_axis, k_moving, other, k_other, n_ring, gather_axis = b, "r", ax["bK"], a, ax["aK"], rows, "c"
+    len_t, len_o = moving.shape[k_moving], other.shape[k_other]
+    table, contiguous = summa_tables(sched, ring, n_ring, rows * cols // n_ring, len_t, len_o)
+    gathered = lax.all_gather(other, gather_axis, axis=k_other, tiled=True)
+    if contiguous:
+        start = jnp.asarray(table[:, 0], dtype=jnp.int32)
+    else:  # one gather (done once) lays the rows out per owner: owner q's at q * len_t
+        gathered = jnp.take(gathered, jnp.asarray(table.reshape(-1)), axis=k_other, mode="fill", fill_value=0)
+        start = jnp.asarray(np.arange(n_ring) * len_t, dtype=jnp.int32)
+
+    def step(acc: jax.Array, blk: jax.Array, q: jax.Array) -> jax.Array:
+        rows_q = lax.dynamic_slice_in_dim(gathered, start[q], len_t, axis=k_other)
+        return acc + (lp.mm(blk, rows_q) if ring == "a" else lp.mm(rows_q, blk))
+
+    acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
+    return ring_allgather(moving, acc, step, n_ring, m_axis)
+
+
+def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, unroll: int | bool = 1) -> jax.Array:
+    """Textbook SUMMA on the ("r", "c") mesh (the kernel dmatmul runs; ``summa_ring``
+    was measured against it in ``benchmarks/summa.py`` and did not win): op(A) panels are broadcast along grid rows,
+    op(B) panels along grid columns (a masked psum over the axis: an all-reduce
+    of mostly zeros), and each step's broadcast is issued before the previous
+    panel's GEMM, which does not depend on it."""
     sched, ax = lp.summa, lp.axes
     assert sched is not None
     width = sched.width
@@ -245,15 +338,7 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
     )
     col, row = lax.axis_index("c"), lax.axis_index("r")
     zero = jnp.zeros((), a.dtype)
-    for name, extent in (("a", sched.extent_a), ("b", sched.extent_b)):
-        x, axis = (a, ax["aK"]) if name == "a" else (b, ax["bK"])
-        if x.shape[axis] < extent:  # only when K's last block is short: room to read a full panel
-            widths = [(0, 0), (0, 0)]
-            widths[axis] = (0, extent - x.shape[axis])
-            if name == "a":
-                a = jnp.pad(a, widths)
-            else:
-                b = jnp.pad(b, widths)
+    a, b = _pad_to_extents(lp, a, b)
 
     def panels(t: jax.Array | int) -> tuple[jax.Array, jax.Array]:
         pa = lax.dynamic_slice_in_dim(a, offset_a[t], width, axis=ax["aK"])
@@ -269,7 +354,7 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
         return acc + lp.mm(pa, pb), nxt
 
     acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
-    acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)))
+    acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)), unroll=unroll)
     return acc + lp.mm(pa, pb)
 
 

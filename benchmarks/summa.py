@@ -1,0 +1,144 @@
+"""SUMMA kernel variants on 2-D grids, side by side with XLA's partitioned dot and numpy.
+
+Layout (a, b, result) = BlockNonCyclic on one ProcessGrid (2x4 and 4x2, row-
+and column-major), float32, 8 simulated CPU devices, inputs already sharded:
+
+  psum            textbook SUMMA: one masked ``psum`` per K panel, ``lax.fori_loop``
+                  (the kernel dmatmul runs, ``_kernels.summa``)
+  psum-unrolled   the same, ``fori_loop(unroll=True)``
+  ring-a          op(A)'s blocks ride a ``ppermute`` ring along the grid row, op(B)
+                  is all-gathered (tiled) down the grid column once (``_kernels.summa_ring``)
+  ring-b          op(B)'s blocks ride the grid column, op(A) is gathered along the row
+  dmatmul         the planned Matmul as shipped (today: psum)
+  gather-both     all-gather both operands, one GEMM (what a partitioner may do)
+  xla             ``jit(jnp.dot)`` with the same in/out shardings
+  numpy           ``a @ b`` in this process (all cores)
+
+Each line: the median, ratios to xla and numpy (of medians), and the paired
+ratio to ``psum`` and to ``xla`` (median over repetitions of their time /
+this time in the same repetition: steadier on a shared machine).
+
+    python benchmarks/summa.py --n 2048 --reps 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[2048])
+    ap.add_argument("--grids", default="2x4,4x2", help="comma-separated RxC")
+    ap.add_argument("--layouts", default="row,col")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--only", default="", help="comma-separated variants (xla, numpy and psum always run)")
+    ap.add_argument("--wait-idle", type=float, default=None, metavar="FRACTION")
+    args = ap.parse_args()
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 8)
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import dmatmul as dm
+    from dmatmul._bench import IdleWaiter, rep_order
+    from dmatmul.backends.jax import _kernels
+
+    hi = lax.Precision.HIGHEST
+    variants = {
+        "psum": _kernels.summa,
+        "psum-unrolled": functools.partial(_kernels.summa, unroll=True),
+        "ring-a": functools.partial(_kernels.summa_ring, ring="a"),
+        "ring-b": functools.partial(_kernels.summa_ring, ring="b"),
+        "dmatmul": None,
+    }
+    only = set(filter(None, args.only.split(",")))
+    waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
+    shipped = _kernels.summa
+    summary = []
+    for n in args.n:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        for grid_s in args.grids.split(","):
+            shape = tuple(int(x) for x in grid_s.split("x"))
+            for layout in args.layouts.split(","):
+                grid = dm.ProcessGrid(shape, layout=layout)
+                dist = dm.BlockNonCyclic(grid)
+                runners = {}
+                mesh = None
+                for name, kern in variants.items():
+                    if only and name not in only and name != "psum":
+                        continue
+                    mm = dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8)
+                    mm.plan()
+                    _kernels.summa = kern if kern is not None else shipped
+                    try:
+                        jax.block_until_ready(mm.execute())  # traced and compiled with this kernel
+                    finally:
+                        _kernels.summa = shipped
+                    mesh = mm._plan.geom.mesh
+                    runners[name] = (lambda mm=mm: jax.block_until_ready(mm.execute()))
+                s2 = NamedSharding(mesh, P("r", "c"))
+                xa, xb = jax.device_put(a, s2), jax.device_put(b, s2)
+                f = jax.jit(lambda x, y: jnp.dot(x, y, precision=hi), in_shardings=(s2, s2), out_shardings=s2)
+                runners["xla"] = lambda f=f, xa=xa, xb=xb: jax.block_until_ready(f(xa, xb))
+
+                def gather_both(x, y):
+                    return jnp.dot(lax.all_gather(x, "c", axis=1, tiled=True),
+                                   lax.all_gather(y, "r", axis=0, tiled=True), precision=hi)
+
+                if not only or "gather-both" in only:
+                    g = jax.jit(jax.shard_map(gather_both, mesh=mesh, in_specs=(P("r", "c"),) * 2, out_specs=P("r", "c")))
+                    runners["gather-both"] = lambda g=g, xa=xa, xb=xb: jax.block_until_ready(g(xa, xb))
+                for key, fn in runners.items():
+                    err = float(np.abs(np.asarray(fn()) - ref).max() / np.abs(ref).max())
+                    assert err < 1e-4, (key, err)
+                runners = {"numpy": lambda: a @ b, **runners}
+                for fn in runners.values():
+                    fn()
+                names = list(runners)
+                times = {k: [] for k in names}
+                for r in range(args.reps):
+                    for k in rep_order(names, r):
+                        if waiter:
+                            waiter()
+                        t0 = time.perf_counter()
+                        runners[k]()
+                        times[k].append(time.perf_counter() - t0)
+                t = {k: np.array(v) for k, v in times.items()}
+                med = {k: float(np.median(v)) for k, v in t.items()}
+                print(f"\nn={n} float32, grid {shape[0]}x{shape[1]} {layout}, BlockNonCyclic (a, b, result), "
+                      f"8 simulated devices, {args.reps} interleaved reps, {os.cpu_count()} cores")
+                print(f"{'variant':14s} {'median ms':>9s} {'GFLOP/s':>8s} {'x xla':>6s} {'x numpy':>7s} "
+                      f"{'paired x psum':>13s} {'paired x xla':>12s} {'paired x numpy':>14s}")
+                for k in names:
+                    print(f"{k:14s} {med[k] * 1e3:9.1f} {2.0 * n**3 / med[k] / 1e9:8.1f} {med['xla'] / med[k]:5.2f}x "
+                          f"{med['numpy'] / med[k]:6.2f}x {np.median(t['psum'] / t[k]):13.3f} "
+                          f"{np.median(t['xla'] / t[k]):12.3f} {np.median(t['numpy'] / t[k]):14.3f}")
+                sys.stdout.flush()
+                summary.append((n, f"{shape[0]}x{shape[1]} {layout}", t))
+    print("\nsummary: paired ratios of dmatmul's shipped SUMMA (> 1: dmatmul faster)")
+    print(f"{'n':>5s} {'grid':10s} {'x psum':>7s} {'x xla':>7s} {'x numpy':>8s}")
+    for n, g, t in summary:
+        if "dmatmul" in t:
+            d = t["dmatmul"]
+            print(f"{n:5d} {g:10s} {np.median(t['psum'] / d):6.2f}x {np.median(t['xla'] / d):6.2f}x "
+                  f"{np.median(t['numpy'] / d):7.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
