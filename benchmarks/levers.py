@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -163,18 +162,11 @@ def main() -> int:
     runners = {"numpy": lambda: a @ b, **{k: (lambda fn=fn: jax.block_until_ready(fn())) for k, fn in runners.items()}}
     for fn in runners.values():
         fn()
-    from dmatmul._bench import IdleWaiter, rep_order
+    from dmatmul._bench import IdleWaiter, time_interleaved
 
     waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
     names = list(runners)
-    times = {k: [] for k in names}
-    for r in range(args.reps):
-        for k in rep_order(names, r):
-            if waiter:
-                waiter()
-            t0 = time.perf_counter()
-            runners[k]()
-            times[k].append(time.perf_counter() - t0)
+    times, _ = time_interleaved(runners, args.reps, 0, before=waiter)
     t = {k: np.array(v) for k, v in times.items()}
     flops = 2.0 * n**3
     print(f"n={n} float32, {p} simulated CPU devices, {args.reps} interleaved repetitions, {os.cpu_count()} cores")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -108,7 +107,7 @@ def main() -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
-    from dmatmul._bench import IdleWaiter, rep_order
+    from dmatmul._bench import IdleWaiter, time_interleaved
 
     waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
     precision = None if args.precision == "default" else jax.lax.Precision.HIGHEST
@@ -131,14 +130,7 @@ def main() -> int:
             fn()
             fn()
         names = list(runners)
-        times = {k: [] for k in names}
-        for r in range(args.reps):
-            for k in rep_order(names, r):
-                if waiter:
-                    waiter()
-                t0 = time.perf_counter()
-                runners[k]()
-                times[k].append(time.perf_counter() - t0)
+        times, _ = time_interleaved(runners, args.reps, 0, before=waiter)
         for pass_, mult in (("fwd", 1), ("fwd+bwd", 3)):
             d, x = np.array(times[("dmatmul", pass_)]), np.array(times[("xla", pass_)])
             md, mx = float(np.median(d)), float(np.median(x))

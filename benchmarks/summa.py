@@ -27,7 +27,6 @@ import argparse
 import functools
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -52,7 +51,7 @@ def main() -> int:
     from jax.sharding import PartitionSpec as P
 
     import dmatmul as dm
-    from dmatmul._bench import IdleWaiter, rep_order
+    from dmatmul._bench import IdleWaiter, time_interleaved
     from dmatmul.backends.jax import _kernels
 
     hi = lax.Precision.HIGHEST
@@ -110,14 +109,7 @@ def main() -> int:
                 for fn in runners.values():
                     fn()
                 names = list(runners)
-                times = {k: [] for k in names}
-                for r in range(args.reps):
-                    for k in rep_order(names, r):
-                        if waiter:
-                            waiter()
-                        t0 = time.perf_counter()
-                        runners[k]()
-                        times[k].append(time.perf_counter() - t0)
+                times, _ = time_interleaved(runners, args.reps, 0, before=waiter)
                 t = {k: np.array(v) for k, v in times.items()}
                 med = {k: float(np.median(v)) for k, v in t.items()}
                 print(f"\nn={n} float32, grid {shape[0]}x{shape[1]} {layout}, BlockNonCyclic (a, b, result), "
