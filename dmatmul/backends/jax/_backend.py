@@ -442,9 +442,11 @@ class JaxPlan:
 
     def execute(self, operands: Operands) -> Any:
         # dmatmul's own mesh is the context of its computations, also under the user's jax.set_mesh
+        # one process: dmatmul's mesh is the context (the user's jax.set_mesh would clash with it); not inside
+        # jit/grad, where set_mesh is refused, nor across processes, whose local steps use this rank's device
         traced = any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
         with _x64(self.spec.dtype):
-            with contextlib.nullcontext() if traced else jax.set_mesh(self.geom.mesh):  # not inside jit/grad
+            with contextlib.nullcontext() if traced or self.spec.spmd else jax.set_mesh(self.geom.mesh):
                 d = self._execute(operands)
             return d if self.user_mesh is None else self._to_user_mesh(d)
 

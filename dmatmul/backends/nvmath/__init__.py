@@ -106,6 +106,10 @@ class _LazyBackend:
             self._impl = NvmathBackend()
         return self._impl.plan(spec, operands)
 
+    def ranks(self, spec: Any) -> int:
+        """One GPU per process: the processes under mpiexec, else one."""
+        return spec.nprocs if spec.spmd else 1
+
     def clear(self) -> None:
         """Free every cached plan (nothing to do before the first plan)."""
         if self._impl is not None:

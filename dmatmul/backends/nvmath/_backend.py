@@ -246,10 +246,6 @@ class NvmathBackend:
     name = "nvmath"
     cache_size = 16
 
-    def ranks(self, spec: Spec) -> int:
-        """One GPU per process: the processes under mpiexec, else one."""
-        return spec.nprocs if spec.spmd else 1
-
     def __init__(self) -> None:
         self._plans: collections.OrderedDict[Any, NvmathPlan] = collections.OrderedDict()
         self._evicted: list[NvmathPlan] = []
