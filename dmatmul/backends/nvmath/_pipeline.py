@@ -204,6 +204,22 @@ def post_epilogue(
     return _epilogue.apply(xp, d, beta=beta, c=c, bias=bias, epilog=epilog, out_dtype=dtype)
 
 
+def _result_selection(tr: Translation, rank: int, rows: np.ndarray, cols: np.ndarray) -> tuple[Any, Any, tuple[int, int]]:
+    """Where this rank's result block (global ``rows`` x ``cols``) lies in the
+    block nvmath returns (user orientation): row and column selections, and
+    that block's shape."""
+    dm, dn = tr.dim("M"), tr.dim("N")
+    if tr.path == "GEMM+AR":
+        prow, pcol = np.arange(dm.padded), np.arange(dn.padded)
+    else:
+        res = tr.result_padded_user()
+        assert res is not None
+        prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded, dn.padded))
+    rsel = _selection(_locate(prow, dm.positions()[rows] if dm.padding else rows, "the result block"))
+    csel = _selection(_locate(pcol, dn.positions()[cols] if dn.padding else cols, "the result block"))
+    return rsel, csel, (len(prow), len(pcol))
+
+
 def finish(tr: Translation, rank: int, d_nv: Any, c: Any, bias: Any, xp: Any) -> Any:
     """dmatmul's local result block (of ``tr.computed``) from nvmath's result.
 
@@ -216,15 +232,7 @@ def finish(tr: Translation, rank: int, d_nv: Any, c: Any, bias: Any, xp: Any) ->
         d = d_nv
     else:
         d_user = d_nv.T if tr.swapped else d_nv
-        dm, dn = tr.dim("M"), tr.dim("N")
-        if tr.path == "GEMM+AR":
-            prow, pcol = np.arange(dm.padded), np.arange(dn.padded)
-        else:
-            res = tr.result_padded_user()
-            assert res is not None
-            prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded, dn.padded))
-        rsel = _selection(_locate(prow, dm.positions()[rows] if dm.padding else rows, "the result block"))
-        csel = _selection(_locate(pcol, dn.positions()[cols] if dn.padding else cols, "the result block"))
+        rsel, csel, _ = _result_selection(tr, rank, rows, cols)
         if _is_full(rsel, d_user.shape[0]) and _is_full(csel, d_user.shape[1]):
             d = d_user
         else:
@@ -347,16 +355,7 @@ class Program:
         rows, cols = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
         self.result_sel: tuple[Any, Any] | None = None
         if tr.engine != "cublaslt":
-            dm, dn = tr.dim("M"), tr.dim("N")
-            if tr.path == "GEMM+AR":
-                prow, pcol = np.arange(dm.padded), np.arange(dn.padded)
-            else:
-                res = tr.result_padded_user()
-                assert res is not None
-                prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded, dn.padded))
-            rsel = _selection(_locate(prow, dm.positions()[rows] if dm.padding else rows, "the result block"))
-            csel = _selection(_locate(pcol, dn.positions()[cols] if dn.padding else cols, "the result block"))
-            shape = (len(prow), len(pcol))
+            rsel, csel, shape = _result_selection(tr, rank, rows, cols)
             if not (_is_full(rsel, shape[0]) and _is_full(csel, shape[1])):
                 self.result_sel = _ix(xp, rsel, csel)
         self.c_sel: Any = None
