@@ -14,7 +14,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ... import _cost, _plan
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ..._errors import DistributionError
 from ..._matmul import check_fit
 from ..._matmul import Operands, Spec
 from . import _kernels, _layout

@@ -104,19 +104,7 @@ def localize(h: Handover, tr: Translation, rank: int, x: Any, xp: Any) -> tuple[
     Returns the array in nvmath's orientation: ``y`` itself for a Fortran-order
     handover, ``y.T`` for a transposed one (an F-order view of C-order ``y``).
     """
-    p = tr.problem
-    shape = p.global_shape(h.operand)
-    src_rows, src_cols = h.source.global_indices(rank, shape, p.nranks)
-    target = h.target_padded()
-    if target is None:  # cuBLASLt engine: the target split of the real matrix
-        dst_rows, dst_cols = h.target.global_indices(rank, shape, p.nranks)
-        rmap = _axis_map(src_rows, dst_rows, None, f"the block of {h.operand}")
-        cmap = _axis_map(src_cols, dst_cols, None, f"the block of {h.operand}")
-    else:
-        dr, dc = tr.dim(h.dims[0]), tr.dim(h.dims[1])
-        dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded, dc.padded))
-        rmap = _axis_map(src_rows, dst_rows, dr.real_of_padded() if dr.padding else None, f"the block of {h.operand}")
-        cmap = _axis_map(src_cols, dst_cols, dc.real_of_padded() if dc.padding else None, f"the block of {h.operand}")
+    rmap, cmap, target = _handover_maps(tr, h, rank)
     copied = False
     if rmap.full(x.shape[0]) and cmap.full(x.shape[1]):
         y = x
@@ -204,6 +192,25 @@ def post_epilogue(
     return _epilogue.apply(xp, d, beta=beta, c=c, bias=bias, epilog=epilog, out_dtype=dtype)
 
 
+def _handover_maps(tr: Translation, h: Handover, rank: int) -> tuple[Any, Any, Any]:
+    """Where this rank's block of ``h.operand`` goes in what nvmath receives:
+    the row and column maps, and the padded target (None for the cuBLASLt
+    engine, which takes the target split of the real matrix)."""
+    p = tr.problem
+    shape = p.global_shape(h.operand)
+    src_rows, src_cols = h.source.global_indices(rank, shape, p.nranks)
+    target = h.target_padded()
+    what = f"the block of {h.operand}"
+    if target is None:
+        dst_rows, dst_cols = h.target.global_indices(rank, shape, p.nranks)
+        return _axis_map(src_rows, dst_rows, None, what), _axis_map(src_cols, dst_cols, None, what), None
+    dr, dc = tr.dim(h.dims[0]), tr.dim(h.dims[1])
+    dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded, dc.padded))
+    rmap = _axis_map(src_rows, dst_rows, dr.real_of_padded() if dr.padding else None, what)
+    cmap = _axis_map(src_cols, dst_cols, dc.real_of_padded() if dc.padding else None, what)
+    return rmap, cmap, target
+
+
 def _result_selection(tr: Translation, rank: int, rows: np.ndarray, cols: np.ndarray) -> tuple[Any, Any, tuple[int, int]]:
     """Where this rank's result block (global ``rows`` x ``cols``) lies in the
     block nvmath returns (user orientation): row and column selections, and
@@ -264,21 +271,9 @@ class _Slot:
     each call fills with precomputed selections."""
 
     def __init__(self, h: Handover, tr: Translation, rank: int, x: Any, xp: Any) -> None:
-        p = tr.problem
         self.operand, self.slot, self.h, self.tr, self.rank, self.xp = h.operand, h.slot, h, tr, rank, xp
-        shape = p.global_shape(h.operand)
-        src_rows, src_cols = h.source.global_indices(rank, shape, p.nranks)
-        target = h.target_padded()
+        rmap, cmap, target = _handover_maps(tr, h, rank)
         self.local = target is None  # cuBLASLt: either order
-        if target is None:
-            dst_rows, dst_cols = h.target.global_indices(rank, shape, p.nranks)
-            rmap = _axis_map(src_rows, dst_rows, None, f"the block of {h.operand}")
-            cmap = _axis_map(src_cols, dst_cols, None, f"the block of {h.operand}")
-        else:
-            dr, dc = tr.dim(h.dims[0]), tr.dim(h.dims[1])
-            dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded, dc.padded))
-            rmap = _axis_map(src_rows, dst_rows, dr.real_of_padded() if dr.padding else None, f"the block of {h.operand}")
-            cmap = _axis_map(src_cols, dst_cols, dc.real_of_padded() if dc.padding else None, f"the block of {h.operand}")
         self.transpose = target is not None and h.transposed
         self.need = "CF" if self.local else ("C" if h.transposed else "F")
         self.view: tuple[Any, Any] | None = None
