@@ -83,7 +83,7 @@ def one_rank(reps: int, warmup: int) -> tuple[list[str], float]:
 
 
 def four_ranks(reps: int, warmup: int) -> list[str]:
-    rt = dm.init(start_jax=False)
+    rt = dm.init(start=())
     P, rank = rt.size, rt.rank
     rng = np.random.default_rng(0)
     X, Y = dm.Slab.X, dm.Slab.Y

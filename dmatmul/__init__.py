@@ -19,8 +19,9 @@ from ._distribution import (
     split,
 )
 from ._errors import DistributionError, PlanFreedError
-from ._matmul import DTYPES, EPILOGS, Matmul, matmul
-from ._plan import ALGORITHMS
+from ._epilogue import EPILOGS
+from ._matmul import Matmul, matmul
+from ._spec import ALGORITHMS, DTYPES
 from ._redistribute import redistribute
 from ._runtime import Runtime, finalize, init, runtime
 from ._version import __version__

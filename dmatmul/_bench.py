@@ -511,16 +511,12 @@ def _shardings(dists: Sequence[Any], devices: Sequence[Any], mm: Any = None) -> 
     """The NamedSharding of "a", "b" and "d": the plan's own where the backend
     exposes it (``mm``: a planned Matmul), else built from the distributions
     (1-D mesh "x", or a 2-D mesh ("r", "c") when one is on a grid)."""
-    plan = getattr(mm, "_plan", None)
-    if plan is not None and hasattr(plan, "sharding"):
-        for call in (
-            lambda op: plan.sharding(op),
-            lambda op: plan.sharding(op, plan.layouts.roles[op]),
-        ):
-            try:
-                return {op: call(op) for op in "abd"}
-            except (TypeError, AttributeError, KeyError):
-                continue
+    if mm is not None:
+        from ._matmul import plan_of
+
+        plan = plan_of(mm)
+        if hasattr(plan, "sharding"):  # the JAX backend's plans say where each operand lives
+            return {op: plan.sharding(op) for op in "abd"}
     import jax
 
     grids = [d.grid.shape for d in dists if getattr(d, "grid", None) is not None and d.grid.ndim == 2]
@@ -574,9 +570,10 @@ _TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 def _plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> dict[str, Any]:
     """Prediction and modelled traffic of a planned Matmul (read defensively:
     the plan object is the backend's)."""
+    from ._matmul import plan_of
+
     facts: dict[str, Any] = {"algorithm": mm.algorithm}
-    backend_plan = getattr(mm, "_plan", None)
-    plan = getattr(backend_plan, "plan", None)
+    plan = plan_of(mm).cost
     lb = _cost.lower_bounds(n, n, n, p, itemsize)
     facts["lower_bound_bytes"] = lb["memory_independent"]
     facts["regime"] = lb["regime"]

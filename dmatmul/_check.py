@@ -35,8 +35,8 @@ import numpy as np
 
 from . import _plan, _runtime
 from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
-from ._matmul import DTYPES, EPILOGS, PRECISIONS, family
-from ._plan import ALGORITHMS
+from ._epilogue import EPILOGS, has_bias
+from ._spec import ALGORITHMS, DTYPES, PRECISIONS, family
 from ._reference import error_ratio, random_matrix, reference
 
 __all__ = [
@@ -138,7 +138,7 @@ class Case:
 
     @property
     def has_bias(self) -> bool:
-        return self.epilog is not None and self.epilog.endswith("bias")
+        return has_bias(self.epilog)
 
     @property
     def grids(self) -> list[ProcessGrid]:

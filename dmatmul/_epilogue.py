@@ -8,21 +8,75 @@ result row (cuBLAS convention) and is added to every column.
 
 from __future__ import annotations
 
+import enum
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["EPILOGS", "has_bias", "work_dtype", "gelu", "apply"]
+__all__ = ["Epilog", "EpilogName", "EPILOGS", "has_bias", "activation", "work_dtype", "gelu", "apply"]
 
-EPILOGS: tuple[str | None, ...] = (None, "relu", "gelu", "bias", "relu_bias", "gelu_bias")
+EpilogName = Literal["relu", "gelu", "bias", "relu_bias", "gelu_bias"]
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
+class Epilog(str, enum.Enum):
+    """An epilogue: an optional bias vector, then an optional activation.
+
+    A ``str`` (it equals, hashes and prints as the contract's name), so
+    ``epilog="relu"`` and ``Epilog.RELU`` are the same value; code asks
+    ``.bias`` and ``.activation`` instead of parsing the name.
+
+    >>> Epilog("gelu_bias").bias, Epilog("gelu_bias").activation, Epilog.RELU == "relu"
+    (True, 'gelu', True)
+    """
+
+    RELU = "relu"
+    GELU = "gelu"
+    BIAS = "bias"
+    RELU_BIAS = "relu_bias"
+    GELU_BIAS = "gelu_bias"
+
+    __hash__ = str.__hash__
+
+    @property
+    def bias(self) -> bool:
+        """Whether it adds a bias vector (one value per result row)."""
+        return self.value.endswith("bias")
+
+    @property
+    def activation(self) -> Literal["relu", "gelu"] | None:
+        """The activation applied last, if any."""
+        head = self.value.split("_")[0]
+        return head if head in ("relu", "gelu") else None  # type: ignore[return-value]
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @classmethod
+    def of(cls, name: str | Epilog | None) -> Epilog | None:
+        """None, or the Epilog of a name (ValueError for another name)."""
+        return None if name is None else cls(name)
+
+
+#: The ``epilog=`` values of the contract.
+EPILOGS: tuple[str | None, ...] = (None, *(e.value for e in Epilog))
+
+
 def has_bias(epilog: str | None) -> bool:
     """Whether ``epilog`` adds a bias vector."""
-    return epilog in ("bias", "relu_bias", "gelu_bias")
+    e = Epilog.of(epilog)
+    return e is not None and e.bias
+
+
+def activation(epilog: str | None) -> Literal["relu", "gelu"] | None:
+    """The activation of ``epilog``, or None."""
+    e = Epilog.of(epilog)
+    return None if e is None else e.activation
 
 
 def work_dtype(dtype: Any) -> np.dtype:
@@ -57,8 +111,9 @@ def apply(
         z = z + xp.asarray(beta, dtype=work) * c.astype(work)
     if bias is not None:
         z = z + bias.astype(work)[:, None]
-    if epilog in ("relu", "relu_bias"):
+    act = activation(epilog)
+    if act == "relu":
         z = xp.maximum(z, xp.zeros((), dtype=work))
-    elif epilog in ("gelu", "gelu_bias"):
+    elif act == "gelu":
         z = gelu(xp, z)
     return z.astype(out_dtype)

@@ -14,135 +14,39 @@ what was given.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import numpy as np
 
 from . import _runtime
 from . import backends as _backends
 from ._distribution import Distribution
-from ._epilogue import EPILOGS, has_bias
-from ._epilogue import apply as _epilogue_apply
+from ._empty import EmptyProduct
+from ._epilogue import EPILOGS, Epilog, EpilogName, has_bias
 from ._errors import DistributionError, PlanFreedError
-from ._plan import ALGORITHMS
+from ._spec import (
+    ALGORITHMS,
+    DTYPES,
+    PRECISIONS,
+    AlgorithmName,
+    BackendName,
+    Operands,
+    PrecisionName,
+    Spec,
+    as_matrix,
+    family,
+    native_order,
+)
 
-__all__ = ["matmul", "Matmul", "Spec", "Operands", "EPILOGS", "DTYPES"]
+if TYPE_CHECKING:
+    import jax
+    from typing_extensions import Unpack
 
-DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-_BACKEND_NAMES = ("auto", "jax", "nvmath")
-#: ``precision=``: None follows the framework's default; the others mean what they mean for ``jnp.dot``
-PRECISIONS: tuple[str | None, ...] = (None, "default", "high", "highest")
-
-
-# --------------------------------------------------------------------------- #
-# operands
-# --------------------------------------------------------------------------- #
-def family(x: Any) -> str:
-    """The array family of ``x``: "numpy", "jax" or "cupy" (without importing any)."""
-    if isinstance(x, np.ndarray):
-        return "numpy"
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(x, jax.Array):
-        return "jax"
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return "cupy"
-    return "other"
-
-
-def _as_matrix(x: Any, name: str) -> Any:
-    if family(x) == "other":
-        if not hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
-            raise TypeError(
-                f"{name} must be a 2-D numpy, jax or cupy array, got {type(x).__name__}"
-            )
-        x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D matrix, got {x.ndim}-D array of shape {tuple(x.shape)}")
-    dt = np.dtype(x.dtype).name
-    if dt not in DTYPES:
-        raise TypeError(f"{name} has dtype {dt}; supported dtypes: {', '.join(DTYPES)}")
-    return _native_order(x)
-
-
-def _native_order(x: Any) -> Any:
-    """A numpy array in native byte order (a copy when it was not: the input is left as it is)."""
-    if isinstance(x, np.ndarray) and not x.dtype.isnative:
-        return x.astype(x.dtype.newbyteorder("="))
-    return x
-
-
-@dataclasses.dataclass
-class Operands:
-    """The arrays of one product (mutable: :meth:`Matmul.reset_operands`)."""
-
-    a: Any
-    b: Any
-    c: Any = None
-    bias: Any = None
-
-    @property
-    def family(self) -> str:
-        fams = {family(x) for x in (self.a, self.b, self.c) if x is not None}
-        for f in ("cupy", "jax"):
-            if f in fams:
-                return f
-        return "numpy"
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """Everything a backend needs to plan one product; hashable (a cache key).
-
-    Shapes are global and *stored* (``a_shape`` is ``(K, M)`` when
-    ``transpose_a``). ``distributions`` is ``(dist_a, dist_b, dist_result)``
-    or None (one process: the backend picks).
-    """
-
-    a_shape: tuple[int, int]
-    b_shape: tuple[int, int]
-    dtype: str
-    transpose_a: bool
-    transpose_b: bool
-    distributions: tuple[Distribution, Distribution, Distribution] | None
-    alpha: complex
-    beta: complex
-    use_c: bool
-    epilog: str | None
-    algorithm: str
-    family: str
-    devices: Any = None
-    nprocs: int = 1  # > 1: several processes, operands are local blocks
-    precision: str | None = None
-
-    @property
-    def spmd(self) -> bool:
-        return self.nprocs > 1
-
-    @property
-    def m(self) -> int:
-        return self.a_shape[1] if self.transpose_a else self.a_shape[0]
-
-    @property
-    def k(self) -> int:
-        return self.a_shape[0] if self.transpose_a else self.a_shape[1]
-
-    @property
-    def n(self) -> int:
-        return self.b_shape[0] if self.transpose_b else self.b_shape[1]
-
-    @property
-    def has_bias(self) -> bool:
-        return has_bias(self.epilog)
-
-    @property
-    def degenerate(self) -> bool:
-        """An empty product (K = 0: the result is ``beta*C``; M or N = 0: empty)."""
-        return 0 in (self.m, self.n, self.k)
-
+__all__ = ["matmul", "Matmul", "MatmulOptions", "plan_of", "EPILOGS", "DTYPES"]
 
 def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
     op = (shape[1], shape[0]) if transposed else shape
@@ -239,8 +143,8 @@ def _check_local(
     spmd: bool,
 ) -> _Checked:
     """Phase 1: everything one rank can check alone (types, dtypes, names)."""
-    ops.a = _as_matrix(ops.a, "a")
-    ops.b = _as_matrix(ops.b, "b")
+    ops.a = as_matrix(ops.a, "a")
+    ops.b = as_matrix(ops.b, "b")
     dtype = np.dtype(ops.a.dtype).name
     if np.dtype(ops.b.dtype).name != dtype:
         raise TypeError(f"a and b must have the same dtype, got a {dtype} and b {np.dtype(ops.b.dtype).name}")
@@ -249,10 +153,11 @@ def _check_local(
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     if epilog not in EPILOGS:
         raise ValueError(f"epilog must be one of {EPILOGS}, got {epilog!r}")
-    if epilog in ("relu", "gelu", "relu_bias", "gelu_bias") and dtype.startswith("complex"):
+    epilog = Epilog.of(epilog)
+    if epilog is not None and epilog.activation is not None and dtype.startswith("complex"):
         raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or 'bias'")
     if ops.c is not None:
-        ops.c = _as_matrix(ops.c, "c")
+        ops.c = as_matrix(ops.c, "c")
         if np.dtype(ops.c.dtype).name != dtype:
             raise TypeError(f"c must have the dtype of a and b ({dtype}), got {np.dtype(ops.c.dtype).name}")
     if has_bias(epilog) and ops.bias is None:
@@ -265,7 +170,7 @@ def _check_local(
             ops.bias = np.asarray(ops.bias)
         if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:
             raise TypeError(f"bias must have a floating dtype, got {np.dtype(ops.bias.dtype).name}")
-        ops.bias = _native_order(ops.bias)
+        ops.bias = native_order(ops.bias)
         bias_length = int(np.prod(ops.bias.shape))
     alpha_v = _scalar(alpha, "alpha", dtype)
     beta_v = _scalar(beta, "beta", dtype)
@@ -275,8 +180,8 @@ def _check_local(
             "distribution is required when running as several processes (each rank passes its local "
             "blocks): e.g. distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X)"
         )
-    if backend not in _BACKEND_NAMES:
-        raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}")
+    if backend not in _backends.NAMES:
+        raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
     if algorithm != "auto" and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     if precision not in PRECISIONS:
@@ -400,117 +305,70 @@ def _validate(ops: Operands, **options: Any) -> Spec:
 # --------------------------------------------------------------------------- #
 # the plan object and the function
 # --------------------------------------------------------------------------- #
-def check_fit(
-    dists: tuple[Distribution, ...], nranks: int, *, spmd: bool, available: int | None = None
-) -> None:
-    """Every grid distribution spans exactly the ``nranks`` ranks in use, else a
-    DistributionError naming the operand, the grid, its size and the rank count
-    (``available``: the devices one process could use, for the hint)."""
-    where = f"{nranks} processes" if spmd else f"{nranks} device{'s' if nranks > 1 else ''} in use"
-    for name, dist in zip(("a", "b", "result"), dists):
-        if dist.grid is not None and dist.grid.size != nranks:
-            fix = "" if spmd or available is None or dist.grid.size > available else f", or devices={dist.grid.size}"
-            raise DistributionError(
-                f"distribution of {name}: {dist!r} spans {dist.grid.size} ranks (its grid "
-                f"{dist.grid.shape}) but there are {where}: use a ProcessGrid of {nranks} ranks{fix}"
-            )
+def plan_of(mm: Matmul) -> _backends.BackendPlan:
+    """The backend plan a Matmul holds (planned now if needed), for dmatmul's own
+    tools (``dmatmul bench``): its ``cost``, and whatever the backend adds."""
+    mm.plan()
+    assert mm._plan is not None
+    return mm._plan
 
 
-class _Degenerate:
-    """The "backend" of an empty product: no communication, no GEMM.
-
-    K = 0: every rank's result block is ``epilog(beta*C [+ bias])`` (zeros
-    without C), computed where C lies; M = 0 or N = 0: an empty block.
-    """
-
-    name = "none (empty product)"
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend  # the one the product would run on: it says how many ranks there are
-
-    def plan(self, spec: Spec, operands: Operands) -> _DegeneratePlan:
-        if spec.distributions is not None:
-            check_fit(spec.distributions, self.backend.ranks(spec), spmd=spec.spmd)
-        return _DegeneratePlan(spec)
-
-
-class _DegeneratePlan:
-    algorithm = "local"
-
-    def __init__(self, spec: Spec) -> None:
-        self.spec = spec
-
-    def execute(self, operands: Operands) -> Any:
-        spec = self.spec
-        dist = spec.distributions[2] if spec.distributions is not None else None
-        rt = _runtime.active() if spec.spmd else None
-        if rt is not None and dist is not None:
-            rows, cols = dist.global_indices(rt.rank, (spec.m, spec.n), rt.size)
-        else:
-            rows, cols = np.arange(spec.m), np.arange(spec.n)
-        xp = _array_module(operands.family)
-        if operands.family == "jax" and spec.dtype in ("float64", "complex128"):
-            import jax
-
-            with jax.enable_x64(True):
-                return self._compute(xp, operands, rows, cols)
-        return self._compute(xp, operands, rows, cols)
-
-    def _compute(self, xp: Any, operands: Operands, rows: Any, cols: Any) -> Any:
-        spec = self.spec
-        acc = xp.zeros((len(rows), len(cols)), dtype=_epilogue_acc(spec.dtype))
-        bias = None
-        if spec.has_bias:
-            bias = xp.asarray(operands.bias).reshape(-1)[xp.asarray(rows)] if len(rows) else xp.zeros((0,))
-        out = _epilogue_apply(
-            xp, acc, alpha=spec.alpha, beta=spec.beta, c=xp.asarray(operands.c) if spec.use_c else None,
-            bias=bias, epilog=spec.epilog, out_dtype=_dtype(spec.dtype),
-        )
-        return out
-
-    def explain(self) -> list[str]:
-        s = self.spec
-        what = "K = 0: the result is epilog(beta*C [+ bias])" if s.k == 0 else "M or N = 0: an empty result"
-        return [f"kernel:     none: {what}; nothing moves"]
-
-    def free(self) -> None:
-        pass
+#: The options of :func:`matmul` and :class:`Matmul`, documented once for both (as nvmath-python does).
+_DOCS = {
+    "operands": """a, b: the stored matrices (global in one process; this rank's blocks
+            under mpirun). numpy in gives numpy out; ``jax.Array`` in gives
+            ``jax.Array`` out (on the user's mesh when the operands are on one).
+        c: optional, with the result's shape and distribution; read only when
+            ``beta != 0`` (BLAS convention). Never modified.""",
+    "options": """distribution: a Distribution for all three, or ``(dist_a, dist_b,
+            dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
+            one process (the cost model picks), required under mpirun.
+        alpha, beta: scalars. transpose_a, transpose_b: ``op(x) = x.T``.
+        epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
+            "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
+            added to every column.
+        backend: "auto", "jax" or "nvmath". algorithm: "auto" or one of
+            ``dmatmul.ALGORITHMS``. precision: None (the framework's
+            default: ``jax.default_matmul_precision`` on JAX, nvmath's default
+            compute type on nvmath), "default", "high" or "highest", as for
+            ``jnp.dot``. devices: an int N (the first N devices) or a list of
+            JAX devices (one process).""",
+    "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
+    sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
+    c), M = 0 or N = 0 an empty result.""",
+}
 
 
-def _dtype(name: str) -> Any:
-    if name == "bfloat16":
-        import ml_dtypes
+class MatmulOptions(TypedDict, total=False):
+    """The keyword options of :func:`matmul` and :class:`Matmul` (for type checkers)."""
 
-        return ml_dtypes.bfloat16
-    return np.dtype(name)
-
-
-def _epilogue_acc(name: str) -> Any:
-    from ._epilogue import work_dtype
-
-    return work_dtype(_dtype(name))
-
-
-def _array_module(fam: str) -> Any:
-    if fam == "jax":
-        import jax.numpy as jnp
-
-        return jnp
-    if fam == "cupy":
-        import cupy
-
-        return cupy
-    return np
+    distribution: Distribution | Sequence[Distribution] | None
+    alpha: complex
+    beta: complex
+    transpose_a: bool
+    transpose_b: bool
+    epilog: EpilogName | Epilog | None
+    bias: Any
+    backend: BackendName
+    algorithm: AlgorithmName
+    precision: PrecisionName | None
+    devices: int | Sequence[Any] | None
 
 
 class Matmul:
     """A distributed product planned once and executed many times.
 
-    Takes the arguments of :func:`matmul`. ``plan()`` picks the backend's
-    algorithm and compiles; ``execute()`` plans if needed and returns the
-    result; ``reset_operands()`` swaps in new arrays of the same shapes,
-    dtypes and distributions; ``free()`` releases the plan (use after it
-    raises :class:`dmatmul.PlanFreedError`). A context manager frees on exit.
+    {semantics}
+
+    ``plan()`` picks the backend's algorithm and compiles; ``execute()`` plans
+    if needed and returns the result; ``reset_operands()`` swaps in new arrays
+    of the same shapes, dtypes and distributions; ``free()`` releases the plan
+    (use after it raises :class:`dmatmul.PlanFreedError`). A context manager
+    frees on exit.
+
+    Args:
+        {operands}
+        {options}
 
     >>> import numpy as np, dmatmul as dm                    # doctest: +SKIP
     >>> with dm.Matmul(np.ones((8, 4)), np.ones((4, 6))) as mm:  # doctest: +SKIP
@@ -521,19 +379,20 @@ class Matmul:
         self,
         a: Any,
         b: Any,
+        /,
         c: Any = None,
         *,
-        distribution: Any = None,
+        distribution: Distribution | Sequence[Distribution] | None = None,
         alpha: complex = 1.0,
         beta: complex = 0.0,
         transpose_a: bool = False,
         transpose_b: bool = False,
-        epilog: str | None = None,
+        epilog: EpilogName | Epilog | None = None,
         bias: Any = None,
-        backend: str = "auto",
-        algorithm: str = "auto",
-        precision: str | None = None,
-        devices: Any = None,
+        backend: BackendName = "auto",
+        algorithm: AlgorithmName = "auto",
+        precision: PrecisionName | None = None,
+        devices: int | Sequence[Any] | None = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
         self._options = dict(
@@ -549,7 +408,7 @@ class Matmul:
         self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
         self._backend: Any = _backends.resolve(backend, self._spec)
         if self._spec.degenerate:
-            self._backend = _Degenerate(self._backend)
+            self._backend = EmptyProduct(self._backend)
         self._plan: _backends.BackendPlan | None = None
         self._freed = False
 
@@ -660,65 +519,36 @@ class Matmul:
         return f"<dmatmul.Matmul {self._spec.m}x{self._spec.n}x{self._spec.k} {self._spec.dtype} {state}>"
 
 
+@overload
 def matmul(
-    a: Any,
-    b: Any,
-    c: Any = None,
-    *,
-    distribution: Any = None,
-    alpha: complex = 1.0,
-    beta: complex = 0.0,
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-    epilog: str | None = None,
-    bias: Any = None,
-    backend: str = "auto",
-    algorithm: str = "auto",
-    precision: str | None = None,
-    devices: Any = None,
-) -> Any:
+    a: np.ndarray, b: np.ndarray, /, c: np.ndarray | None = None, **options: Unpack[MatmulOptions]
+) -> np.ndarray: ...
+@overload
+def matmul(a: jax.Array, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -> jax.Array: ...
+@overload
+def matmul(a: Any, b: jax.Array, /, c: Any = None, **options: Unpack[MatmulOptions]) -> jax.Array: ...
+@overload
+def matmul(a: Any, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -> Any: ...
+def matmul(a: Any, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -> Any:
     """``epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``, distributed.
 
-    Args:
-        a, b: the stored matrices (global in one process; this rank's blocks
-            under mpirun). numpy in gives numpy out; ``jax.Array`` in gives
-            ``jax.Array`` out.
-        c: optional, with the result's shape and distribution; read only when
-            ``beta != 0`` (BLAS convention). Never modified.
-        distribution: a Distribution for all three, or ``(dist_a, dist_b,
-            dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
-            one process (the cost model picks), required under mpirun.
-        alpha, beta: scalars. transpose_a, transpose_b: ``op(x) = x.T``.
-        epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
-            "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
-            added to every column.
-        backend: "auto", "jax" or "nvmath". algorithm: "auto" or one of
-            ``dmatmul.ALGORITHMS``. precision: None (the framework's
-            default: ``jax.default_matmul_precision`` on JAX, nvmath's default
-            compute type on nvmath), "default", "high" or "highest", as for
-            ``jnp.dot``. devices: an int N (the first N devices) or a list of
-            JAX devices (one process).
+    {semantics}
 
-    Degenerate sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])``
-    (zeros without c), M = 0 or N = 0 an empty result.
+    Args:
+        {operands}
+        {options}
 
     Plans are cached per problem (shapes, dtype, distributions, options),
-    so repeated calls compile once.
+    so repeated calls compile once. The keywords are those of
+    :class:`Matmul`, which this function plans, runs and frees.
     """
-    with Matmul(
-        a,
-        b,
-        c,
-        distribution=distribution,
-        alpha=alpha,
-        beta=beta,
-        transpose_a=transpose_a,
-        transpose_b=transpose_b,
-        epilog=epilog,
-        bias=bias,
-        backend=backend,
-        algorithm=algorithm,
-        precision=precision,
-        devices=devices,
-    ) as mm:
+    with Matmul(a, b, c, **options) as mm:
         return mm.execute()
+
+
+Matmul.__doc__ = (Matmul.__doc__ or "").format(**_DOCS)
+matmul.__doc__ = (matmul.__doc__ or "").format(**_DOCS)
+# help(dm.matmul) and IDEs show Matmul's keywords (the one place they are written)
+matmul.__signature__ = inspect.signature(Matmul.__init__).replace(  # type: ignore[attr-defined]
+    parameters=list(inspect.signature(Matmul.__init__).parameters.values())[1:], return_annotation="Any"
+)

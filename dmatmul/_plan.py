@@ -17,18 +17,21 @@ algorithm's own collective.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Sequence
 from typing import Literal
 
 from . import _cost
 from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
+from ._spec import ALGORITHMS
 
-__all__ = ["Role", "Kernel", "KERNELS", "Move", "Plan", "role_of", "choose", "ALGORITHMS"]
+__all__ = [
+    "Role", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of", "role_dist", "kernel_cost",
+    "plans", "choose", "choose_distributions", "needs", "ALGORITHMS",
+]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
 Operand = Literal["a", "b", "d"]
-
-#: The algorithm names of the contract, in order of preference on ties.
-ALGORITHMS: tuple[str, ...] = ("local", "allgather", "reduce_scatter", "allreduce", "summa")
 
 _LOGICAL: dict[str, tuple[str, str]] = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
 
@@ -63,6 +66,29 @@ def role_of(dist: Distribution, operand: Operand, transposed: bool, nranks: int)
         if len(split) == 1:
             return dims[split[0]]  # type: ignore[return-value]
     return None
+
+
+def roles_of(
+    dists: Sequence[Distribution], transposes: tuple[bool, bool], nranks: int
+) -> dict[str, Role]:
+    """The roles of ``(a, b, result)``; a grid layout that is not 1-D is ``"G"``.
+
+    >>> roles_of((Slab.X, Slab.Y, Slab.X), (False, False), 4)
+    {'a': 'M', 'b': 'N', 'd': 'M'}
+    """
+    ts = (transposes[0], transposes[1], False)
+    return {op: role_of(d, op, t, nranks) or "G" for op, d, t in zip(("a", "b", "d"), dists, ts)}  # type: ignore[arg-type]
+
+
+def role_dist(operand: Operand, role: Role, transposed: bool) -> Distribution:
+    """The 1-D distribution of the stored operand that gives it ``role``.
+
+    >>> role_dist("a", "K", True)
+    Slab.X
+    """
+    if role == "R":
+        return Replicated()
+    return Slab(stored_dims(operand, transposed).index(role))  # type: ignore[arg-type]
 
 
 def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
@@ -184,7 +210,7 @@ class Plan:
         return all(m.nbytes == 0 for m in self.moves)
 
 
-def _kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float]:
+def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float]:
     """(bytes received, messages, flops) per rank of the kernel itself."""
     m, n, k, p = problem.m, problem.n, problem.k, problem.p
     roles = (kernel.a, kernel.b, kernel.d)
@@ -208,15 +234,17 @@ def _kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, floa
 
 
 def plans(
-    problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset()
+    problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset(),
+    kernels: Sequence[Kernel] = KERNELS,
 ) -> list[Plan]:
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
+    ``kernels``: what the backend can run (a subset of :data:`KERNELS`).
     SUMMA is a candidate only on a process grid; ``native`` names the operands
     whose grid layout is already the one SUMMA uses.
     """
     out = []
-    for kernel in KERNELS:
+    for kernel in kernels:
         if kernel.algorithm == "summa" and problem.grid is None:
             continue
         moves = [
@@ -225,7 +253,7 @@ def plans(
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
             move(problem, "d", kernel.d, roles["d"], native="d" in native),
         ]
-        kb, km, flops = _kernel_cost(problem, kernel)
+        kb, km, flops = kernel_cost(problem, kernel)
         moves = tuple(mv for mv in moves if mv.collective != "none")
         nbytes = kb + sum(mv.nbytes for mv in moves)
         messages = km + sum(mv.messages for mv in moves)
@@ -243,13 +271,15 @@ def choose(
     model: _cost.MachineModel,
     transposes: tuple[bool, bool],
     native: frozenset[str] = frozenset(),
+    kernels: Sequence[Kernel] = KERNELS,
+    backend: str = "",
 ) -> Plan:
     """The cheapest plan, or the cheapest of a named algorithm that fits as given.
 
     Raises ValueError naming the distributions the algorithm needs when it
-    does not fit.
+    does not fit (``backend``: named in that message).
     """
-    candidates = plans(problem, roles, model, native)
+    candidates = plans(problem, roles, model, native, kernels)
     if algorithm == "auto":
         return candidates[0]
     # SUMMA also takes grid operands whose blocking or orientation it must first adjust (transposes,
@@ -261,14 +291,18 @@ def choose(
     ]
     if fitting:
         return fitting[0]
-    raise ValueError(_needs_message(algorithm, roles, transposes))
+    raise ValueError(needs_message(algorithm, roles, transposes, kernels, backend))
 
 
-def needs(algorithm: str, transposes: tuple[bool, bool]) -> list[str]:
-    """The distribution triples (a, b, result) an algorithm accepts as given."""
+def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kernel] = KERNELS) -> list[str]:
+    """The distribution triples (a, b, result) an algorithm accepts as given.
+
+    >>> needs("reduce_scatter", (False, False))
+    ['(a=Slab.Y, b=Slab.X, result=Slab.X)', '(a=Slab.Y, b=Slab.X, result=Slab.Y)']
+    """
     ta, tb = transposes
     out = []
-    for kernel in KERNELS:
+    for kernel in kernels:
         if kernel.algorithm == algorithm:
             out.append(
                 f"(a={dist_for_role('a', kernel.a, ta)}, b={dist_for_role('b', kernel.b, tb)}, "
@@ -277,20 +311,74 @@ def needs(algorithm: str, transposes: tuple[bool, bool]) -> list[str]:
     return out
 
 
-def _needs_message(algorithm: str, roles: dict[str, Role], transposes: tuple[bool, bool]) -> str:
+def needs_message(
+    algorithm: str, roles: dict[str, Role] | str, transposes: tuple[bool, bool],
+    kernels: Sequence[Kernel] = KERNELS, backend: str = "",
+) -> str:
+    """Why a named algorithm does not fit, and the triples it needs.
+
+    ``roles``: the given operands' roles, or the given triple already written out.
+    """
     ta, tb = transposes
-    given = (
+    given = roles if isinstance(roles, str) else (
         f"(a={dist_for_role('a', roles['a'], ta)}, b={dist_for_role('b', roles['b'], tb)}, "
         f"result={dist_for_role('d', roles['d'], False)})"
     )
-    options = needs(algorithm, transposes)
+    on = f" on the {backend} backend" if backend else ""
+    options = needs(algorithm, transposes, kernels)
     if not options:
-        return f"algorithm={algorithm!r} does not apply to 1-D distributions; given {given}"
+        return (
+            f"algorithm={algorithm!r} does not apply to 1-D distributions{on}; given {given}: it needs a, b and "
+            "the result on one shared 2-D ProcessGrid (BlockCyclic or BlockNonCyclic); or use algorithm='auto'"
+        )
     return (
         f"algorithm={algorithm!r} does not fit the distributions {given} "
-        f"(transpose_a={ta}, transpose_b={tb}); it needs one of: {', '.join(options)} "
+        f"(transpose_a={ta}, transpose_b={tb}){on}; it needs one of: {', '.join(options)} "
         "(Replicated() also fits wherever a Slab is needed); or use algorithm='auto'"
     )
+
+
+def choose_distributions(
+    problem: Problem1D,
+    model: _cost.MachineModel,
+    *,
+    transposes: tuple[bool, bool],
+    fixed: tuple[Distribution | None, Distribution | None] = (None, None),
+    kernels: Sequence[Kernel] = KERNELS,
+) -> tuple[Distribution, Distribution, Distribution]:
+    """``distribution=None`` (one process): the triple of 1-D distributions whose
+    cheapest plan, plus placing the operands there, the model says is fastest.
+
+    ``fixed``: a's and b's distribution where the operand already has one (a
+    ``jax.Array`` laid out on the devices); the others are free. On one rank
+    nothing is split: everything is ``Replicated()``.
+
+    >>> pr = Problem1D(64, 64, 4096, 4, 4, 4)
+    >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False))
+    (Slab.Y, Slab.X, Slab.X)
+    """
+    if problem.p == 1:
+        return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
+    options = (Slab.X, Slab.Y, Replicated())
+    best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
+    for da, db, dd in itertools.product(
+        [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, options
+    ):
+        roles = roles_of((da, db, dd), transposes, problem.p)
+        candidates = plans(problem, roles, model, kernels=kernels)
+        if not candidates:
+            continue
+        placement = sum(
+            model.beta * problem.elements(op) * problem.itemsize / (1 if roles[op] == "R" else problem.p)
+            for op, given in (("a", fixed[0]), ("b", fixed[1]))
+            if given is None
+        )
+        cost = candidates[0].time + placement
+        if best is None or cost < best[0]:
+            best = (cost, (da, db, dd))
+    if best is None:
+        raise ValueError("no kernel of the backend runs any 1-D layout: pass distribution= explicitly")
+    return best[1]
 
 
 def _fmt_bytes(n: float) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import _runtime
+from . import backends as _backends
 from ._distribution import Distribution
 from ._errors import DistributionError
-from ._matmul import _as_matrix, family
+from ._spec import as_matrix, family
 
 __all__ = ["redistribute"]
 
@@ -44,7 +45,7 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
         _check_distribution(dst, "dst")
         if spmd and devices is not None:
             raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
-        return _as_matrix(x, "x")
+        return as_matrix(x, "x")
 
     if not spmd:
         xm = check()
@@ -60,19 +61,5 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
             raise DistributionError(f"x: {e}") from None
         rank = rt.rank
 
-    from .backends import get
-
-    get("jax")  # a clear error when JAX is missing
-    from .backends.jax import _layout, _redistribute
-    from .backends.jax._backend import _x64
-
-    with _x64(str(xm.dtype)):
-        devs = _layout.process_devices(rt.size) if spmd else _layout.resolve_devices(devices)  # type: ignore[union-attr]
-        for name, d in (("src", src), ("dst", dst)):
-            try:
-                d.nranks(len(devs))
-            except DistributionError as e:
-                raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
-        return _redistribute.redistribute(
-            xm, src, dst, shape=shape, family=family(xm), devices=devs, rank=rank
-        )
+    backend = _backends.for_redistribute()
+    return backend.redistribute(xm, src, dst, shape=shape, family=family(xm), devices=devices, rank=rank)

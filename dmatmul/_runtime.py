@@ -1,28 +1,33 @@
-"""The multi-process runtime: MPI (mpi4py) plus ``jax.distributed``.
+"""The multi-process runtime: MPI (mpi4py), and the backends' process groups.
 
 One rank = one process = one device. A single-process run never touches MPI:
 :func:`active` looks at the launcher's environment first and imports mpi4py
 only when a launcher says there are several processes.
 
 * :func:`init` starts the runtime explicitly (optionally on a communicator the
-  caller owns); :func:`finalize` shuts ``jax.distributed`` down again.
+  caller owns) with the process group of the backend products will use
+  (``jax.distributed`` for JAX); :func:`finalize` shuts those down again.
 * Otherwise the first distributed call under ``mpiexec -n P`` (P > 1) starts
-  it implicitly on ``MPI.COMM_WORLD``.
+  MPI implicitly on ``MPI.COMM_WORLD``, and each backend starts its own
+  process group before its first product (:func:`ensure`).
 * :func:`agree` runs a check on every rank and raises on every rank if it
   failed on any: no rank is left waiting in a collective.
+
+This module knows no backend: what "starting" means is each backend's
+``start`` (see :mod:`dmatmul.backends`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 __all__ = [
-    "Runtime", "init", "finalize", "runtime", "active", "ensure_jax", "world_size", "rank", "agree", "launched_size",
+    "Runtime", "init", "finalize", "runtime", "active", "ensure", "world_size", "rank", "agree", "agree_and_share",
+    "disagreement", "launched_size",
 ]
 
 T = TypeVar("T")
@@ -39,8 +44,8 @@ class Runtime:
     size: int
     comm: Any  # an mpi4py communicator
     local_rank: int
-    device: Any = None  # this process's JAX device, once JAX is up
-    owns_jax: bool = False  # dmatmul started jax.distributed (and will shut it down)
+    device: Any = None  # this process's device, once a backend that has one started
+    started: tuple[str, ...] = ()  # the backends whose process groups run on this runtime
 
 
 _state: Runtime | None = None
@@ -63,20 +68,23 @@ def runtime() -> Runtime | None:
 def active() -> Runtime | None:
     """The runtime, started implicitly (MPI only) when a launcher says P > 1; else None.
 
-    JAX is started by the JAX backend when it first runs (:func:`ensure_jax`),
+    A backend starts its process group when it first runs (:func:`ensure`),
     so an nvmath-only installation never imports JAX.
     """
     if _state is None and launched_size() > 1:
-        return init(start_jax=False)
+        return init(start=())
     return _state
 
 
-def ensure_jax() -> Runtime:
-    """The active runtime with ``jax.distributed`` started (idempotent)."""
+def ensure(backend: str) -> Runtime:
+    """The active runtime with ``backend``'s process group started (idempotent)."""
     global _state
-    state = _state if _state is not None else init(start_jax=False)
-    if state.device is None:
-        state = _start_jax(state)
+    state = _state if _state is not None else init(start=())
+    if backend not in state.started:
+        from . import backends
+
+        state = backends.get(backend).start(state)
+        state = dataclasses.replace(state, started=state.started + (backend,))
         _state = state
     return state
 
@@ -91,12 +99,6 @@ def rank() -> int:
     return 0 if _state is None else _state.rank
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def _abort_on_uncaught(comm: Any) -> None:
     """An uncaught exception on one rank ends the whole job (as ``python -m mpi4py``)."""
     previous = sys.excepthook
@@ -109,12 +111,15 @@ def _abort_on_uncaught(comm: Any) -> None:
     sys.excepthook = hook
 
 
-def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
+def init(comm: Any = None, *, start: Sequence[str] | None = None) -> Runtime:
     """Start the multi-process runtime on ``comm`` (default ``MPI.COMM_WORLD``).
 
-    Initializes ``jax.distributed`` across the communicator's processes with one
-    device per process (on CPU: one CPU device; on GPU: the local rank's GPU),
-    unless it already runs. Idempotent. Returns the :class:`Runtime`.
+    ``start``: the backends whose process groups to start now; None (the
+    default) starts the one ``backend="auto"`` runs on here, when one can run
+    (on CPU: ``jax.distributed`` with one CPU device per process; with
+    nvmath-python and a GPU: nvmath's NCCL communicator); ``()`` starts MPI
+    only (a backend then starts when it first runs). Idempotent. Returns
+    the :class:`Runtime`.
     """
     global _state
     if _state is not None:
@@ -123,22 +128,31 @@ def init(comm: Any = None, *, start_jax: bool = True) -> Runtime:
                 f"dmatmul already runs on another communicator (size {_state.size}, this is rank {_state.rank}); "
                 f"got comm of size {comm.Get_size()}: call dm.finalize() before dm.init(comm)"
             )
-        return ensure_jax() if start_jax else _state
+    else:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise RuntimeError("dmatmul under mpiexec needs mpi4py: pip install 'dmatmul[mpi]'") from e
+        comm = MPI.COMM_WORLD if comm is None else comm
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = local.Get_rank()
+        local.Free()
+        if comm.Get_size() > 1:
+            _abort_on_uncaught(comm)
+        _state = Runtime(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm, local_rank=local_rank)
+    for name in _default_start() if start is None else start:
+        ensure(name)
+    return _state
+
+
+def _default_start() -> tuple[str, ...]:
+    """The backend ``backend="auto"`` would run on, if any can run here."""
+    from . import backends
+
     try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise RuntimeError("dmatmul under mpiexec needs mpi4py: pip install 'dmatmul[mpi]'") from e
-    comm = MPI.COMM_WORLD if comm is None else comm
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank = local.Get_rank()
-    local.Free()
-    state = Runtime(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm, local_rank=local_rank)
-    if comm.Get_size() > 1:
-        _abort_on_uncaught(comm)
-    if start_jax:
-        state = _start_jax(state)
-    _state = state
-    return state
+        return (backends.resolve("auto").name,)
+    except RuntimeError:  # no backend installed: MPI only
+        return ()
 
 
 def _same_comm(a: Any, b: Any) -> bool:
@@ -150,49 +164,14 @@ def _same_comm(a: Any, b: Any) -> bool:
     return bool(MPI.Comm.Compare(a, b) in (MPI.IDENT, MPI.CONGRUENT))
 
 
-def _start_jax(state: Runtime) -> Runtime:
-    import importlib.util
-
-    if importlib.util.find_spec("jax") is None:  # an nvmath-only installation: nothing to start
-        return state
-    import jax
-
-    comm = state.comm
-    owns = False
-    if state.size > 1 and not jax.distributed.is_initialized():
-        platforms = os.environ.get("JAX_PLATFORMS", "")
-        on_cpu = platforms.startswith("cpu") or not _has_accelerator()
-        if on_cpu:
-            jax.config.update("jax_num_cpu_devices", 1)
-        address = comm.bcast(f"{socket.gethostname()}:{_free_port()}" if state.rank == 0 else None, root=0)
-        # JAX's preemption service catches SIGTERM (to checkpoint on preemption), so a hung job
-        # would ignore `timeout`/`scancel`; dmatmul's own runs leave SIGTERM to end the process
-        jax.config.update("jax_enable_preemption_service", False)
-        jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=state.size,
-            process_id=state.rank,
-            local_device_ids=None if on_cpu else [state.local_rank],
-        )
-        owns = True
-    device = jax.local_devices()[0]
-    return dataclasses.replace(state, device=device, owns_jax=owns)
-
-
-def _has_accelerator() -> bool:
-    """Whether a GPU/TPU JAX backend is installed (checked without starting JAX)."""
-    import importlib.util
-
-    return any(importlib.util.find_spec(p) is not None for p in ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu"))
-
-
 def finalize() -> None:
-    """Shut down what :func:`init` started (``jax.distributed``); MPI stays up."""
+    """Shut down the process groups :func:`init` (or a first product) started; MPI stays up."""
     global _state
-    if _state is not None and _state.owns_jax:
-        import jax
+    if _state is not None:
+        from . import backends
 
-        jax.distributed.shutdown()
+        for name in reversed(_state.started):
+            backends.get(name).stop()
     _state = None
 
 

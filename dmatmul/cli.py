@@ -39,14 +39,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, backends
 
     print(f"dmatmul {__version__}  (Python {platform.python_version()}, numpy {np.__version__})")
-    for name in backends.BACKENDS:
-        reason = backends.probe(name)
-        print(f"backend {name:7s}: {'available' if reason is None else 'unavailable: ' + reason}")
-        if name == "nvmath":  # what is installed for it (wheel metadata; no CUDA loaded for this part)
-            from .backends.nvmath import installation
-
-            for line in installation().lines():
-                print(f"  {line}")
+    for row in backends.TABLE:
+        reason = backends.probe(row.name)
+        print(f"backend {row.name:7s}: {'available' if reason is None else 'unavailable: ' + reason}")
+        for line in backends.details(row.name):  # what is installed for it, as the backend reports it
+            print(f"  {line}")
     if importlib.util.find_spec("jax") is not None:
         import jax
 
@@ -181,7 +178,7 @@ def _check_backends(choice: str) -> list[str]:
     """The backends ``dmatmul check --backend choice`` runs (raises SystemExit if none)."""
     from . import backends
 
-    found = [name for name in backends.BACKENDS if backends.probe(name) is None]
+    found = [row.name for row in backends.TABLE if backends.probe(row.name) is None]
     if choice == "all-found":
         names = found
     elif choice == "auto":
@@ -219,7 +216,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from . import _check
     import dmatmul as dm
 
-    rt = dm.init(start_jax="jax" in names) if spmd else None
+    rt = dm.init(start=("jax",) if "jax" in names else ()) if spmd else None
     rank = rt.rank if rt else 0
     say = print if rank == 0 else (lambda *a, **k: None)
     ncases = args.cases if args.cases is not None else (12 if args.quick else 50)

@@ -1,29 +1,50 @@
-"""Backends behind :func:`dmatmul.matmul`: one small protocol, a lazy registry.
+"""Backends behind :func:`dmatmul.matmul`: one protocol, one table, lazy loading.
+
+A backend is one package under ``dmatmul/backends/`` that exposes
+``BACKEND`` (an object of the :class:`Backend` protocol),
+``unavailable()`` (why it cannot run here, or None) and optionally
+``details()`` (lines for ``dmatmul info``), plus one row of
+:data:`TABLE` and one extra in ``pyproject.toml``. The front end talks to
+backends only through this module; backends import only the shared
+vocabulary (:mod:`dmatmul._spec`, :mod:`dmatmul._plan`, ...), never the front
+end's implementation or each other's private modules.
 
 A backend module is imported only when a product asks for it, so ``import
 dmatmul`` never imports JAX, nvmath-python or CuPy.
-
-The protocol (see :class:`Backend` and :class:`BackendPlan`): a backend turns
-a validated :class:`dmatmul._matmul.Spec` plus the operands into a plan, and
-a plan executes on operands of the same shapes, dtypes and families.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .._matmul import Operands, Spec
+    from .._plan import Plan
+    from .._runtime import Runtime
+    from .._spec import Operands, Spec
 
-__all__ = ["Backend", "BackendPlan", "BACKENDS", "get", "resolve", "probe"]
+__all__ = [
+    "Backend", "BackendPlan", "BackendInfo", "TABLE", "NAMES", "get", "resolve", "probe", "info", "details", "loaded",
+    "for_redistribute",
+]
 
 
+@runtime_checkable
 class BackendPlan(Protocol):
-    """A planned product: what :class:`dmatmul.Matmul` holds."""
+    """A planned product: what :class:`dmatmul.Matmul` holds.
+
+    ``algorithm`` is one of :data:`dmatmul.ALGORITHMS`; ``cost`` the planner's
+    :class:`dmatmul._plan.Plan` (modelled bytes, messages, flops, time) or
+    None where the backend plans no communication of its own; ``explain()``
+    the lines :meth:`dmatmul.Matmul.explain` prints after its header.
+    """
 
     algorithm: str
+
+    @property
+    def cost(self) -> Plan | None: ...
 
     def execute(self, operands: Operands) -> Any: ...
 
@@ -33,20 +54,66 @@ class BackendPlan(Protocol):
 
 
 class Backend(Protocol):
+    """What a backend provides.
+
+    * ``plan(spec, operands)``: a :class:`BackendPlan` for a validated product.
+    * ``ranks(spec)``: how many ranks a product of ``spec`` spans here.
+    * ``start(runtime)``: bring the backend's own process group up under a
+      multi-process launch (called once, before its first product); returns
+      the runtime, with this process's device filled in where it has one.
+      ``stop()`` undoes what ``start`` did (:func:`dmatmul.finalize`).
+    * ``redistribute(...)`` (only backends whose row says ``redistributes``):
+      a matrix from one distribution to another, for :func:`dmatmul.redistribute`.
+    """
+
     name: str
 
     def plan(self, spec: Spec, operands: Operands) -> BackendPlan: ...
 
-    def ranks(self, spec: Spec) -> int: ...  # how many ranks a product of ``spec`` spans
+    def ranks(self, spec: Spec) -> int: ...
+
+    def start(self, runtime: Runtime) -> Runtime: ...
+
+    def stop(self) -> None: ...
 
 
-#: name -> (module, the extra that installs it)
-BACKENDS: dict[str, tuple[str, str]] = {
-    "jax": ("dmatmul.backends.jax", "jax"),
-    "nvmath": ("dmatmul.backends.nvmath", "nvmath"),
-}
+@dataclasses.dataclass(frozen=True)
+class BackendInfo:
+    """One row of the backend table.
+
+    ``packages`` are the import names checked (without importing them) before
+    the module is; ``extra`` is what ``pip install 'dmatmul[<extra>]'``
+    installs them with; ``redistributes``: it implements
+    ``redistribute(x, src, dst, *, shape, family, devices, rank)``.
+    """
+
+    name: str
+    module: str
+    extra: str
+    packages: tuple[str, ...]
+    summary: str
+    redistributes: bool = False
+
+
+#: Every backend, in the order ``backend="auto"`` prefers them when they can
+#: run (a product over several devices of one process skips the ones that run
+#: one rank per process: see :func:`resolve`).
+TABLE: tuple[BackendInfo, ...] = (
+    BackendInfo("nvmath", "dmatmul.backends.nvmath", "nvmath", ("nvmath", "cupy"),
+                "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)"),
+    BackendInfo("jax", "dmatmul.backends.jax", "jax", ("jax",),
+                "JAX shard_map ring kernels (CPU, GPU, TPU; one or several processes)", redistributes=True),
+)
+_BY_NAME = {row.name: row for row in TABLE}
+#: The ``backend=`` values.
+NAMES: tuple[str, ...] = ("auto", *sorted(_BY_NAME))
 
 _loaded: dict[str, Backend] = {}
+
+
+def info(name: str) -> BackendInfo:
+    """The table row of backend ``name``."""
+    return _BY_NAME[name]
 
 
 def probe(name: str) -> str | None:
@@ -55,15 +122,24 @@ def probe(name: str) -> str | None:
     Cheap for a missing package (no import is attempted); the backend module's
     own ``unavailable()`` does the deeper checks (a CUDA device, libraries).
     """
-    module, extra = BACKENDS[name]
-    needed = {"jax": ("jax",), "nvmath": ("nvmath", "cupy")}[name]
-    missing = [pkg for pkg in needed if importlib.util.find_spec(pkg) is None]
+    row = _BY_NAME[name]
+    missing = [pkg for pkg in row.packages if importlib.util.find_spec(pkg) is None]
     if missing:
-        return f"{' and '.join(missing)} not installed: pip install 'dmatmul[{extra}]'"
-    if importlib.util.find_spec(module) is None:
+        return f"{' and '.join(missing)} not installed: pip install 'dmatmul[{row.extra}]'"
+    if importlib.util.find_spec(row.module) is None:
         return f"the {name} backend is not part of this dmatmul version"
-    reason: str | None = importlib.import_module(module).unavailable()
+    reason: str | None = importlib.import_module(row.module).unavailable()
     return reason
+
+
+def details(name: str) -> list[str]:
+    """What the backend's package reports about its installation (``dmatmul info``):
+    its optional ``details()`` function, called without loading its libraries."""
+    row = _BY_NAME[name]
+    if importlib.util.find_spec(row.module) is None:
+        return []
+    report = getattr(importlib.import_module(row.module), "details", None)
+    return list(report()) if report is not None else []
 
 
 def get(name: str) -> Backend:
@@ -72,19 +148,37 @@ def get(name: str) -> Backend:
         reason = probe(name)
         if reason is not None:
             raise RuntimeError(f"backend={name!r} is not available: {reason}")
-        _loaded[name] = importlib.import_module(BACKENDS[name][0]).BACKEND
+        _loaded[name] = importlib.import_module(_BY_NAME[name].module).BACKEND
     return _loaded[name]
 
 
+def loaded() -> dict[str, Backend]:
+    """The backends imported so far (what :func:`dmatmul.finalize` stops)."""
+    return dict(_loaded)
+
+
 def resolve(name: str, spec: Spec | None = None) -> Backend:
-    """``"auto"``: nvmath where it can run (nvmath-python, CUDA GPU, cuBLASMp), else jax.
+    """``"auto"``: the first backend of :data:`TABLE` that can run here.
 
     nvmath runs one rank per process, so a one-process product asked to span
-    several devices (``devices=N``, N > 1) goes to jax.
+    several devices (``devices=N``, N > 1) goes to a backend that can.
     """
     if name != "auto":
         return get(name)
     several_devices = spec is not None and not spec.spmd and spec.devices not in (None, 1)
-    if not several_devices and probe("nvmath") is None:
-        return get("nvmath")
-    return get("jax")
+    for row in TABLE:
+        if several_devices and row.name == "nvmath":
+            continue
+        if probe(row.name) is None:
+            return get(row.name)
+    return get("jax")  # raises, naming what to install
+
+
+def for_redistribute() -> Any:
+    """The backend :func:`dmatmul.redistribute` runs on (the first that
+    redistributes and can run; an error naming the extra when none can)."""
+    rows = [row for row in TABLE if row.redistributes]
+    for row in rows:
+        if probe(row.name) is None:
+            return get(row.name)
+    return get(rows[0].name)

@@ -51,7 +51,7 @@ import dmatmul as dm  # noqa: E402
 from _reference import TOLERANCE, random_matrix, reference, wide  # noqa: E402
 
 launched = dm._runtime.launched_size()
-rt = dm.init(start_jax=args.compare_jax) if launched > 1 else None
+rt = dm.init(start=("jax",) if args.compare_jax else ()) if launched > 1 else None
 P = 1 if rt is None else rt.size
 RANK = 0 if rt is None else rt.rank
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 from typing import Any
 
 import jax
@@ -12,17 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ... import _cost, _plan
+from ... import _cost, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ..._matmul import check_fit
-from ..._matmul import Operands, Spec
-from . import _kernels, _layout
+from ..._errors import DistributionError
+from ..._spec import Operands, Spec, check_fit
+from . import _kernels, _layout, _start
 from . import _redistribute as _moves
 
 __all__ = ["JaxBackend", "JaxPlan"]
-
-_ACC = {"float16": jnp.float32, "bfloat16": jnp.float32}
-
 
 def _x64(dtype: str) -> contextlib.AbstractContextManager[Any]:
     """64-bit dtypes need JAX's x64 mode: enable it for dmatmul's own calls only."""
@@ -156,13 +152,6 @@ def _sharding_of(dist: Distribution, mesh: Mesh, shape: tuple[int, int]) -> Name
     return None
 
 
-def _role_dist(operand: str, role: _plan.Role, transposed: bool) -> Distribution:
-    """The 1-D distribution of the stored operand that gives it ``role``."""
-    if role == "R":
-        return Replicated()
-    return Slab(_plan.stored_dims(operand, transposed).index(role))  # type: ignore[arg-type]
-
-
 def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSchedule:
     """SUMMA's panels from op(A)'s K map (over grid columns) and op(B)'s (over
     grid rows): runs of consecutive k held by one grid column of A and one grid
@@ -223,9 +212,9 @@ class JaxPlan:
             self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else _layout.resolve_devices(spec.devices)
         self.nranks = p = len(self.devices)
         self.model = _cost.model_for(self.devices[0].platform, p)
-        itemsize = np.dtype(operands.a.dtype).itemsize
-        acc_dtype = _ACC.get(spec.dtype, jnp.dtype(spec.dtype))
-        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, np.dtype(acc_dtype).itemsize)
+        info = spec.dtype_info
+        acc_dtype = jnp.dtype(info.accumulator)
+        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, info.itemsize, info.acc_itemsize)
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions) if p > 1 else None
@@ -240,8 +229,7 @@ class JaxPlan:
         if grid is not None:
             self.problem = dataclasses.replace(self.problem, grid=grid.shape)
         roles = self._roles(self.planned)
-        transposes = {"a": spec.transpose_a, "b": spec.transpose_b, "d": False}
-        shapes = {"a": spec.a_shape, "b": spec.b_shape, "d": (spec.m, spec.n)}
+        transposes, shapes = spec.transposes, spec.shapes
 
         summa = self._summa_placements(roles, shapes) if grid is not None else None
         native = frozenset(
@@ -250,7 +238,7 @@ class JaxPlan:
         )
         self.plan = _plan.choose(
             self.problem, roles, algorithm=spec.algorithm, model=self.model,
-            transposes=(spec.transpose_a, spec.transpose_b), native=native,
+            transposes=(spec.transpose_a, spec.transpose_b), native=native, backend="jax",
         )
         kern = self.plan.kernel
         split = {r for r in (*roles.values(), kern.a, kern.b, kern.d) if r not in ("R", "G")}
@@ -268,7 +256,7 @@ class JaxPlan:
             assert summa is not None
             self.kernel, schedule = summa
         else:
-            self.kernel = {op: placement(op, _role_dist(op, kern.role(op), transposes[op])) for op in "abd"}
+            self.kernel = {op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in "abd"}
             schedule = None
         d_rows = self.kernel["d"]
         self.local = _kernels.LocalProblem(
@@ -299,11 +287,7 @@ class JaxPlan:
     # -- planning -------------------------------------------------------------
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
-        spec, p = self.spec, self.nranks
-        roles: dict[str, _plan.Role] = {}
-        for operand, dist, t in zip(("a", "b", "d"), dists, (spec.transpose_a, spec.transpose_b, False)):
-            roles[operand] = _plan.role_of(dist, operand, t, p) or "G"  # type: ignore[arg-type]
-        return roles
+        return _plan.roles_of(dists, (self.spec.transpose_a, self.spec.transpose_b), self.nranks)
 
     def _given_grid(self, op: str, shape: tuple[int, int]) -> _layout.Placement:
         dist = self.planned["abd".index(op)]
@@ -335,28 +319,20 @@ class JaxPlan:
     def _distributions(
         self, operands: Operands
     ) -> tuple[tuple[Distribution, Distribution, Distribution], bool]:
-        """The given triple, or (one process, none given) the modelled cheapest:
+        """The given triple, or (one process, none given) the planner's choice:
         jax.Arrays keep the 1-D layout their sharding expresses."""
         if self.spec.distributions is not None:
             return self.spec.distributions, False
-        options = (Slab.X, Slab.Y, Replicated())
-        fixed = [_infer_distribution(operands.a, self.devices, "a"), _infer_distribution(operands.b, self.devices, "b")]
-        best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
-        for da, db, dd in itertools.product(
-            [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, options
-        ):
-            roles = self._roles((da, db, dd))
-            plan = _plan.plans(self.problem, roles, self.model)[0]
-            placement = sum(
-                self.model.beta * self.problem.elements(op) * self.problem.itemsize / (1 if r == "R" else self.nranks)
-                for op, r, given in (("a", roles["a"], fixed[0]), ("b", roles["b"], fixed[1]))
-                if given is None
-            )
-            cost = plan.time + placement
-            if best is None or cost < best[0]:
-                best = (cost, (da, db, dd))
-        assert best is not None
-        return best[1], True
+        fixed = (_infer_distribution(operands.a, self.devices, "a"), _infer_distribution(operands.b, self.devices, "b"))
+        chosen = _plan.choose_distributions(
+            self.problem, self.model, transposes=(self.spec.transpose_a, self.spec.transpose_b), fixed=fixed
+        )
+        return chosen, True
+
+    @property
+    def cost(self) -> _plan.Plan:
+        """The planner's plan: modelled bytes, messages, flops and time per rank."""
+        return self.plan
 
     # -- the jitted function ------------------------------------------------------
     def sharding(self, operand: str) -> NamedSharding:
@@ -600,6 +576,33 @@ class JaxBackend:
     def ranks(self, spec: Spec) -> int:
         """One device per process under mpiexec; else the devices ``devices=`` picks."""
         return spec.nprocs if spec.spmd else len(_layout.resolve_devices(spec.devices))
+
+    def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
+        """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""
+        return _start.start(runtime)  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        _start.stop()
+
+    def redistribute(
+        self, x: Any, src: Distribution, dst: Distribution, *, shape: tuple[int, int], family: str,
+        devices: Any, rank: int | None,
+    ) -> Any:
+        """:func:`dmatmul.redistribute` on JAX devices: ``devices`` (one process, ``rank``
+        None) or one device per process (``rank``: this process's)."""
+        with _x64(str(x.dtype)):
+            if rank is not None:
+                rt = _runtime.active()
+                assert rt is not None
+                devs = _layout.process_devices(rt.size)
+            else:
+                devs = _layout.resolve_devices(devices)
+            for name, d in (("src", src), ("dst", dst)):
+                try:
+                    d.nranks(len(devs))
+                except DistributionError as e:
+                    raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
+            return _moves.redistribute(x, src, dst, shape=shape, family=family, devices=devs, rank=rank)
 
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         key: Any = spec

@@ -95,9 +95,9 @@ def resolve_devices(devices: Any) -> tuple[jax.Device, ...]:
 
 def process_devices(nprocs: int) -> tuple[jax.Device, ...]:
     """Several processes: one device per process, in rank (process index) order."""
-    from ..._runtime import ensure_jax
+    from ..._runtime import ensure
 
-    ensure_jax()
+    ensure("jax")
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     if len(devices) != nprocs or len({d.process_index for d in devices}) != nprocs:
         raise RuntimeError(

@@ -20,6 +20,7 @@ Importing this package imports none of nvmath, CuPy or MPI;
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._probe import Installation
 
-__all__ = ["BACKEND", "unavailable", "installation", "NvmathBackend"]
+__all__ = ["BACKEND", "unavailable", "details", "installation", "NvmathBackend"]
 
 _EXTRA = "pip install 'dmatmul[nvmath]' (CUDA 13) or 'dmatmul[nvmath-cu12]' (CUDA 12)"
 #: cuBLASMp versions nvmath-python 1.0's distributed Matmul runs on: its code
@@ -41,6 +42,11 @@ def installation(**fakes: Any) -> Installation:
     from ._probe import installation as _installation
 
     return _installation(**fakes)
+
+
+def details() -> list[str]:
+    """``dmatmul info``'s lines for this backend: what is installed (wheel metadata; no CUDA loaded)."""
+    return installation().lines()
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,6 +115,21 @@ class _LazyBackend:
     def ranks(self, spec: Any) -> int:
         """One GPU per process: the processes under mpiexec, else one."""
         return spec.nprocs if spec.spmd else 1
+
+    def start(self, runtime: Any) -> Any:
+        """nvmath.distributed's NCCL communicator over the runtime's processes
+        (checked on every rank first: one rank without a GPU fails them all)."""
+        from ... import _runtime
+        from . import _engine
+
+        if _engine._context is None:
+            _runtime.agree(_engine.preflight, "dmatmul (nvmath start-up)")
+        ctx = _engine.context(runtime.size > 1)
+        return dataclasses.replace(runtime, device=f"cuda:{ctx.device_id}")
+
+    def stop(self) -> None:
+        """Free the cached plans (nvmath.distributed itself lives until exit)."""
+        self.clear()
 
     def clear(self) -> None:
         """Free every cached plan (nothing to do before the first plan)."""

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ... import _runtime
-from ..._matmul import Operands, Spec, family
+from ..._spec import Operands, Spec, family
 from . import _engine, _pipeline
 from ._translate import Problem, Translation, combine_orders, order_of, translate
 
@@ -91,7 +91,7 @@ class NvmathPlan:
             _check_devices(spec.devices)
         if _engine._context is None:
             _runtime.agree(_engine.preflight, "dmatmul (nvmath start-up)")
-        self.ctx = _engine.context(spec.spmd)
+        self.ctx = _engine.context(spec.spmd)  # the same start-up as BACKEND.start (idempotent)
         arrays = self._arrays(operands)
         self._xp = _xp(arrays)
         a, b, c, _ = arrays
@@ -161,6 +161,11 @@ class NvmathPlan:
         return arrays
 
     # -- protocol -----------------------------------------------------------------
+    @property
+    def cost(self) -> Any:
+        """The modelled cost of the translated call (bytes, messages, flops, time per rank)."""
+        return self.translation.cost
+
     def execute(self, operands: Operands) -> Any:
         """Hand this call's operands over, run nvmath, finish the local result.
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ... import _epilogue
+from ..._epilogue import has_bias
 from ..._distribution import join
 from ._translate import Handover, Translation
 
@@ -180,7 +181,7 @@ def prepare(tr: Translation, rank: int, a: Any, b: Any, c: Any, bias: Any, xp: A
         slots[h.slot] = y
         copied[h.operand] = was_copied
     fb = None
-    if tr.fused_epilog not in (None, "ALLREDUCE") and tr.problem.epilog and tr.problem.epilog.endswith("bias"):
+    if tr.fused_epilog not in (None, "ALLREDUCE") and has_bias(tr.problem.epilog):
         fb = fused_bias(tr, rank, bias, xp, a.dtype)
     return Prepared(slots["A"], slots["B"], slots.get("C"), fb, copied)
 
@@ -250,7 +251,7 @@ def finish(tr: Translation, rank: int, d_nv: Any, c: Any, bias: Any, xp: Any) ->
             crows, ccols = p.distributions[2].global_indices(rank, (p.m, p.n), p.nranks)
             c_block = _take(xp, c, _selection(_locate(crows, rows, "c")), _selection(_locate(ccols, cols, "c")))
         b_block = None
-        if tr.post_epilog and tr.post_epilog.endswith("bias"):
+        if has_bias(tr.post_epilog):
             b_block = xp.asarray(bias).reshape(-1)[_index(xp, _selection(rows))]
         d = post_epilogue(xp, d, beta=p.beta, c=c_block, bias=b_block, epilog=tr.post_epilog, dtype=d.dtype)
     return d
@@ -332,7 +333,7 @@ class Program:
         self.index = {s.operand: i for i, s in enumerate(self.slots)}
         # the fused epilog's bias: a buffer allocated once, filled each call
         self.bias_buf: Any = None
-        if tr.fused_epilog not in (None, "ALLREDUCE") and p.epilog and p.epilog.endswith("bias"):
+        if tr.fused_epilog not in (None, "ALLREDUCE") and has_bias(p.epilog):
             if tr.engine == "cublaslt":
                 rows, _ = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
                 real = rows
@@ -358,7 +359,7 @@ class Program:
             crows, ccols = p.distributions[2].global_indices(rank, (p.m, p.n), p.nranks)
             self.c_sel = _ix(xp, _selection(_locate(crows, rows, "c")), _selection(_locate(ccols, cols, "c")))
         self.bias_rows: Any = None
-        if tr.post_epilog and tr.post_epilog.endswith("bias"):
+        if has_bias(tr.post_epilog):
             self.bias_rows = _index(xp, _selection(rows))
 
     def prepare(self, a: Any, b: Any, c: Any, bias: Any) -> Prepared:

@@ -93,6 +93,7 @@ from ..._distribution import (
     Slab,
     slab_extent,
 )
+from ..._epilogue import activation, has_bias
 from ..._errors import DistributionError
 from ._precision import compute_type
 
@@ -752,7 +753,7 @@ def _cost_of(p: Problem, kernel: NvKernel | None, gather_from: Role | None, role
         plans = _plan.plans(pr, roles, _MODEL)
         plan = next((pl for pl in plans if pl.algorithm != "local"), plans[0])
         return Cost(plan.nbytes, plan.messages, plan.flops, plan.time)
-    nbytes, messages, flops = _plan._kernel_cost(pr, kernel.contract_kernel())
+    nbytes, messages, flops = _plan.kernel_cost(pr, kernel.contract_kernel())
     if gather_from is not None:  # dmatmul's allgather is host-staged: device->host, MPI, host->device
         mv = _plan.move(pr, "d", gather_from, "R")
         nbytes, messages = nbytes + _HOST_STAGING * mv.nbytes, messages + mv.messages
@@ -778,9 +779,9 @@ def refused_epilog(p: Problem) -> str | None:
     ep = p.epilog
     if ep is None:
         return None
-    if p.dtype.startswith("complex") and ep.endswith("bias"):
+    if p.dtype.startswith("complex") and has_bias(ep):
         return f"cuBLASMp refuses a bias epilog on {p.dtype} (NOT_SUPPORTED at execute)"
-    if p.dtype == "float64" and ep.startswith("gelu"):
+    if p.dtype == "float64" and activation(ep) == "gelu":
         return "cuBLASLt's fused GELU is not float64-accurate"
     return None
 
@@ -797,7 +798,7 @@ def _epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | 
     if engine == "cublaslt":
         return _EPILOG_NAMES[ep], None, False
     if path in ("AG+GEMM", "GEMM+RS", "local GEMM"):
-        if ep.endswith("bias") and swapped:
+        if has_bias(ep) and swapped:
             return None, ep, False  # a bias per row of D is per column of D.T: not an epilog of nvmath's product
         return _EPILOG_NAMES[ep], None, False
     return None, ep, False  # general and SUMMA paths: nvmath 1.0 refuses RELU on its naive path

@@ -1,0 +1,77 @@
+"""Empty products (K, M or N = 0): no communication, no GEMM, on any backend.
+
+K = 0: every rank's result block is ``epilog(beta*C [+ bias])`` (zeros
+without C), computed where C lies; M = 0 or N = 0: an empty block. The
+front end plans these here instead of on a backend; the backend the product
+would run on still says how many ranks there are, so a grid that does not fit
+is refused exactly as it would be there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _runtime
+from ._epilogue import apply as epilogue_apply
+from ._epilogue import work_dtype
+from ._spec import Operands, Spec, array_module, check_fit, numpy_dtype
+
+__all__ = ["EmptyProduct", "EmptyPlan"]
+
+
+class EmptyProduct:
+    """The "backend" of an empty product, standing in for ``backend``."""
+
+    name = "none (empty product)"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend  # the one the product would run on: it says how many ranks there are
+
+    def plan(self, spec: Spec, operands: Operands) -> EmptyPlan:
+        if spec.distributions is not None:
+            check_fit(spec.distributions, self.backend.ranks(spec), spmd=spec.spmd)
+        return EmptyPlan(spec)
+
+
+class EmptyPlan:
+    algorithm = "local"
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+
+    def execute(self, operands: Operands) -> Any:
+        spec = self.spec
+        dist = spec.distributions[2] if spec.distributions is not None else None
+        rt = _runtime.active() if spec.spmd else None
+        if rt is not None and dist is not None:
+            rows, cols = dist.global_indices(rt.rank, (spec.m, spec.n), rt.size)
+        else:
+            rows, cols = np.arange(spec.m), np.arange(spec.n)
+        xp = array_module(operands.family)
+        if operands.family == "jax" and spec.dtype in ("float64", "complex128"):
+            import jax
+
+            with jax.enable_x64(True):
+                return self._compute(xp, operands, rows, cols)
+        return self._compute(xp, operands, rows, cols)
+
+    def _compute(self, xp: Any, operands: Operands, rows: Any, cols: Any) -> Any:
+        spec = self.spec
+        acc = xp.zeros((len(rows), len(cols)), dtype=work_dtype(numpy_dtype(spec.dtype)))
+        bias = None
+        if spec.has_bias:
+            bias = xp.asarray(operands.bias).reshape(-1)[xp.asarray(rows)] if len(rows) else xp.zeros((0,))
+        return epilogue_apply(
+            xp, acc, alpha=spec.alpha, beta=spec.beta, c=xp.asarray(operands.c) if spec.use_c else None,
+            bias=bias, epilog=spec.epilog, out_dtype=numpy_dtype(spec.dtype),
+        )
+
+    def explain(self) -> list[str]:
+        s = self.spec
+        what = "K = 0: the result is epilog(beta*C [+ bias])" if s.k == 0 else "M or N = 0: an empty result"
+        return [f"kernel:     none: {what}; nothing moves"]
+
+    def free(self) -> None:
+        pass

@@ -1,0 +1,233 @@
+"""The vocabulary the front end and every backend share.
+
+The front end (:mod:`dmatmul._matmul`) builds a :class:`Spec` and an
+:class:`Operands` from a call; a backend (:mod:`dmatmul.backends`) plans and
+runs them. Both import this module; neither imports the other's
+implementation. It holds:
+
+* the names of the contract as values and as ``Literal`` types: dtypes,
+  algorithms, backends, precisions (epilogues: :mod:`dmatmul._epilogue`);
+* one dtype table (item size, the accumulator a GEMM sums in);
+* the array family of an operand (numpy, jax, cupy) without importing any;
+* :class:`Operands` and :class:`Spec`, and :func:`check_fit`, the one check
+  that a distribution's grid spans the ranks in use.
+
+Importing it loads numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from ._distribution import Distribution
+from ._epilogue import Epilog, has_bias
+from ._errors import DistributionError
+
+__all__ = [
+    "DTYPES", "ALGORITHMS", "BACKEND_NAMES", "PRECISIONS",
+    "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
+    "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
+    "family", "as_matrix", "native_order", "Operands", "Spec", "check_fit",
+]
+
+DtypeName = Literal["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+#: The algorithm names of the contract, in order of preference on ties.
+Algorithm = Literal["local", "allgather", "reduce_scatter", "allreduce", "summa"]
+AlgorithmName = Literal["auto", "local", "allgather", "reduce_scatter", "allreduce", "summa"]
+BackendName = Literal["auto", "jax", "nvmath"]
+PrecisionName = Literal["default", "high", "highest"]
+Family = Literal["numpy", "jax", "cupy", "other"]
+
+DTYPES: tuple[str, ...] = get_args(DtypeName)
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+BACKEND_NAMES: tuple[str, ...] = get_args(BackendName)
+#: ``precision=``: None follows the framework's default; the others mean what they mean for ``jnp.dot``
+PRECISIONS: tuple[str | None, ...] = (None, *get_args(PrecisionName))
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeInfo:
+    """One supported dtype: its item size, and the dtype its GEMM accumulates in
+    (float32 for the half precisions, as cuBLAS and XLA do)."""
+
+    itemsize: int
+    accumulator: str
+
+    @property
+    def acc_itemsize(self) -> int:
+        return DTYPE_INFO[self.accumulator].itemsize
+
+
+DTYPE_INFO: dict[str, DtypeInfo] = {
+    "float16": DtypeInfo(2, "float32"),
+    "bfloat16": DtypeInfo(2, "float32"),
+    "float32": DtypeInfo(4, "float32"),
+    "float64": DtypeInfo(8, "float64"),
+    "complex64": DtypeInfo(8, "complex64"),
+    "complex128": DtypeInfo(16, "complex128"),
+}
+
+
+def numpy_dtype(name: str) -> Any:
+    """The numpy dtype of a dtype name (bfloat16 from ml_dtypes, imported on demand)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def array_module(fam: str) -> Any:
+    """numpy, jax.numpy or cupy for an array family."""
+    if fam == "jax":
+        import jax.numpy as jnp
+
+        return jnp
+    if fam == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+# --------------------------------------------------------------------------- #
+# operands
+# --------------------------------------------------------------------------- #
+def family(x: Any) -> Family:
+    """The array family of ``x``: "numpy", "jax" or "cupy" (without importing any), else "other"."""
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, jax.Array):
+        return "jax"
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return "cupy"
+    return "other"
+
+
+def as_matrix(x: Any, name: str) -> Any:
+    """``x`` as a 2-D array of a supported dtype, in native byte order; else a
+    TypeError/ValueError naming ``name``."""
+    if family(x) == "other":
+        if not hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
+            raise TypeError(
+                f"{name} must be a 2-D numpy, jax or cupy array, got {type(x).__name__}"
+            )
+        x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D matrix, got {x.ndim}-D array of shape {tuple(x.shape)}")
+    dt = np.dtype(x.dtype).name
+    if dt not in DTYPES:
+        raise TypeError(f"{name} has dtype {dt}; supported dtypes: {', '.join(DTYPES)}")
+    return native_order(x)
+
+
+def native_order(x: Any) -> Any:
+    """A numpy array in native byte order (a copy when it was not: the input is left as it is)."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
+@dataclasses.dataclass
+class Operands:
+    """The arrays of one product (mutable: :meth:`dmatmul.Matmul.reset_operands`)."""
+
+    a: Any
+    b: Any
+    c: Any = None
+    bias: Any = None
+
+    @property
+    def family(self) -> Family:
+        """The family of the result: cupy if any operand is, else jax if any is, else numpy."""
+        fams = {family(x) for x in (self.a, self.b, self.c) if x is not None}
+        for f in ("cupy", "jax"):
+            if f in fams:
+                return f  # type: ignore[return-value]
+        return "numpy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Everything a backend needs to plan one product; hashable (a cache key).
+
+    Shapes are global and *stored* (``a_shape`` is ``(K, M)`` when
+    ``transpose_a``). ``distributions`` is ``(dist_a, dist_b, dist_result)``
+    or None (one process: the planner picks).
+    """
+
+    a_shape: tuple[int, int]
+    b_shape: tuple[int, int]
+    dtype: str
+    transpose_a: bool
+    transpose_b: bool
+    distributions: tuple[Distribution, Distribution, Distribution] | None
+    alpha: complex
+    beta: complex
+    use_c: bool
+    epilog: Epilog | None
+    algorithm: str
+    family: str
+    devices: Any = None
+    nprocs: int = 1  # > 1: several processes, operands are local blocks
+    precision: str | None = None
+
+    @property
+    def spmd(self) -> bool:
+        return self.nprocs > 1
+
+    @property
+    def m(self) -> int:
+        return self.a_shape[1] if self.transpose_a else self.a_shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.a_shape[0] if self.transpose_a else self.a_shape[1]
+
+    @property
+    def n(self) -> int:
+        return self.b_shape[0] if self.transpose_b else self.b_shape[1]
+
+    @property
+    def has_bias(self) -> bool:
+        return has_bias(self.epilog)
+
+    @property
+    def degenerate(self) -> bool:
+        """An empty product (K = 0: the result is ``beta*C``; M or N = 0: empty)."""
+        return 0 in (self.m, self.n, self.k)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """The stored global shapes of "a", "b" and the result "d"."""
+        return {"a": self.a_shape, "b": self.b_shape, "d": (self.m, self.n)}
+
+    @property
+    def transposes(self) -> dict[str, bool]:
+        return {"a": self.transpose_a, "b": self.transpose_b, "d": False}
+
+    @property
+    def dtype_info(self) -> DtypeInfo:
+        return DTYPE_INFO[self.dtype]
+
+
+def check_fit(
+    dists: tuple[Distribution, ...], nranks: int, *, spmd: bool, available: int | None = None
+) -> None:
+    """Every grid distribution spans exactly the ``nranks`` ranks in use, else a
+    DistributionError naming the operand, the grid, its size and the rank count
+    (``available``: the devices one process could use, for the hint)."""
+    where = f"{nranks} processes" if spmd else f"{nranks} device{'s' if nranks > 1 else ''} in use"
+    for name, dist in zip(("a", "b", "result"), dists):
+        if dist.grid is not None and dist.grid.size != nranks:
+            fix = "" if spmd or available is None or dist.grid.size > available else f", or devices={dist.grid.size}"
+            raise DistributionError(
+                f"distribution of {name}: {dist!r} spans {dist.grid.size} ranks (its grid "
+                f"{dist.grid.shape}) but there are {where}: use a ProcessGrid of {nranks} ranks{fix}"
+            )
