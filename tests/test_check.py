@@ -1,11 +1,13 @@
 """The differential matrix: random products over the whole layout space.
 
-The generator of :mod:`dmatmul._check` is driven here by hypothesis (which
-shrinks a failure to its simplest product) and by ``dmatmul check`` (a numpy
-generator; the MPI driver is in test_mpi.py). CI runs the "ci" hypothesis
-profile of conftest.py; a long run is::
+The generator of :mod:`dmatmul._check`: that it covers the space, and its
+drivers. Hypothesis drives it on every backend in tests/test_conformance.py
+(``test_random_products_match_numpy``: hypothesis shrinks a failure to its
+simplest product); ``dmatmul check`` drives it with a numpy generator (the
+MPI driver is in test_mpi.py). CI runs the "ci" hypothesis profile of
+conftest.py; a long run is::
 
-    DMATMUL_LONG=1 python -m pytest tests/test_check.py -k random_products
+    DMATMUL_LONG=1 python -m pytest tests/test_conformance.py -k random_products
 """
 
 from __future__ import annotations
@@ -20,54 +22,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dmatmul as dm
 from dmatmul import _check as ck
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-class HypothesisChooser:
-    """A :class:`dmatmul._check.Chooser` on hypothesis' ``st.data()``."""
-
-    def __init__(self, data: st.DataObject) -> None:
-        self.data = data
-
-    def choice(self, seq):
-        return self.data.draw(st.sampled_from(list(seq)))
-
-    def integer(self, lo, hi):
-        return self.data.draw(st.integers(lo, hi))
-
-    def boolean(self):
-        return self.data.draw(st.booleans())
-
-
-def failure_text(outcome: ck.Outcome) -> str:
-    return f"{outcome.layout_family}: {outcome.message}\n  reproduce: {outcome.describe()}"
-
-
-# --------------------------------------------------------------------------- #
-# the matrix itself (JAX backend, 1 to 8 simulated devices)
-# --------------------------------------------------------------------------- #
-@given(data=st.data())
-def test_random_products_match_numpy(data):
-    pytest.importorskip("jax")
-    nranks = data.draw(st.sampled_from(ck.NRANKS), label="nranks")
-    case = ck.draw_case(HypothesisChooser(data), nranks)
-    outcome = ck.run_case(case, backend="jax", devices=nranks, rng_seed=0)
-    assert outcome.status != "failed", failure_text(outcome)
-
-
-@given(data=st.data())
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_random_products_on_the_nvmath_backend_through_the_fake(data, fake_nvmath):
-    """One rank (one process, one "GPU"): nvmath's own ranks need mpiexec
-    (tests/gpu/nvmath_products.py --fake covers 4 processes)."""
-    case = ck.draw_case(HypothesisChooser(data), 1, families=("numpy",))
-    outcome = ck.run_case(case, backend="nvmath", rng_seed=0)
-    assert outcome.status != "failed", failure_text(outcome)
 
 
 # --------------------------------------------------------------------------- #

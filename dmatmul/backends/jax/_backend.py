@@ -217,7 +217,7 @@ class JaxPlan:
         self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, info.itemsize, info.acc_itemsize)
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
-        grid = _product_grid(self.distributions) if p > 1 else None
+        grid = _product_grid(self.distributions)  # a 1x1 grid on one rank too: SUMMA is named there as well
         # operands on another grid than the product's are re-laid as Slab.X first (and the result
         # from Slab.X after): in one process the global matrices need no move at all
         self.foreign = {

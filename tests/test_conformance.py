@@ -1,0 +1,277 @@
+"""The backend conformance suite: one test body per behaviour, run for every
+backend that can run here.
+
+A backend is checked by adding it to :data:`HERE` (how this machine runs it:
+which rank counts one process can use, which array families it takes, the
+fixture that makes it available). Today: ``jax`` on 1 to 8 simulated CPU
+devices, and ``nvmath`` through the simulated nvmath-python of
+``tests/gpu/_fake_nvmath.py`` (numpy on the CPU, one rank per process; its
+multi-process runs are tests/gpu/nvmath_products.py --fake under mpiexec).
+
+What every backend must do: sit behind the table and the protocol of
+:mod:`dmatmul.backends`; match numpy on the generated differential matrix;
+raise the front end's typed errors; plan, explain, execute, reset and free
+as :class:`dmatmul.Matmul` promises; never modify an input; return results
+of the operands' array family that the caller owns.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import tomllib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import dmatmul as dm
+from dmatmul import _check as ck
+from dmatmul import _plan, backends
+from dmatmul._matmul import plan_of
+from dmatmul._spec import family as array_family
+from dmatmul._reference import assert_close, reference
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Here:
+    """How this machine runs one backend."""
+
+    name: str
+    nranks: tuple[int, ...]  # the rank counts one process can span
+    families: tuple[str, ...]  # the operand array families it is tested with
+    fixture: str | None = None  # the pytest fixture that makes it available
+
+    def devices(self, nranks: int) -> dict:
+        """The keyword that asks for ``nranks`` ranks in one process."""
+        return {"devices": nranks} if self.name == "jax" else {}
+
+
+#: Every backend this suite checks: a new backend is one more row.
+HERE = (
+    Here("jax", ck.NRANKS, ("numpy", "jax")),
+    Here("nvmath", (1,), ("numpy",), fixture="fake_nvmath"),
+)
+
+
+@pytest.fixture(params=HERE, ids=lambda h: h.name)
+def here(request) -> Here:
+    h: Here = request.param
+    if h.name == "jax":
+        pytest.importorskip("jax")
+    if h.fixture is not None:
+        request.getfixturevalue(h.fixture)
+    return h
+
+
+def test_every_backend_in_the_table_is_checked_here():
+    assert {h.name for h in HERE} == {row.name for row in backends.TABLE}
+
+
+# --------------------------------------------------------------------------- #
+# the table and the protocol
+# --------------------------------------------------------------------------- #
+def test_table_row_protocol_and_extra(here):
+    row = backends.info(here.name)
+    assert row.module == f"dmatmul.backends.{here.name}"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert row.extra in extras, f"pyproject.toml has no extra {row.extra!r} for backend {here.name!r}"
+    assert backends.probe(here.name) is None
+    backend = backends.get(here.name)
+    assert backend.name == here.name and backends.resolve(here.name) is backend
+    for method in ("plan", "ranks", "start", "stop"):
+        assert callable(getattr(backend, method)), method
+    if row.redistributes:
+        assert callable(getattr(backend, "redistribute"))
+    assert here.name in backends.NAMES
+
+
+def _imports(path: pathlib.Path) -> list[str]:
+    """The absolute module names ``path`` imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append(mod)
+            out += [f"{mod}.{a.name}" for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("name", [row.name for row in backends.TABLE])
+def test_a_backend_imports_only_the_shared_vocabulary(name):
+    """No backend imports the front end's implementation (dmatmul._matmul) or
+    another backend's modules: the layers point one way."""
+    others = [f"dmatmul.backends.{row.name}" for row in backends.TABLE if row.name != name]
+    for path in sorted((ROOT / "dmatmul" / "backends" / name).rglob("*.py")):
+        for mod in _imports(path):
+            assert not mod.startswith("dmatmul._matmul"), f"{path.relative_to(ROOT)} imports {mod}"
+            assert not any(mod == o or mod.startswith(o + ".") for o in others), (
+                f"{path.relative_to(ROOT)} imports {mod}, another backend's module"
+            )
+
+
+def test_no_front_end_module_reaches_into_a_backend():
+    """Outside dmatmul/backends/, only the public dmatmul.jax module (the
+    building blocks, which *are* the JAX backend's kernels) imports a
+    backend's modules; everything else goes through dmatmul.backends."""
+    for path in sorted((ROOT / "dmatmul").rglob("*.py")):
+        rel = path.relative_to(ROOT / "dmatmul")
+        if rel.parts[0] == "backends" or rel.as_posix() == "jax.py":
+            continue
+        for mod in _imports(path):
+            assert not mod.startswith("dmatmul.backends."), f"dmatmul/{rel} imports {mod}"
+
+
+# --------------------------------------------------------------------------- #
+# the differential matrix, on every backend
+# --------------------------------------------------------------------------- #
+class HypothesisChooser:
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+
+    def choice(self, seq):
+        return self.data.draw(st.sampled_from(list(seq)))
+
+    def integer(self, lo, hi):
+        return self.data.draw(st.integers(lo, hi))
+
+    def boolean(self):
+        return self.data.draw(st.booleans())
+
+
+@given(data=st.data())
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_random_products_match_numpy(here, data):
+    """The generator of dmatmul._check on this backend: every distribution kind,
+    grid order, uneven and prime size, dtype, transpose, alpha/beta/C, epilogue,
+    named algorithm and precision, each result checked against numpy."""
+    nranks = data.draw(st.sampled_from(here.nranks), label="nranks")
+    case = ck.draw_case(HypothesisChooser(data), nranks, families=here.families)
+    outcome = ck.run_case(case, backend=here.name, rng_seed=0, **here.devices(nranks))
+    assert outcome.status != "failed", f"{outcome.layout_family}: {outcome.message}\n  reproduce: {outcome.describe()}"
+
+
+# --------------------------------------------------------------------------- #
+# errors: the front end's, whatever the backend
+# --------------------------------------------------------------------------- #
+def _ones(*shape, dtype=np.float32):
+    return np.ones(shape, dtype)
+
+
+BAD_CALLS = [
+    (dict(a=_ones(4, 3), b=_ones(4, 5)), ValueError, ["inner dimensions", "(4, 3)", "(4, 5)"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5, dtype=np.float64)), TypeError, ["same dtype", "float32", "float64"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), c=_ones(5, 4), beta=1.0), ValueError, ["c must have", "(4, 5)"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="relux"), ValueError, ["epilog must be one of", "relux"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="bias"), ValueError, ["bias=<vector of length M>"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="bias", bias=np.ones(5, np.float32)), ValueError,
+     ["bias must be a vector of length M=4", "(5,)"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), algorithm="cannon"), ValueError, ["algorithm must be", "cannon"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), precision="fast"), ValueError, ["precision must be one of", "fast"]),
+    (dict(a=_ones(4, 3, 2), b=_ones(3, 5)), ValueError, ["a must be a 2-D matrix", "3-D"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), alpha="2"), TypeError, ["alpha must be a number"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), distribution=(dm.Slab.X, dm.Slab.Y)), ValueError, ["triple", "length 2"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), distribution=dm.BlockCyclic(dm.ProcessGrid((2, 3)), (2, 2))),
+     dm.DistributionError, ["spans 6 ranks", "(2, 3)"]),
+]
+
+
+@pytest.mark.parametrize("call, error, words", BAD_CALLS, ids=[w[0] for _, _, w in BAD_CALLS])
+def test_bad_calls_raise_the_same_typed_error(here, call, error, words):
+    call = dict(call)
+    a, b, c = call.pop("a"), call.pop("b"), call.pop("c", None)
+    snapshot = [x.copy() for x in (a, b, c) if x is not None]
+    with pytest.raises(error) as info:
+        dm.matmul(a, b, c, backend=here.name, **call, **here.devices(max(here.nranks) // 2 or 1))
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert all(np.array_equal(x, y) for x, y in zip(snapshot, [x for x in (a, b, c) if x is not None]))
+
+
+@pytest.mark.parametrize("most", [False, True], ids=["one rank", "most ranks"])
+def test_a_named_algorithm_that_does_not_fit_says_what_it_needs(here, most):
+    p = max(here.nranks) if most else 1
+    a, b = _ones(8, 6), _ones(6, 4)
+    # SUMMA needs a process grid, on one rank as on many
+    with pytest.raises(ValueError, match="algorithm='summa'") as info:
+        dm.matmul(a, b, backend=here.name, algorithm="summa", distribution=dm.Slab.X, **here.devices(p))
+    assert "ProcessGrid" in str(info.value) or "BlockCyclic(grid" in str(info.value)
+    assert "algorithm='auto'" in str(info.value)
+    if p > 1:
+        with pytest.raises(ValueError, match="reduce_scatter") as info:
+            dm.matmul(a, b, backend=here.name, algorithm="reduce_scatter",
+                      distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X), **here.devices(p))
+        assert "Slab.Y, b=Slab.X" in str(info.value) and "algorithm='auto'" in str(info.value)
+    # on a 1x1 grid SUMMA fits
+    grid = dm.BlockCyclic(dm.ProcessGrid((1, 1)), (2, 2))
+    if p == 1:
+        d = dm.matmul(a, b, backend=here.name, algorithm="summa", distribution=grid, **here.devices(p))
+        np.testing.assert_allclose(d, a @ b)
+
+
+# --------------------------------------------------------------------------- #
+# the plan's life
+# --------------------------------------------------------------------------- #
+def test_plan_explain_execute_reset_free(here):
+    p = max(here.nranks)
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((13, 7), (7, 11), (13, 11)))
+    bias = rng.standard_normal(13).astype(np.float32)
+    before = [x.copy() for x in (a, b, c, bias)]
+    kw = dict(beta=0.5, epilog="relu_bias", bias=bias, backend=here.name, **here.devices(p))
+    with dm.Matmul(a, b, c, **kw) as mm:
+        assert mm.algorithm in dm.ALGORITHMS
+        plan = plan_of(mm)
+        assert isinstance(plan, backends.BackendPlan)
+        assert plan.cost is None or isinstance(plan.cost, _plan.Plan)
+        if plan.cost is not None:
+            assert plan.cost.nbytes >= 0 and plan.cost.flops > 0 and plan.cost.time > 0
+        text = mm.explain()
+        assert f"backend:    {here.name}" in text and f"algorithm:  {mm.algorithm}" in text
+        d = mm.execute()
+        want = reference(a, b, c, alpha=1.0, beta=0.5, epilog="relu_bias", bias=bias)
+        assert_close(d, want, "float32")
+        assert type(d) is np.ndarray and d.flags.writeable
+        d[...] = 0  # the caller owns it: the next result is unaffected
+        a2 = a * 2
+        mm.reset_operands(a2, beta=1.5)
+        assert_close(mm.execute(), reference(a2, b, c, beta=1.5, epilog="relu_bias", bias=bias), "float32")
+        with pytest.raises(ValueError, match="reset_operands: a must match"):
+            mm.reset_operands(_ones(3, 3))
+    assert all(np.array_equal(x, y) for x, y in zip(before, (a, b, c, bias)))
+    with pytest.raises(dm.PlanFreedError):
+        mm.execute()
+    mm.free()  # idempotent
+
+
+def test_empty_products_follow_blas(here):
+    p = max(here.nranks)
+    c = np.arange(12, dtype=np.float32).reshape(4, 3)
+    d = dm.matmul(_ones(4, 0), _ones(0, 3), c, beta=2.0, epilog="relu", backend=here.name,
+                  distribution=dm.Slab.X if p > 1 else None, **here.devices(p))
+    np.testing.assert_array_equal(d, np.maximum(2.0 * c, 0))
+    d = dm.matmul(_ones(0, 5), _ones(5, 3), backend=here.name, **here.devices(p))
+    assert d.shape == (0, 3) and d.dtype == np.float32
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+def test_the_result_is_of_the_operands_family(here, family):
+    if family not in here.families:
+        pytest.skip(f"{here.name} is tested here with {', '.join(here.families)} operands")
+    a, b = ck.rand((9, 5), "float32", family), ck.rand((5, 6), "float32", family)
+    d = dm.matmul(a, b, backend=here.name, **here.devices(max(here.nranks)))
+    assert array_family(d) == family
+    np.testing.assert_allclose(np.asarray(d), np.asarray(a) @ np.asarray(b), rtol=1e-5, atol=1e-5)
