@@ -83,7 +83,9 @@ class BackendInfo:
 
     ``packages`` are the import names checked (without importing them) before
     the module is; ``extra`` is what ``pip install 'dmatmul[<extra>]'``
-    installs them with; ``redistributes``: it implements
+    installs them with; ``one_rank_per_process``: one process drives one
+    device, so a one-process product over several devices goes elsewhere;
+    ``redistributes``: it implements
     ``redistribute(x, src, dst, *, shape, family, devices, rank)``.
     """
 
@@ -92,6 +94,7 @@ class BackendInfo:
     extra: str
     packages: tuple[str, ...]
     summary: str
+    one_rank_per_process: bool = False
     redistributes: bool = False
 
 
@@ -100,7 +103,7 @@ class BackendInfo:
 #: one rank per process: see :func:`resolve`).
 TABLE: tuple[BackendInfo, ...] = (
     BackendInfo("nvmath", "dmatmul.backends.nvmath", "nvmath", ("nvmath", "cupy"),
-                "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)"),
+                "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)", one_rank_per_process=True),
     BackendInfo("jax", "dmatmul.backends.jax", "jax", ("jax",),
                 "JAX shard_map ring kernels (CPU, GPU, TPU; one or several processes)", redistributes=True),
 )
@@ -160,18 +163,18 @@ def loaded() -> dict[str, Backend]:
 def resolve(name: str, spec: Spec | None = None) -> Backend:
     """``"auto"``: the first backend of :data:`TABLE` that can run here.
 
-    nvmath runs one rank per process, so a one-process product asked to span
-    several devices (``devices=N``, N > 1) goes to a backend that can.
+    A backend that runs one rank per process (nvmath) is skipped for a
+    one-process product asked to span several devices (``devices=N``, N > 1).
     """
     if name != "auto":
         return get(name)
     several_devices = spec is not None and not spec.spmd and spec.devices not in (None, 1)
     for row in TABLE:
-        if several_devices and row.name == "nvmath":
+        if several_devices and row.one_rank_per_process:
             continue
         if probe(row.name) is None:
             return get(row.name)
-    return get("jax")  # raises, naming what to install
+    return get(TABLE[-1].name)  # the fallback: raises, naming what to install
 
 
 def for_redistribute() -> Any:
