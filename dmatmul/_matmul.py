@@ -38,6 +38,7 @@ from ._spec import (
     PrecisionName,
     Spec,
     as_matrix,
+    check_distribution,
     family,
     native_order,
 )
@@ -75,11 +76,7 @@ def _distributions(distribution: Any) -> tuple[Distribution, Distribution, Distr
                 f"got a sequence of length {len(distribution)}"
             )
         for name, d in zip(("a", "b", "result"), distribution):
-            if not isinstance(d, Distribution):
-                raise TypeError(
-                    f"distribution of {name} must be a dmatmul Distribution (Slab.X, Slab.Y, "
-                    f"Replicated(), BlockNonCyclic(grid), BlockCyclic(grid, blocks)), got {d!r}"
-                )
+            check_distribution(d, f"distribution of {name}")
         return tuple(distribution)  # type: ignore[return-value]
     raise TypeError(
         "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "

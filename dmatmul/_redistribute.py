@@ -8,18 +8,9 @@ from . import _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._errors import DistributionError
-from ._spec import as_matrix, family
+from ._spec import as_matrix, check_distribution, family
 
 __all__ = ["redistribute"]
-
-
-def _check_distribution(d: Any, name: str) -> Distribution:
-    if not isinstance(d, Distribution):
-        raise TypeError(
-            f"{name} must be a dmatmul Distribution (Slab.X, Slab.Y, Replicated(), "
-            f"BlockNonCyclic(grid), BlockCyclic(grid, blocks)), got {d!r}"
-        )
-    return d
 
 
 def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any = None) -> Any:
@@ -41,8 +32,8 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
     spmd = rt is not None and rt.size > 1
 
     def check() -> Any:
-        _check_distribution(src, "src")
-        _check_distribution(dst, "dst")
+        check_distribution(src, "src")
+        check_distribution(dst, "dst")
         if spmd and devices is not None:
             raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
         return as_matrix(x, "x")

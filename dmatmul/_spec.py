@@ -31,7 +31,7 @@ __all__ = [
     "DTYPES", "ALGORITHMS", "BACKEND_NAMES", "PRECISIONS",
     "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
     "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
-    "family", "as_matrix", "native_order", "Operands", "Spec", "check_fit",
+    "family", "as_matrix", "native_order", "Operands", "Spec", "check_distribution", "check_fit",
 ]
 
 DtypeName = Literal["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
@@ -215,6 +215,16 @@ class Spec:
     @property
     def dtype_info(self) -> DtypeInfo:
         return DTYPE_INFO[self.dtype]
+
+
+def check_distribution(d: Any, what: str) -> Distribution:
+    """``d`` if it is a dmatmul Distribution, else a TypeError naming ``what``."""
+    if not isinstance(d, Distribution):
+        raise TypeError(
+            f"{what} must be a dmatmul Distribution (Slab.X, Slab.Y, Replicated(), "
+            f"BlockNonCyclic(grid), BlockCyclic(grid, blocks)), got {d!r}"
+        )
+    return d
 
 
 def check_fit(
