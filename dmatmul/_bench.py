@@ -568,20 +568,21 @@ _TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 
 
 def _plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> dict[str, Any]:
-    """Prediction and modelled traffic of a planned Matmul (read defensively:
-    the plan object is the backend's)."""
+    """Prediction and modelled traffic of a planned Matmul, from its plan's
+    ``cost`` (the backend protocol: a :class:`dmatmul._plan.Plan`, or None
+    where the backend models none)."""
     from ._matmul import plan_of
 
     facts: dict[str, Any] = {"algorithm": mm.algorithm}
-    plan = plan_of(mm).cost
+    cost = plan_of(mm).cost
     lb = _cost.lower_bounds(n, n, n, p, itemsize)
     facts["lower_bound_bytes"] = lb["memory_independent"]
     facts["regime"] = lb["regime"]
-    if plan is not None and all(hasattr(plan, a) for a in ("nbytes", "messages", "flops")):
+    if cost is not None:
         model = _cost.model_for(platform_name, p)
-        facts["predicted_s"] = model.time(messages=plan.messages, nbytes=plan.nbytes, flops=plan.flops)
-        facts["modelled_bytes"] = float(plan.nbytes)
-        facts["messages"] = float(plan.messages)
+        facts["predicted_s"] = model.time(messages=cost.messages, nbytes=cost.nbytes, flops=cost.flops)
+        facts["modelled_bytes"] = float(cost.nbytes)
+        facts["messages"] = float(cost.messages)
     return facts
 
 
