@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _cost
+from .. import _cost
 
 __all__ = ["add_parser", "run", "main", "parse_layout", "Result"]
 
@@ -104,7 +104,7 @@ def parse_layout(name: str, nranks: int | None = None) -> tuple[Any, Any, Any]:
     >>> parse_layout("GGG", 8)[0]
     BlockNonCyclic(ProcessGrid((2, 4), layout='row'))
     """
-    from ._distribution import BlockNonCyclic, ProcessGrid, Replicated, Slab
+    from .._distribution import BlockNonCyclic, ProcessGrid, Replicated, Slab
 
     letters: dict[str, Any] = {"X": Slab.X, "Y": Slab.Y, "R": Replicated()}
     key = name.strip().upper()
@@ -488,7 +488,7 @@ def _spec(dist: Any, two_d: bool = False) -> Any:
     """PartitionSpec of a distribution on the 1-D mesh ("x",) or the 2-D mesh ("r", "c")."""
     from jax.sharding import PartitionSpec
 
-    from ._distribution import BlockNonCyclic, Replicated
+    from .._distribution import BlockNonCyclic, Replicated
 
     if isinstance(dist, Replicated):
         return PartitionSpec()
@@ -512,7 +512,7 @@ def _shardings(dists: Sequence[Any], devices: Sequence[Any], mm: Any = None) -> 
     exposes it (``mm``: a planned Matmul), else built from the distributions
     (1-D mesh "x", or a 2-D mesh ("r", "c") when one is on a grid)."""
     if mm is not None:
-        from ._matmul import plan_of
+        from .._matmul import plan_of
 
         plan = plan_of(mm)
         if hasattr(plan, "sharding"):  # the JAX backend's plans say where each operand lives
@@ -571,7 +571,7 @@ def _plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> d
     """Prediction and modelled traffic of a planned Matmul, from its plan's
     ``cost`` (the backend protocol: a :class:`dmatmul._plan.Plan`, or None
     where the backend models none)."""
-    from ._matmul import plan_of
+    from .._matmul import plan_of
 
     facts: dict[str, Any] = {"algorithm": mm.algorithm}
     cost = plan_of(mm).cost
@@ -587,7 +587,7 @@ def _plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> d
 
 
 def _named_algorithms(args: argparse.Namespace) -> list[str]:
-    from ._plan import ALGORITHMS
+    from .._plan import ALGORITHMS
 
     if args.algorithms is not None:
         for a in args.algorithms:
@@ -992,7 +992,7 @@ def calibration_samples(
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from ._runtime import launched_size
+    from .._runtime import launched_size
 
     if launched_size() > 1:
         print("dmatmul bench --calibrate: run it in one process (it calibrates simulated devices)", file=sys.stderr)
@@ -1033,7 +1033,7 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
     """Every 1-D algorithm on its own layout for an ``n``-cube on ``p`` ranks:
     bytes each rank sends and receives, messages, flops and extra memory per
     rank, the predicted time, and the lower bounds."""
-    from . import _plan
+    from .. import _plan
 
     itemsize = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
     acc = 4 if itemsize == 2 else itemsize
@@ -1176,7 +1176,7 @@ def format_summary(results: Sequence[Result]) -> str:
 def _meta(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     import jax
 
-    from . import __version__
+    from .. import __version__
 
     models = {}
     platform_name = jax.devices()[0].platform
@@ -1292,7 +1292,7 @@ def write_plot(path: str, results: Sequence[Result]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``dmatmul bench`` with parsed arguments; returns the exit status
     (1 if any result disagreed with the float64 reference)."""
-    from ._runtime import launched_size
+    from .._runtime import launched_size
 
     args = _finish_args(args)
     if args.calibrate:
@@ -1356,7 +1356,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_parser(sub)
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
