@@ -25,7 +25,7 @@ import numpy as np
 from .. import _cost
 from .devices import start_jax
 from .peers import make_mesh
-from .timing import IdleWaiter, Runner
+from .timing import IdleWaiter, Runner, blocking
 
 
 def calibration_samples(
@@ -83,7 +83,7 @@ def calibration_samples(
                 return blk
 
             f = jax.jit(jax.shard_map(shifts, mesh=mesh, in_specs=P("x", None), out_specs=P("x", None)))
-            timed[steps] = med(lambda f=f: jax.block_until_ready(f(x)))
+            timed[steps] = med(blocking(f, x))
         per = (timed[10] - timed[2]) / 8
         if per > 0:
             samples.append((1.0, float(nbytes), 0.0, per))
@@ -100,7 +100,7 @@ def calibration_samples(
             )
 
         f = jax.jit(jax.shard_map(gemms, mesh=mesh, in_specs=(P("x", None), P()), out_specs=P("x", None)))
-        samples.append((0.0, 0.0, 2.0 * n**3 / p, med(lambda f=f: jax.block_until_ready(f(a, b)))))
+        samples.append((0.0, 0.0, 2.0 * n**3 / p, med(blocking(f, a, b))))
     return samples
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .peers import named_algorithms, plan_facts, shardings, xla_dot
+from .peers import dmatmul_plans, named_algorithms, plan_facts, shardings, xla_dot
 from .problem import TOL, as_dtype, operands, parse_layout, rel_err
-from .report import format_group
-from .timing import IdleWaiter, Progress, Result, Runner, time_interleaved
+from .report import show_group
+from .timing import IdleWaiter, Progress, Result, Runner, blocking, time_interleaved
 
 
 def start_jax(ndevices: int) -> Any:
@@ -25,7 +25,7 @@ def start_jax(ndevices: int) -> Any:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
-    current = jax.config.jax_num_cpu_devices
+    current = getattr(jax.config, "jax_num_cpu_devices")  # a flag JAX's type stubs do not declare
     if current is None or current < ndevices:  # never lower what the caller configured
         try:
             jax.config.update("jax_num_cpu_devices", ndevices)
@@ -76,29 +76,23 @@ def _bench_group_devices(
         results[impl] = r
         return r
 
-    plans: dict[str, Any] = {}
-    for algorithm in named_algorithms(args):
-        try:
-            mm = dm.Matmul(ja, jb, distribution=dists, devices=p, backend="jax", algorithm=algorithm)
-            mm.plan()
-        except (ValueError, NotImplementedError):
-            continue  # does not fit this layout
-        plans[algorithm] = mm
+    plans = dmatmul_plans(ja, jb, dists, args, devices=p)
+    for algorithm, mm in plans.items():
         res = new(f"dmatmul:{algorithm}", **plan_facts(mm, n, p, itemsize, platform_name))
         if algorithm == "auto" and args.explain:
             progress.note(mm.explain())
-        runners[res.impl] = (lambda mm=mm: jax.block_until_ready(mm.execute()))
+        runners[res.impl] = blocking(mm.execute)
 
     if "xla" in args.peers:
         f = jax.jit(xla_dot(dtype), in_shardings=(shard["a"], shard["b"]), out_shardings=shard["d"])
         new("xla")
-        runners["xla"] = lambda: jax.block_until_ready(f(ja, jb))
+        runners["xla"] = blocking(f, ja, jb)
     if "xla-1dev" in args.peers:
         d0 = devices[0]
         a1, b1 = jax.device_put(a, d0), jax.device_put(b, d0)
         f1 = jax.jit(xla_dot(dtype))
         new("xla-1dev")
-        runners["xla-1dev"] = lambda: jax.block_until_ready(f1(a1, b1))
+        runners["xla-1dev"] = blocking(f1, a1, b1)
     if "numpy" in args.peers:
         new("numpy", note=None if dtype in ("float32", "float64") else "float32 GEMM (numpy has none in " + dtype + ")")
         an, bn = (a32, b32) if dtype != "float64" else (a, b)
@@ -154,10 +148,6 @@ def run_devices(args: argparse.Namespace, out: list[Result], flush: Callable[[],
                     if n % p:
                         progress.note(f"skipping n={n} on {p} devices (not a multiple)")
                         continue
-                    group = _bench_group_devices(n, p, layout, args, host, ref, progress)
-                    out.extend(group)
-                    progress.clear()
-                    print(format_group(group), flush=True)
-                    flush()
+                    show_group(_bench_group_devices(n, p, layout, args, host, ref, progress), out, progress, flush)
     finally:
         progress.close()

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .peers import named_algorithms, plan_facts, shardings, xla_dot
+from .peers import dmatmul_plans, named_algorithms, plan_facts, shardings, xla_dot
 from .problem import TOL, as_dtype, operands, parse_layout, rel_err
-from .report import format_group
-from .timing import IdleWaiter, Progress, Result, Runner, time_interleaved
+from .report import show_group
+from .timing import IdleWaiter, Progress, Result, Runner, blocking, time_interleaved
 
 _NUMPY_HELPER = r"""
 import os, sys, time
@@ -107,25 +107,19 @@ def _bench_group_processes(
         results[impl] = r
         return r
 
-    plans = {}
-    for algorithm in named_algorithms(args):
-        try:
-            mm = dm.Matmul(la, lb, distribution=dists, backend="jax", algorithm=algorithm)
-            mm.plan()
-        except (ValueError, NotImplementedError):
-            continue
-        plans[algorithm] = mm
+    plans = dmatmul_plans(la, lb, dists, args)
+    for algorithm, mm in plans.items():
         res = new(f"dmatmul:{algorithm}", **plan_facts(mm, n, p, itemsize, me.platform))
         if algorithm == "auto" and args.explain and rank == 0:
             progress.note(mm.explain())
-        runners[res.impl] = (lambda mm=mm: jax.block_until_ready(mm.execute()))
+        runners[res.impl] = blocking(mm.execute)
     if "xla" in args.peers:
         shard = shardings(dists, devices, plans.get("auto"))
         ga = jax.make_array_from_single_device_arrays((n, n), shard["a"], [la])
         gb = jax.make_array_from_single_device_arrays((n, n), shard["b"], [lb])
         f = jax.jit(xla_dot(dtype), in_shardings=(shard["a"], shard["b"]), out_shardings=shard["d"])
         new("xla", note="multi-process jit")
-        runners["xla"] = lambda: jax.block_until_ready(f(ga, gb))
+        runners["xla"] = blocking(f, ga, gb)
     if "numpy" in args.peers:
         new("numpy", note="1 process, all cores, other ranks asleep")
         numpy_times: list[float] = []
@@ -199,10 +193,7 @@ def run_processes(args: argparse.Namespace, out: list[Result], flush: Callable[[
             for layout in args.layouts:
                 group = _bench_group_processes(n, layout, args, rt, helper, progress)
                 if rt.rank == 0:
-                    out.extend(group)
-                    progress.clear()
-                    print(format_group(group), flush=True)
-                    flush()
+                    show_group(group, out, progress, flush)
     finally:
         progress.close()
         if helper is not None:

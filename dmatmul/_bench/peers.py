@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .. import _cost
+from .._spec import ALGORITHMS, AlgorithmName
 
 PEERS = ("xla", "xla-1dev", "numpy")
 
@@ -97,12 +98,28 @@ def plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> di
     return facts
 
 
-def named_algorithms(args: argparse.Namespace) -> list[str]:
-    from .._plan import ALGORITHMS
-
+def named_algorithms(args: argparse.Namespace) -> list[AlgorithmName]:
+    """``--algorithms`` (checked), or auto and every named algorithm."""
     if args.algorithms is not None:
         for a in args.algorithms:
             if a != "auto" and a not in ALGORITHMS:
                 raise SystemExit(f"dmatmul bench: unknown algorithm {a!r}; choose from auto, {', '.join(ALGORITHMS)}")
-        return list(args.algorithms)
-    return ["auto", *ALGORITHMS]
+        return cast("list[AlgorithmName]", list(args.algorithms))
+    return cast("list[AlgorithmName]", ["auto", *ALGORITHMS])
+
+
+def dmatmul_plans(a: Any, b: Any, dists: Sequence[Any], args: argparse.Namespace, **where: Any) -> dict[str, Any]:
+    """A planned :class:`dmatmul.Matmul` (JAX backend) of ``a @ b`` for each
+    of :func:`named_algorithms` that fits the layout, by algorithm; ``where``:
+    more keywords of ``Matmul`` (``devices=p`` in one process)."""
+    import dmatmul as dm
+
+    plans: dict[str, Any] = {}
+    for algorithm in named_algorithms(args):
+        try:
+            mm = dm.Matmul(a, b, distribution=dists, backend="jax", algorithm=algorithm, **where)
+            mm.plan()
+        except (ValueError, NotImplementedError):
+            continue  # does not fit this layout
+        plans[algorithm] = mm
+    return plans

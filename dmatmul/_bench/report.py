@@ -17,7 +17,7 @@ import os
 import platform
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from .. import _cost
 from .peers import PEERS
 from .problem import grid_shape
-from .timing import Result
+from .timing import Progress, Result
 
 # targets of the benchmark issue (8 simulated CPU devices, n = 2048 and 4096, float32)
 TARGETS = {"xla": (1.0, 1.1), "numpy": (0.75, 0.85)}
@@ -71,6 +71,15 @@ def format_group(results: Sequence[Result]) -> str:
             line += f"  [{r.note}]"
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def show_group(group: list[Result], out: list[Result], progress: Progress, flush: Callable[[], None]) -> None:
+    """A finished group: keep its results, print its table (the progress bar
+    cleared first) and ``flush`` (rewrite the JSON file)."""
+    out.extend(group)
+    progress.clear()
+    print(format_group(group), flush=True)
+    flush()
 
 
 def _layout_name(layout: str) -> str:

@@ -68,6 +68,14 @@ class IdleWaiter:
 Runner = Callable[[], Any]
 
 
+def blocking(fn: Callable[..., Any], *args: Any) -> Runner:
+    """A runner of ``fn(*args)`` that blocks until its result is ready (JAX
+    dispatches asynchronously)."""
+    import jax
+
+    return lambda: jax.block_until_ready(fn(*args))
+
+
 def rep_order(names: Sequence[str], r: int) -> list[str]:
     """The order of repetition ``r``: a permutation drawn from a fixed seed
     (the same on every rank), so no implementation always follows the same
