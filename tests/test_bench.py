@@ -200,14 +200,14 @@ def test_parser_options():
 
 
 def test_quick_shrinks_only_the_defaults():
-    args = _bench._finish_args(parse("--quick"))
+    args = _bench.finish_args(parse("--quick"))
     assert args.sizes == list(_bench.QUICK_SIZES) and args.devices == list(_bench.QUICK_DEVICES) and args.reps == 3
-    args = _bench._finish_args(parse("--quick", "--sizes", "64", "--reps", "2"))
+    args = _bench.finish_args(parse("--quick", "--sizes", "64", "--reps", "2"))
     assert args.sizes == [64] and args.reps == 2
     with pytest.raises(SystemExit, match="layout"):
-        _bench._finish_args(parse("--layouts", "XYZ"))
+        _bench.finish_args(parse("--layouts", "XYZ"))
     with pytest.raises(SystemExit, match="peer"):
-        _bench._finish_args(parse("--peers", "torch"))
+        _bench.finish_args(parse("--peers", "torch"))
 
 
 def test_parse_layout():
@@ -236,12 +236,12 @@ def test_waiting_for_an_idle_machine(monkeypatch):
     busy = _bench.busy_fraction(0.01)
     assert busy is None or 0.0 <= busy <= 1.0
     readings = iter([0.9, 0.8, 0.1])
-    monkeypatch.setattr(_bench, "busy_fraction", lambda window=0.3: next(readings))
+    monkeypatch.setattr(_bench.timing, "busy_fraction", lambda window=0.3: next(readings))
     waiter = _bench.IdleWaiter(0.2)
     calls: list[str] = []
     _bench.time_interleaved({"a": lambda: calls.append("a")}, reps=1, warmup=0, before=waiter)
     assert calls == ["a", "a"] and waiter.gave_up == 0  # three readings before the timed call
-    monkeypatch.setattr(_bench, "busy_fraction", lambda window=0.3: 1.0)
+    monkeypatch.setattr(_bench.timing, "busy_fraction", lambda window=0.3: 1.0)
     waiter = _bench.IdleWaiter(0.2, timeout=0.0)
     waiter()
     assert waiter.gave_up == 1
@@ -375,7 +375,7 @@ def test_calibration_measures_and_saves(tmp_path, capsys, monkeypatch):
     assert model.gamma > 0
     path = tmp_path / "model.json"
     monkeypatch.setattr(
-        _bench, "calibration_samples",
+        _bench.calibration, "calibration_samples",
         lambda p, **kw: _synthetic(MachineModel(1e-5 * p, 1 / 4e9, p / 100e9)),
     )
     args = parse("--calibrate", "--devices", "2,4", "--model-out", str(path))
@@ -389,7 +389,10 @@ def test_calibration_measures_and_saves(tmp_path, capsys, monkeypatch):
 
 def test_module_doctests_pass():
     import doctest
+    import importlib
+    import pkgutil
 
-    for module in (_cost, _bench):
+    names = [m.name for m in pkgutil.iter_modules(_bench.__path__) if m.name != "__main__"]  # its modules
+    for module in (_cost, _bench, *(importlib.import_module(f"dmatmul._bench.{name}") for name in names)):
         result = doctest.testmod(module)
         assert result.failed == 0, module.__name__

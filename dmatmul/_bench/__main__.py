@@ -1,0 +1,7 @@
+"""``python -m dmatmul._bench [options]``: ``dmatmul bench`` without the ``dmatmul`` CLI."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

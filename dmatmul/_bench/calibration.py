@@ -1,0 +1,195 @@
+"""Calibration of the cost model, and the cost model's view of every algorithm.
+
+``dmatmul bench --calibrate`` measures alpha (s/message, from chained ring
+shifts), beta (s/byte) and gamma (s/flop per rank, from a ring's GEMMs) for
+each device count, fits them (:func:`dmatmul._cost.fit`) and saves them where
+:func:`dmatmul._cost.model_for` finds them; ``dmatmul bench --costs`` prints
+the modelled bytes, messages, flops, extra memory and time of every 1-D
+algorithm on its own layout, against the lower bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _cost
+from .devices import start_jax
+from .peers import make_mesh
+from .timing import IdleWaiter, Runner, blocking
+
+
+def calibration_samples(
+    p: int,
+    *,
+    quick: bool = False,
+    reps: int = 5,
+    message_bytes: Sequence[int] | None = None,
+    gemm_sizes: Sequence[int] | None = None,
+    before: Callable[[], None] | None = None,
+) -> list[tuple[float, float, float, float]]:
+    """Measured ``(messages, nbytes, flops, seconds)`` per rank on ``p`` devices.
+
+    * messages: a ring shift (``ppermute``) of ``B`` bytes per rank, timed as
+      the difference between 2 and 10 chained shifts in one jitted call (the
+      dispatch cost cancels), for several ``B``;
+    * flops: every rank runs the GEMMs of a ring (``p`` products of
+      ``(n/p x n) @ (n x n/p)``) at once, no communication, for several n.
+    """
+    jax = start_jax(p)
+    import jax.numpy as jnp
+    from jax import lax
+
+    devices = jax.devices()[:p]
+    mesh = make_mesh(devices)
+    P = jax.sharding.PartitionSpec
+    samples: list[tuple[float, float, float, float]] = []
+
+    def med(fn: Runner) -> float:
+        fn()
+        fn()
+        ts = []
+        for _ in range(reps):
+            if before:
+                before()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    perm = [(i, (i - 1) % p) for i in range(p)]
+    if message_bytes is None:
+        message_bytes = (1 << 16, 1 << 20, 1 << 22) if quick else (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
+    if gemm_sizes is None:
+        gemm_sizes = (512, 1024) if quick else (1024, 2048)
+    for nbytes in message_bytes:
+        words = nbytes // 4
+        x = jax.device_put(np.ones((p, words), np.float32), jax.sharding.NamedSharding(mesh, P("x", None)))
+        timed = {}
+        for steps in (2, 10):
+
+            def shifts(blk: Any, steps: int = steps) -> Any:
+                for _ in range(steps):
+                    blk = lax.ppermute(blk, "x", perm)
+                return blk
+
+            f = jax.jit(jax.shard_map(shifts, mesh=mesh, in_specs=P("x", None), out_specs=P("x", None)))
+            timed[steps] = med(blocking(f, x))
+        per = (timed[10] - timed[2]) / 8
+        if per > 0:
+            samples.append((1.0, float(nbytes), 0.0, per))
+    prec = jax.lax.Precision.HIGHEST
+    for n in gemm_sizes:
+        n = max(p, n - n % p)
+        blk = n // p
+        a = jax.device_put(np.ones((n, n), np.float32), jax.sharding.NamedSharding(mesh, P("x", None)))
+        b = jax.device_put(np.ones((n, n), np.float32), jax.sharding.NamedSharding(mesh, P()))
+
+        def gemms(a: Any, b: Any, blk: int = blk) -> Any:
+            return jnp.concatenate(
+                [jnp.dot(a, b[:, j * blk : (j + 1) * blk], precision=prec) for j in range(p)], axis=1
+            )
+
+        f = jax.jit(jax.shard_map(gemms, mesh=mesh, in_specs=(P("x", None), P()), out_specs=P("x", None)))
+        samples.append((0.0, 0.0, 2.0 * n**3 / p, med(blocking(f, a, b))))
+    return samples
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from .._runtime import launched_size
+
+    if launched_size() > 1:
+        print("dmatmul bench --calibrate: run it in one process (it calibrates simulated devices)", file=sys.stderr)
+        return 2
+    jax = start_jax(max(args.devices))
+    platform_name = jax.devices()[0].platform
+    models: dict[str, _cost.MachineModel] = {}
+    print(f"calibrating the alpha-beta-gamma model on {platform_name} ({os.cpu_count()} cores)")
+    print(
+        f"{'ranks':>5s} {'alpha (us)':>11s} {'1/beta (GB/s)':>14s} {'1/gamma (GFLOP/s/rank)':>23s} "
+        f"{'rms rel res':>12s}"
+    )
+    for p in args.devices:
+        waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
+        samples = calibration_samples(p, quick=args.quick, before=waiter)
+        model, res = _cost.fit(samples)
+        model = dataclasses.replace(model, source="calibrated")
+        models[f"{platform_name}/{p}"] = model
+        bw = 1 / model.beta / 1e9 if model.beta else float("inf")
+        speed = 1 / model.gamma / 1e9 if model.gamma else float("inf")
+        print(f"{p:5d} {model.alpha * 1e6:11.2f} {bw:14.2f} {speed:23.2f} {res:12.3f}")
+    models[platform_name] = models[f"{platform_name}/{max(args.devices)}"]
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+    }
+    path = _cost.save_models(models, args.model_out, meta=meta)
+    print(f"saved to {path}; algorithm='auto' plans with it (set {_cost.MODEL_ENV}=default to ignore it)")
+    return 0
+
+
+def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "cpu") -> str:
+    """Every 1-D algorithm on its own layout for an ``n``-cube on ``p`` ranks:
+    bytes each rank sends and receives, messages, flops and extra memory per
+    rank, the predicted time, and the lower bounds."""
+    from .. import _plan
+
+    itemsize = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
+    acc = 4 if itemsize == 2 else itemsize
+    model = _cost.model_for(platform_name, p)
+    problem = _plan.Problem1D(n, n, n, p, itemsize, acc)
+    lb = _cost.lower_bounds(n, n, n, p, itemsize)
+    mib = 2.0**20
+    head = (
+        f"{'algorithm':15s} {'a':12s} {'b':12s} {'result':12s} {'recv MiB':>9s} {'sent MiB':>9s} {'msgs':>5s} "
+        f"{'GFLOP':>7s} {'extra MiB':>9s} {'pred ms':>8s} {'/bound':>7s}"
+    )
+    lines = [
+        f"n={n} {dtype} on {p} ranks; model: {model.describe()}",
+        f"lower bounds per rank: memory-independent {lb['memory_independent'] / mib:.2f} MiB ({lb['regime']} regime); "
+        f"ring (P-1)/P*V of one operand: {lb['ring_a'] / mib:.2f} MiB",
+        head,
+        "-" * len(head),
+    ]
+    for kernel in _plan.KERNELS:
+        roles = {"a": kernel.a, "b": kernel.b, "d": kernel.d}
+        if "G" in roles.values():
+            continue  # 2-D grid kernels: see Matmul.explain() on a grid layout
+        try:
+            plan = next(pl for pl in _plan.plans(problem, roles, model) if pl.kernel == kernel)
+        except StopIteration:
+            continue
+        names = [_plan.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]  # type: ignore[arg-type]
+        extra = _cost.extra_memory_bytes(kernel.algorithm, n, n, n, p, itemsize, acc, moving=kernel.moving)
+        bound = f"{plan.nbytes / lb['memory_independent']:.2f}" if lb["memory_independent"] > 0 else "-"
+        # every rank of a ring (or a psum) sends what it receives
+        lines.append(
+            f"{kernel.algorithm:15s} {names[0]:12s} {names[1]:12s} {names[2]:12s} {plan.nbytes / mib:9.2f} "
+            f"{plan.nbytes / mib:9.2f} {plan.messages:5.0f} {plan.flops / 1e9:7.3f} {extra / mib:9.2f} "
+            f"{plan.time * 1e3:8.2f} {bound:>7s}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_costs(args: argparse.Namespace) -> int:
+    platform_name = "cpu"
+    try:
+        jax = start_jax(max(args.devices))
+        platform_name = jax.devices()[0].platform
+    except (ImportError, SystemExit):
+        pass
+    for n in args.sizes:
+        for p in args.devices:
+            print(format_costs(n, p, args.dtype, platform_name))
+    return 0

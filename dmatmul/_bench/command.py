@@ -1,0 +1,196 @@
+"""The ``dmatmul bench`` command: its options and its entry points.
+
+:func:`add_parser` registers ``bench`` (with ``--calibrate`` and ``--costs``)
+on the ``dmatmul`` command line, :func:`finish_args` applies ``--quick`` and
+checks the options, :func:`run` dispatches to calibration, the costs table,
+or a timed run in one process (simulated devices) or under ``mpiexec``
+(several processes) and reports it; :func:`main` is ``python -m
+dmatmul._bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _cost
+from .calibration import run_calibrate, run_costs
+from .devices import run_devices, start_jax
+from .mpi import run_processes
+from .peers import PEERS
+from .problem import parse_layout
+from .report import format_summary, run_meta, write_json, write_plot
+from .timing import Result
+
+DEFAULT_SIZES = (1024, 2048, 4096)
+DEFAULT_DEVICES = (2, 4, 8)
+DEFAULT_LAYOUTS = ("XYX", "YXY")
+QUICK_SIZES = (512, 1024)
+QUICK_DEVICES = (2, 8)
+DESCRIPTION = "dmatmul bench: dmatmul side by side with its peers, in one run."
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.replace(" ", "").split(",") if x]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "bench",
+        help="dmatmul against XLA's partitioned dot and numpy, side by side",
+        description=DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--sizes", type=_ints, default=",".join(map(str, DEFAULT_SIZES)), help="square sizes n (M = N = K = n)"
+    )
+    p.add_argument(
+        "--devices", type=_ints, default=",".join(map(str, DEFAULT_DEVICES)),
+        help="simulated device counts (one process); ignored under mpiexec (one device per rank)",
+    )
+    p.add_argument(
+        "--layouts", type=_names, default=",".join(DEFAULT_LAYOUTS),
+        help="layouts of (a, b, result): letters X=Slab.X, Y=Slab.Y, R=Replicated(), "
+        "G=BlockNonCyclic on the squarest 2-D grid",
+    )
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions of every implementation")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs after the compiling first call")
+    p.add_argument(
+        "--algorithms", type=_names, default=None,
+        help="dmatmul algorithms to time (default: auto and every named one that fits)",
+    )
+    p.add_argument("--peers", type=_names, default=",".join(PEERS), help="peers to time")
+    p.add_argument("--json", default="dmatmul-bench.json", metavar="PATH", help="JSON output ('' for none)")
+    p.add_argument("--plot", default="dmatmul-bench.png", metavar="PATH", help="PNG plot ('' for none)")
+    p.add_argument(
+        "--quick", action="store_true",
+        help=f"a short run: sizes {','.join(map(str, QUICK_SIZES))}, devices "
+        f"{','.join(map(str, QUICK_DEVICES))}, 3 repetitions (unless given)",
+    )
+    p.add_argument(
+        "--wait-idle", type=float, default=None, metavar="FRACTION",
+        help="on a shared machine: before every timed call, wait (up to 60 s) until other processes keep "
+        "less than FRACTION of the CPUs busy (e.g. 0.15; Linux /proc/stat)",
+    )
+    p.add_argument("--explain", action="store_true", help="print Matmul.explain() of every auto plan")
+    p.add_argument(
+        "--costs", action="store_true",
+        help="print the cost model of every algorithm and layout (bytes, messages, flops, extra memory, "
+        "predicted time, lower bounds) for the sizes and device counts, and exit without timing",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--calibrate", action="store_true",
+        help="measure alpha/beta/gamma on this machine (per device count) and save them for algorithm='auto'",
+    )
+    p.add_argument(
+        "--model-out", default=None, metavar="PATH",
+        help=f"where --calibrate writes (default ${_cost.MODEL_ENV} or ~/.cache/dmatmul/cost_model.json)",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Apply --quick to the options left at their defaults."""
+    if args.quick:
+        if args.sizes == list(DEFAULT_SIZES):
+            args.sizes = list(QUICK_SIZES)
+        if args.devices == list(DEFAULT_DEVICES):
+            args.devices = list(QUICK_DEVICES)
+        if args.reps == 5:
+            args.reps = 3
+    for peer in args.peers:
+        if peer not in PEERS:
+            raise SystemExit(f"dmatmul bench: unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+    for name in args.layouts:
+        try:
+            parse_layout(name)
+        except ValueError as e:
+            raise SystemExit(f"dmatmul bench: {e}") from None
+    if args.reps < 1 or args.warmup < 0:
+        raise SystemExit("dmatmul bench: --reps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``dmatmul bench`` with parsed arguments; returns the exit status
+    (1 if any result disagreed with the float64 reference)."""
+    from .._runtime import launched_size
+
+    args = finish_args(args)
+    if args.calibrate:
+        return run_calibrate(args)
+    if args.costs:
+        return run_costs(args)
+    mode = "processes" if launched_size() > 1 else "devices"
+    results: list[Result] = []
+    is_root = True
+    meta: dict[str, Any] = {}
+
+    def flush() -> None:
+        if is_root and args.json and results:
+            write_json(args.json, results, meta)
+
+    if mode == "processes":
+        import dmatmul as dm
+
+        is_root = dm.init().rank == 0
+    else:
+        start_jax(max(args.devices))
+    meta.update(run_meta(args, mode))
+    if is_root:
+        where = (
+            f"{launched_size()} processes" if mode == "processes" else f"{','.join(map(str, args.devices))} devices"
+        )
+        print(
+            f"dmatmul bench: sizes {','.join(map(str, args.sizes))}, {where}, layouts {','.join(args.layouts)}, "
+            f"{args.dtype}, {args.reps} interleaved repetitions after {args.warmup} warm-up; "
+            f"'x P' = P's median time / this one's (> 1: faster than P)\n",
+            flush=True,
+        )
+    if mode == "processes":
+        run_processes(args, results, flush)
+    else:
+        run_devices(args, results, flush)
+    if not is_root:
+        import dmatmul as dm
+
+        dm.finalize()
+        return 0
+    print(format_summary(results))
+    flush()
+    if args.json:
+        print(f"wrote {args.json}")
+    if args.plot:
+        msg = write_plot(args.plot, results)
+        print(msg or f"wrote {args.plot}")
+    if mode == "processes":
+        import dmatmul as dm
+
+        dm.finalize()
+    bad = [r for r in results if r.note and r.note.startswith("MISMATCH")]
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dmatmul._bench [options]``: the bench without the ``dmatmul`` CLI."""
+    parser = argparse.ArgumentParser(prog="dmatmul")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
