@@ -27,7 +27,7 @@ from ._spec import ALGORITHMS
 
 __all__ = [
     "Role", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of", "role_dist", "kernel_cost",
-    "plans", "choose", "choose_distributions", "needs", "ALGORITHMS",
+    "plans", "choose", "choose_distributions", "needs", "needs_message", "dist_for_role", "stored_dims", "ALGORITHMS",
 ]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
