@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from . import _plan, _runtime
 from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
-from ._epilogue import EPILOGS, has_bias
-from ._spec import ALGORITHMS, DTYPES, PRECISIONS, family
+from ._epilogue import EPILOGS, EpilogName, has_bias
+from ._spec import ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, PrecisionName, family
 from ._reference import error_ratio, random_matrix, reference
 
 __all__ = [
@@ -122,10 +123,10 @@ class Case:
     alpha: complex = 1.0
     beta: complex = 0.0
     use_c: bool = False
-    epilog: str | None = None
-    algorithm: str = "auto"
+    epilog: EpilogName | None = None
+    algorithm: AlgorithmName = "auto"
     family: str = "numpy"
-    precision: str | None = None
+    precision: PrecisionName | None = None
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -279,7 +280,7 @@ def _fitting_algorithms(
     """The named algorithms whose kernel takes the operands in their given
     roles (Replicated fits wherever a Slab is needed; SUMMA: all on one grid).
     Only a hint for drawing: a refusal of any named algorithm is accepted."""
-    roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, "abd", (ta, tb, False))]
+    roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
     one_grid = len({d.grid for d in dists}) == 1
     out = []
     for kernel in _plan.KERNELS:
@@ -312,7 +313,8 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     m, n, k = _draw_dim(draw, 40), _draw_dim(draw, 40), _draw_dim(draw, 12)
     ta, tb = draw.boolean(), draw.boolean()
     earlier: list[ProcessGrid] = []
-    dists = tuple(_draw_distribution(draw, nranks, earlier) for _ in range(3))
+    da, db, dd = (_draw_distribution(draw, nranks, earlier) for _ in range(3))  # in this order: a, b, result
+    dists = (da, db, dd)
     alphas = (1.0, 0.5, -1.5, 0.0) + ((0.5 - 0.25j, 1j) if is_complex else (2.25,))
     betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())
     alpha, beta = draw.choice(alphas), draw.choice(betas)
@@ -321,9 +323,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
         epilog = draw.choice((None, "bias"))
     else:
         epilog = draw.choice(EPILOGS)
-    algorithm = "auto"
+    algorithm: AlgorithmName = "auto"
     if _rarely(draw, 4):  # a named algorithm: mostly one that fits the layouts (so that it runs), else any one
-        fitting = _fitting_algorithms(nranks, dists, ta, tb)  # type: ignore[arg-type]
+        fitting = _fitting_algorithms(nranks, dists, ta, tb)
         if fitting and not _rarely(draw, 3):
             algorithm = draw.choice(fitting)
         elif _rarely(draw, 2):
@@ -331,7 +333,7 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     family = draw.choice(tuple(families))
     precision = draw.choice(PRECISIONS)
     return Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
-                distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,  # type: ignore[arg-type]
+                distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
                 algorithm=algorithm, family=family, precision=precision)
 
 
@@ -377,11 +379,12 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
 
     rt = _runtime.active()
     mpi = rt is not None and rt.size > 1
-    out = dict(case=case, backend=backend, mpi=mpi)
+    outcome = functools.partial(Outcome, case=case, backend=backend, mpi=mpi)
     rng = np.random.default_rng(rng_seed)
-    a = random_matrix(rng, case.a_shape, case.dtype)
-    b = random_matrix(rng, case.b_shape, case.dtype)
-    c = None
+    # the operands: numpy arrays, made jax arrays below for a jax case
+    a: Any = random_matrix(rng, case.a_shape, case.dtype)
+    b: Any = random_matrix(rng, case.b_shape, case.dtype)
+    c: Any = None
     if case.use_c:
         c = random_matrix(rng, (case.m, case.n), case.dtype)
         if case.beta == 0:
@@ -422,12 +425,13 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         with x64:
             d = matmul(a, b, c, distribution=case.distributions, alpha=case.alpha, beta=case.beta,
                        transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog, bias=bias,
-                       backend=backend, algorithm=case.algorithm, precision=case.precision, **kwargs)
+                       backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
+                       algorithm=case.algorithm, precision=case.precision, **kwargs)
     except Exception as e:  # noqa: BLE001 - every exception is classified
         if any(r.matches(e) for r in required + allowed):
-            return Outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}", **out)
+            return outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")
         why = f" (expected: {'; '.join(r.why for r in required)})" if required else ""
-        return Outcome(status="failed", ratio=math.nan, message=f"{type(e).__name__}: {e}{why}", **out)
+        return outcome(status="failed", ratio=math.nan, message=f"{type(e).__name__}: {e}{why}")
     problems = []
     if required:
         problems.append(f"no error, expected one: {'; '.join(r.why for r in required)}")
@@ -438,7 +442,7 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
     if fam != case.family:
         shown = fam if fam != "other" else f"{type(d).__module__}.{type(d).__name__}"
         problems.append(f"result is {shown}, expected {case.family}")
-        return Outcome(status="failed", ratio=math.nan, message="; ".join(problems), **out)
+        return outcome(status="failed", ratio=math.nan, message="; ".join(problems))
     if fam == "numpy" and not d.flags.writeable:
         problems.append("numpy result is read-only")
     if np.dtype(d.dtype).name != case.dtype:
@@ -459,8 +463,8 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
             if not ratio <= 1.0:
                 problems.append(f"max error {ratio:.3g} x the tolerance")
     if problems:
-        return Outcome(status="failed", ratio=ratio, message="; ".join(problems), **out)
-    return Outcome(status="passed", ratio=ratio, **out)
+        return outcome(status="failed", ratio=ratio, message="; ".join(problems))
+    return outcome(status="passed", ratio=ratio)
 
 
 def _reduced_precision_slack(case: Case, backend: str) -> float:

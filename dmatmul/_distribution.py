@@ -196,10 +196,10 @@ class ProcessGrid:
             out.append(c)
         return tuple(reversed(out))
 
-    def rank(self, coords: Sequence[int]) -> int:
-        """Rank at grid coordinates ``coords``."""
+    def rank(self, coords: Sequence[int] | int) -> int:
+        """Rank at grid coordinates ``coords`` (an int on a 1-D grid)."""
         if isinstance(coords, (int, np.integer)) and self.ndim == 1:
-            coords = (coords,)
+            coords = (int(coords),) if isinstance(coords, np.integer) else (coords,)
         if not isinstance(coords, Sequence) or len(coords) != self.ndim:
             raise TypeError(f"coords must be a tuple of {self.ndim} ints for grid {self!r}, got {coords!r}")
         for i, (c, s) in enumerate(zip(coords, self.shape)):

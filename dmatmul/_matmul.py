@@ -77,7 +77,7 @@ def _distributions(distribution: Any) -> tuple[Distribution, Distribution, Distr
             )
         for name, d in zip(("a", "b", "result"), distribution):
             check_distribution(d, f"distribution of {name}")
-        return tuple(distribution)  # type: ignore[return-value]
+        return tuple(distribution)
     raise TypeError(
         "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "
         f"got {type(distribution).__name__}"
@@ -93,7 +93,7 @@ class _Checked:
     transpose_b: bool
     alpha: complex
     beta: complex
-    epilog: str | None
+    epilog: Epilog | None
     distributions: tuple[Distribution, Distribution, Distribution] | None
     algorithm: str
     backend: str
@@ -280,11 +280,12 @@ def _validate(ops: Operands, **options: Any) -> Spec:
                 "only the local blocks differ"
             )
     gathered = [shapes for _, shapes in shared]
-    assert chk.distributions is not None
+    dists = chk.distributions
+    assert dists is not None
 
-    def infer() -> tuple[tuple[int, int], ...]:
-        out = []
-        for i, (name, dist) in enumerate(zip(("a", "b", "c"), chk.distributions + (chk.distributions[2],))):
+    def infer() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]:
+        out: list[tuple[int, int] | None] = []
+        for i, (name, dist) in enumerate(zip(("a", "b", "c"), dists + (dists[2],))):
             locals_ = [g[i] for g in gathered]
             if name == "c" and locals_[0] is None:
                 out.append(None)
@@ -293,7 +294,9 @@ def _validate(ops: Operands, **options: Any) -> Spec:
                 out.append(dist.global_shape(locals_))
             except DistributionError as e:
                 raise DistributionError(f"{name}: {e} (this is rank {rt.rank})") from None
-        return tuple(out)  # type: ignore[return-value]
+        a_shape, b_shape, c_shape = out
+        assert a_shape is not None and b_shape is not None  # only c may be absent
+        return a_shape, b_shape, c_shape
 
     a_shape, b_shape, c_shape = infer()
     return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size)

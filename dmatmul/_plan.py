@@ -26,12 +26,15 @@ from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
 from ._spec import ALGORITHMS
 
 __all__ = [
-    "Role", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of", "role_dist", "kernel_cost",
-    "plans", "choose", "choose_distributions", "needs", "needs_message", "dist_for_role", "stored_dims", "ALGORITHMS",
+    "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
+    "role_dist", "kernel_cost", "plans", "choose", "choose_distributions", "needs", "needs_message",
+    "dist_for_role", "stored_dims", "ALGORITHMS",
 ]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
 Operand = Literal["a", "b", "d"]
+#: The operands in order: a, b and the result.
+OPERANDS: tuple[Operand, Operand, Operand] = ("a", "b", "d")
 
 _LOGICAL: dict[str, tuple[str, str]] = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
 
@@ -77,7 +80,7 @@ def roles_of(
     {'a': 'M', 'b': 'N', 'd': 'M'}
     """
     ts = (transposes[0], transposes[1], False)
-    return {op: role_of(d, op, t, nranks) or "G" for op, d, t in zip(("a", "b", "d"), dists, ts)}  # type: ignore[arg-type]
+    return {op: role_of(d, op, t, nranks) or "G" for op, d, t in zip(OPERANDS, dists, ts)}
 
 
 def role_dist(operand: Operand, role: Role, transposed: bool) -> Distribution:
@@ -88,7 +91,7 @@ def role_dist(operand: Operand, role: Role, transposed: bool) -> Distribution:
     """
     if role == "R":
         return Replicated()
-    return Slab(stored_dims(operand, transposed).index(role))  # type: ignore[arg-type]
+    return Slab(stored_dims(operand, transposed).index(role))
 
 
 def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
@@ -247,14 +250,14 @@ def plans(
     for kernel in kernels:
         if kernel.algorithm == "summa" and problem.grid is None:
             continue
-        moves = [
+        candidates = [
             move(problem, "a", roles["a"], kernel.a, native="a" in native),
             move(problem, "b", roles["b"], kernel.b, native="b" in native),
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
             move(problem, "d", kernel.d, roles["d"], native="d" in native),
         ]
         kb, km, flops = kernel_cost(problem, kernel)
-        moves = tuple(mv for mv in moves if mv.collective != "none")
+        moves = tuple(mv for mv in candidates if mv.collective != "none")
         nbytes = kb + sum(mv.nbytes for mv in moves)
         messages = km + sum(mv.messages for mv in moves)
         out.append(Plan(kernel, moves, kb, km, flops, model.time(messages=messages, nbytes=nbytes, flops=flops)))

@@ -201,16 +201,17 @@ def agree_and_share(
     if state is None or state.size == 1:
         result = check()
         return result, [share(result)]
+    failure: Exception | None = None
     try:
-        result, failure = check(), None
+        result = check()  # unbound only when this rank failed, and then never read
     except _AGREED_ERRORS as e:
-        result, failure = None, e
+        failure = e
     report = None if failure is None else (type(failure).__name__, str(failure))
-    payload = None if failure is not None else share(result)  # type: ignore[arg-type]
+    payload = None if failure is not None else share(result)
     gathered = state.comm.allgather((report, payload))
     bad = [(r, rep) for r, (rep, _) in enumerate(gathered) if rep is not None]
     if not bad:
-        return result, [p for _, p in gathered]  # type: ignore[return-value]
+        return result, [p for _, p in gathered]
     if failure is not None:
         raise failure
     first_rank, (name, message) = bad[0]

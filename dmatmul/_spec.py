@@ -149,7 +149,7 @@ class Operands:
         fams = {family(x) for x in (self.a, self.b, self.c) if x is not None}
         for f in ("cupy", "jax"):
             if f in fams:
-                return f  # type: ignore[return-value]
+                return f
         return "numpy"
 
 

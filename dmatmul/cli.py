@@ -15,9 +15,12 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ._spec import AlgorithmName
 
 __all__ = ["main"]
 
@@ -59,7 +62,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 # the demo's cases: (algorithm, distributions of a, b, result, transpose_a, transpose_b, dtype)
-def _demo_cases(dm: Any, nranks: int) -> list[tuple[str, tuple[Any, Any, Any], bool, bool, str]]:
+def _demo_cases(dm: Any, nranks: int) -> list[tuple[AlgorithmName, tuple[Any, Any, Any], bool, bool, str]]:
     X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
     rows = max(r for r in range(1, int(nranks**0.5) + 1) if nranks % r == 0)
     col = dm.ProcessGrid((rows, nranks // rows), layout="col")

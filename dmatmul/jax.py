@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Hashable
+from collections.abc import Hashable, Set
 from typing import Any
 
 import jax
@@ -224,7 +224,7 @@ def _vma(x: jax.Array) -> frozenset:
     return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
 
 
-def _mesh_order(names: set) -> tuple:
+def _mesh_order(names: Set[Any]) -> tuple:
     mesh_names = tuple(jax.sharding.get_abstract_mesh().axis_names)
     return tuple(n for n in mesh_names if n in names) + tuple(n for n in names if n not in mesh_names)
 

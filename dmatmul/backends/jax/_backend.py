@@ -22,7 +22,8 @@ __all__ = ["JaxBackend", "JaxPlan"]
 
 def _x64(dtype: str) -> contextlib.AbstractContextManager[Any]:
     """64-bit dtypes need JAX's x64 mode: enable it for dmatmul's own calls only."""
-    if dtype in ("float64", "complex128") and not jax.config.jax_enable_x64:
+    # jax.config sets its options as attributes at run time: its class declares none of them
+    if dtype in ("float64", "complex128") and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         return jax.enable_x64(True)
     return contextlib.nullcontext()
 
@@ -224,10 +225,12 @@ class JaxPlan:
             op: d for op, d in zip("abd", self.distributions)
             if d.grid is not None and d.grid.ndim == 2 and grid is not None and d.grid != grid
         }
-        self.planned = tuple(Slab.X if op in self.foreign else d for op, d in zip("abd", self.distributions))
+        pa, pb, pd = (Slab.X if op in self.foreign else d for op, d in zip("abd", self.distributions))
+        self.planned = (pa, pb, pd)
         self.geom = _layout.Geometry.create(self.devices, grid)
         if grid is not None:
-            self.problem = dataclasses.replace(self.problem, grid=grid.shape)
+            rows, cols = grid.shape  # the product's grid is 2-D
+            self.problem = dataclasses.replace(self.problem, grid=(rows, cols))
         roles = self._roles(self.planned)
         transposes, shapes = spec.transposes, spec.shapes
 
@@ -256,7 +259,9 @@ class JaxPlan:
             assert summa is not None
             self.kernel, schedule = summa
         else:
-            self.kernel = {op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in "abd"}
+            self.kernel = {
+                op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in _plan.OPERANDS
+            }
             schedule = None
         d_rows = self.kernel["d"]
         self.local = _kernels.LocalProblem(
@@ -350,9 +355,11 @@ class JaxPlan:
             args = [redistribute(a, given["a"], kern_pl["a"], geom), redistribute(b, given["b"], kern_pl["b"], geom)]
             specs = [kern_pl["a"].spec, kern_pl["b"].spec]
             if fused and ep.use_c:
+                assert c is not None  # use_c: c was given
                 args.append(c)
                 specs.append(given["d"].spec)
             if fused and ep.has_bias:
+                assert bias is not None  # an epilog with a bias has one (checked in matmul)
                 args.append(bias)
                 specs.append(PartitionSpec())
             d = jax.shard_map(body, mesh=geom.mesh, in_specs=tuple(specs), out_specs=kern_pl["d"].spec)(*args)
@@ -579,7 +586,7 @@ class JaxBackend:
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
         """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""
-        return _start.start(runtime)  # type: ignore[no-any-return]
+        return _start.start(runtime)
 
     def stop(self) -> None:
         _start.stop()

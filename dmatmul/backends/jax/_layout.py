@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 import jax
@@ -145,7 +145,7 @@ class DimMap:
         return cls.of_parts(size, parts)
 
     @classmethod
-    def of_parts(cls, size: int, parts: Sequence[Sequence[int]]) -> DimMap:
+    def of_parts(cls, size: int, parts: Sequence[Iterable[int]]) -> DimMap:
         """Explicit index lists (each in local order); block = the longest."""
         parts_t = tuple(tuple(int(i) for i in p) for p in parts)
         return cls(size, parts_t, max(1, max(len(p) for p in parts_t)))
@@ -281,16 +281,16 @@ def placement_of(
     """
     p = geom.nranks
     if isinstance(dist, Replicated) or p == 1:
-        maps = tuple(s if s is not None else DimMap.whole(n) for s, n in zip(shared, shape))
-        return Placement(maps, (None, None))  # type: ignore[arg-type]
+        rows, cols = (s if s is not None else DimMap.whole(n) for s, n in zip(shared, shape))
+        return Placement((rows, cols), (None, None))
     if isinstance(dist, Slab):
-        maps = []
+        maps: list[DimMap] = []
         for d in range(2):
+            m = shared[d]
             if d == dist.dim:
-                m = shared[d]
                 maps.append(m if m is not None and m.nparts == p else DimMap.slab(shape[d], p))
             else:
-                maps.append(shared[d] if shared[d] is not None else DimMap.whole(shape[d]))
+                maps.append(m if m is not None else DimMap.whole(shape[d]))
         axes: list[AxisName] = [None, None]
         axes[dist.dim] = geom.rank_axis
         return Placement((maps[0], maps[1]), (axes[0], axes[1]))
@@ -300,9 +300,9 @@ def placement_of(
             f"{dist!r} and the other operands' distributions use different process grids; "
             f"the JAX backend multiplies on one grid per product ({geom.grid!r})"
         )
-    rows = [dist.global_indices(grid.rank((i, 0)), shape)[0] for i in range(grid.shape[0])]
-    cols = [dist.global_indices(grid.rank((0, j)), shape)[1] for j in range(grid.shape[1])]
-    return Placement((DimMap.of_parts(shape[0], rows), DimMap.of_parts(shape[1], cols)), ("r", "c"))
+    row_ids = [dist.global_indices(grid.rank((i, 0)), shape)[0] for i in range(grid.shape[0])]
+    col_ids = [dist.global_indices(grid.rank((0, j)), shape)[1] for j in range(grid.shape[1])]
+    return Placement((DimMap.of_parts(shape[0], row_ids), DimMap.of_parts(shape[1], col_ids)), ("r", "c"))
 
 
 # --------------------------------------------------------------------------- #
@@ -415,7 +415,8 @@ def host_to_device(x: np.ndarray, placement: Placement, geom: Geometry) -> jax.A
         return jax.device_put(x, sharding)
     maps = placement.maps
 
-    def block(index: tuple[slice, ...]) -> np.ndarray:
+    def block(index: tuple[slice, ...] | None) -> np.ndarray:
+        assert index is not None  # jax passes every shard's index (its signature allows None)
         r, c = index
         return _host_block(x, maps[0].sources[r], maps[1].sources[c])
 
