@@ -170,7 +170,7 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
             plan = next(pl for pl in _plan.plans(problem, roles, model) if pl.kernel == kernel)
         except StopIteration:
             continue
-        names = [_plan.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]  # type: ignore[arg-type]
+        names = [_plan.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]
         extra = _cost.extra_memory_bytes(kernel.algorithm, n, n, n, p, itemsize, acc, moving=kernel.moving)
         bound = f"{plan.nbytes / lb['memory_independent']:.2f}" if lb["memory_independent"] > 0 else "-"
         # every rank of a ring (or a psum) sends what it receives

@@ -46,7 +46,7 @@ def parse_layout(name: str, nranks: int | None = None) -> tuple[Any, Any, Any]:
         )
     if "G" in key:
         letters["G"] = BlockNonCyclic(ProcessGrid(grid_shape(nranks or 4)))
-    return tuple(letters[c] for c in key)  # type: ignore[return-value]
+    return tuple(letters[c] for c in key)
 
 
 def operands(n: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
