@@ -182,8 +182,12 @@ def check_nvmath_rules(tr):
 # --------------------------------------------------------------------------- #
 # package hygiene
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("module", ["dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._engine",
-                                    "dmatmul.backends.nvmath"])
+@pytest.mark.parametrize("module", [
+    "dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._translate._types",
+    "dmatmul.backends.nvmath._translate._orient", "dmatmul.backends.nvmath._translate._epilog",
+    "dmatmul.backends.nvmath._translate._one_d", "dmatmul.backends.nvmath._translate._two_d",
+    "dmatmul.backends.nvmath._translate._describe", "dmatmul.backends.nvmath._engine", "dmatmul.backends.nvmath",
+])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

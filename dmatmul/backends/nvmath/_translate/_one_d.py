@@ -1,0 +1,309 @@
+"""The 1-D translations: Slab, Replicated and 1-D BlockNonCyclic operands.
+One rank runs a local GEMM in cuBLASMp; on several ranks every cuBLASMp fast
+path whose roles the given operands fit (a Replicated operand is cut to the
+role for free) is translated and costed, and the cheapest wins -- a
+Replicated result being computed split and allgathered by dmatmul when no
+AllReduce gives it. When no fast path fits, the layout goes to cuBLASMp's
+general path as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .... import _cost, _plan
+from ...._distribution import Distribution, Replicated, Slab
+from ._epilog import finish, pick
+from ._orient import AxisOp, build_frame, copy_weights
+from ._types import Cost, DimPlan, NvDistribution, Path, Problem, Role, Translation
+
+__all__ = ["NvKernel", "NV_KERNELS", "needs", "given", "one_rank", "one_d"]
+
+
+@dataclasses.dataclass(frozen=True)
+class NvKernel:
+    """A cuBLASMp (or cuBLASLt) path on fixed operand roles.
+
+    ``frames``: the frames in which nvmath sees this triple as its fast path
+    (False: ``D = op(A) op(B)``, True: ``D.T = op(B).T op(A).T``).
+    """
+
+    algorithm: str
+    path: Path
+    a: Role
+    b: Role
+    d: Role
+    frames: tuple[bool, ...]
+    moving: str | None = None
+
+    @property
+    def roles(self) -> tuple[Role, Role, Role]:
+        return (self.a, self.b, self.d)
+
+    def contract_kernel(self) -> _plan.Kernel:
+        return _plan.Kernel(self.algorithm, self.a, self.b, self.d, moving=self.moving)  # type: ignore[arg-type]
+
+
+#: The 1-D paths on several ranks. AllGather+GEMM in nvmath's frame is
+#: (op(A): M, op(B): N, D: M); in the swapped frame that is dmatmul's
+#: (a: M, b: N, d: N), with ``a`` travelling. Likewise for ReduceScatter.
+NV_KERNELS: tuple[NvKernel, ...] = (
+    NvKernel("local", "local GEMM", "M", "R", "M", (False,)),
+    NvKernel("local", "local GEMM", "R", "N", "N", (False,)),
+    NvKernel("local", "local GEMM", "R", "R", "R", (False,)),
+    NvKernel("allgather", "AG+GEMM", "M", "N", "M", (False,), moving="b"),
+    NvKernel("allgather", "AG+GEMM", "M", "N", "N", (True,), moving="a"),
+    NvKernel("reduce_scatter", "GEMM+RS", "K", "K", "N", (False,)),
+    NvKernel("reduce_scatter", "GEMM+RS", "K", "K", "M", (True,)),
+    NvKernel("allreduce", "GEMM+AR", "K", "K", "R", (False, True)),
+)
+
+
+def needs(algorithm: str, transposes: tuple[bool, bool]) -> list[str]:
+    """The distribution triples (a, b, result) a named algorithm accepts on
+    several ranks with the nvmath backend.
+
+    >>> needs("allgather", (False, False))
+    ['(a=Slab.X, b=Slab.Y, result=Slab.X)', '(a=Slab.X, b=Slab.Y, result=Slab.Y)']
+    """
+    ta, tb = transposes
+    return [
+        f"(a={_plan.dist_for_role('a', k.a, ta)}, b={_plan.dist_for_role('b', k.b, tb)}, "
+        f"result={_plan.dist_for_role('d', k.d, False)})"
+        for k in NV_KERNELS
+        if k.algorithm == algorithm
+    ]
+
+
+def given(p: Problem) -> str:
+    a, b, d = p.distributions
+    return f"(a={a!r}, b={b!r}, result={d!r})"
+
+
+def _needs_message(p: Problem) -> str:
+    ta, tb = p.transposes
+    options = needs(p.algorithm, p.transposes)
+    if not options:
+        return (
+            f"algorithm={p.algorithm!r} does not apply to 1-D distributions on the nvmath backend; given "
+            f"{given(p)}: it needs a, b and the result on one shared 2-D ProcessGrid (BlockCyclic or "
+            "BlockNonCyclic); or use algorithm='auto'"
+        )
+    return (
+        f"algorithm={p.algorithm!r} does not fit the distributions {given(p)} (transpose_a={ta}, "
+        f"transpose_b={tb}) on the nvmath backend: cuBLASMp runs it for one of: {', '.join(options)} "
+        "(Replicated() also fits wherever a Slab is needed for a or b); or use algorithm='auto'"
+    )
+
+
+def _problem1d(p: Problem) -> _plan.Problem1D:
+    return _plan.Problem1D(p.m, p.n, p.k, p.nranks, p.itemsize, p.acc_itemsize)
+
+
+_MODEL = _cost.model_for("gpu")
+
+
+#: dmatmul's own allgather of a replicated result crosses PCIe twice besides the network
+_HOST_STAGING = 3.0
+
+
+def _cost_of(p: Problem, kernel: NvKernel | None, gather_from: Role | None, roles: dict[str, Role]) -> Cost:
+    pr = _problem1d(p)
+    if kernel is None:  # general path: modelled as the closest communicating contract plan
+        plans = _plan.plans(pr, roles, _MODEL)
+        plan = next((pl for pl in plans if pl.algorithm != "local"), plans[0])
+        return Cost(plan.nbytes, plan.messages, plan.flops, plan.time)
+    nbytes, messages, flops = _plan.kernel_cost(pr, kernel.contract_kernel())
+    if gather_from is not None:  # dmatmul's allgather is host-staged: device->host, MPI, host->device
+        mv = _plan.move(pr, "d", gather_from, "R")
+        nbytes, messages = nbytes + _HOST_STAGING * mv.nbytes, messages + mv.messages
+    return Cost(nbytes, messages, flops, _MODEL.time(messages=messages, nbytes=nbytes, flops=flops))
+
+
+def _nv_1d(p: Problem, operand: str, role: Role, dims: dict[str, DimPlan], grid_size: int) -> NvDistribution:
+    """The nvmath distribution (user orientation) of a 1-D role."""
+    r, c = p.stored(operand)
+    blocks = (dims[r].block, dims[c].block)
+    if grid_size == 1:
+        return NvDistribution((1, 1), "ROW_MAJOR", blocks)
+    if role == "R":  # only GEMM+AllReduce's result: Slab.X of a (P*M, N) matrix, one whole copy per rank
+        return NvDistribution((grid_size, 1), "ROW_MAJOR", blocks)
+    axis = (r, c).index(role)
+    grid = (grid_size, 1) if axis == 0 else (1, grid_size)
+    return NvDistribution(grid, "ROW_MAJOR", blocks)
+
+
+def _role_dist(p: Problem, operand: str, role: Role) -> Distribution:
+    if role == "R":
+        return Replicated()
+    return Slab(p.stored(operand).index(role))
+
+
+def _axis_ops_1d(p: Problem, operand: str, given: Role, role: Role, dims: dict[str, DimPlan]) -> tuple[AxisOp, AxisOp]:
+    ops: list[AxisOp] = []
+    for dim in p.stored(operand):
+        if dims[dim].padding:
+            ops.append("pad")
+        elif given == role or dim != role:
+            ops.append("keep")
+        else:  # a Replicated operand cut to a Slab: a contiguous range
+            ops.append("slice")
+    return ops[0], ops[1]  # type: ignore[return-value]
+
+
+def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) -> tuple[NvDistribution, tuple[int, int]]:
+    nvu = _nv_1d(p, "d", role, dims, p.nranks)
+    shape = (dims["M"].padded, dims["N"].padded)
+    if swapped:
+        return nvu.transposed(), (shape[1], shape[0])
+    return nvu, shape
+
+
+def one_rank(p: Problem) -> Translation:
+    """One rank: a local GEMM in cuBLASMp (every distribution holds everything)."""
+    dims = {x: DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    targets = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
+    nv_user = {op: _nv_1d(p, op, "R", dims, 1) for op in ("a", "b", "c")}
+    ops = {op: ("keep", "keep") for op in ("a", "b", "c")}
+    weights = copy_weights(p, {})
+    frames = [
+        build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=False,  # type: ignore[arg-type]
+                     pass_c=p.use_c, engine="cublasmp", weights=weights)
+        for s in (False, True)
+    ]
+    frame = pick(frames, p, "local GEMM", "cublasmp")
+    result, shape = _result_nv(p, "R", dims, frame.swapped)
+    notes: tuple[str, ...] = ()
+    if p.algorithm not in ("auto", "local"):
+        notes = (f"algorithm={p.algorithm!r} requested: on one rank cuBLASMp runs a local GEMM",)
+    flops = 2.0 * p.m * p.n * p.k
+    return finish(
+        p, algorithm="local", path="local GEMM", engine="cublasmp", frame=frame, roles=("R", "R", "R"),
+        kernel=("R", "R", "R"), dims=dims, result=result, result_shape=shape, computed=Replicated(),
+        gather=False, notes=notes, cost=Cost(0.0, 0.0, flops, _MODEL.time(messages=0, nbytes=0, flops=flops)),
+    )
+
+
+def _candidate(
+    p: Problem, kernel: NvKernel, given: tuple[Role, Role, Role], gather: bool
+) -> Translation:
+    """The translation of ``given`` roles run on ``kernel`` (Replicated cut to the kernel's roles)."""
+    ka, kb, kd = kernel.roles
+    engine = "cublaslt" if kernel.path == "local GEMM" else "cublasmp"
+    split = {r for r in kernel.roles if r != "R"}
+    if engine == "cublaslt":
+        dims = {x: DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    else:
+        dims = {x: DimPlan.slab(x, p.size(x), p.nranks) if x in split else DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    kroles = {"a": ka, "b": kb, "c": kd}
+    groles = {"a": given[0], "b": given[1], "c": given[2] if not gather else "R"}
+    targets = {op: _role_dist(p, op, kroles[op]) for op in ("a", "b", "c")}
+    ar = kernel.path == "GEMM+AR"
+    nv_user: dict[str, NvDistribution | None] = {}
+    for op in ("a", "b", "c"):
+        nv_user[op] = None if engine == "cublaslt" else _nv_1d(p, op, kroles[op], dims, p.nranks)
+    ops = {op: _axis_ops_1d(p, op, groles[op], kroles[op], dims) for op in ("a", "b", "c")}
+    weights = copy_weights(p, {op: kroles[op] != "R" for op in ("a", "b", "c")})
+    pass_c = p.use_c and not ar
+    frames = [
+        build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=ar, pass_c=pass_c,
+                     engine=engine, weights=weights)
+        for s in kernel.frames
+    ]
+    frame = pick(frames, p, kernel.path, engine)
+    if engine == "cublaslt":
+        result, shape = None, (p.m, p.n)
+    elif ar:
+        mm, nn = dims["M"].padded, dims["N"].padded
+        if frame.swapped:
+            mm, nn = nn, mm
+        result, shape = NvDistribution((p.nranks, 1), "ROW_MAJOR", (mm, nn)), (p.nranks * mm, nn)
+    else:
+        result, shape = _result_nv(p, kd, dims, frame.swapped)
+    roles_d = {"a": given[0], "b": given[1], "d": given[2]}
+    return finish(
+        p, algorithm=kernel.algorithm, path=kernel.path, engine=engine, frame=frame, roles=given,
+        kernel=kernel.roles, dims=dims, result=result, result_shape=shape, computed=_role_dist(p, "d", kd),
+        gather=gather, notes=(), cost=_cost_of(p, kernel, kd if gather else None, roles_d),
+    )
+
+
+def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
+    """The cheapest fast path the given ``roles`` (a, b, result) fit, else the general path.
+
+    >>> from dmatmul import Replicated, Slab
+    >>> p = Problem(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None))
+    >>> t = one_d(p, ("R", "N", "M"))  # a is cut to its rows: a view, no communication
+    >>> t.path, t.kernel, t.handover("a").target, t.handover("a").copy, t.gather
+    ('AG+GEMM', ('M', 'N', 'M'), Slab.X, None, False)
+    """
+    ga, gb, gd = roles
+    order = {name: i for i, name in enumerate(_plan.ALGORITHMS)}
+    if p.algorithm == "summa":
+        raise ValueError(_needs_message(p))
+    best: tuple[tuple[float, float, int], Translation] | None = None
+    for kernel in NV_KERNELS:
+        if p.algorithm not in ("auto", kernel.algorithm):
+            continue
+        if not all(g == r or g == "R" for g, r in ((ga, kernel.a), (gb, kernel.b))):
+            continue
+        if gd == kernel.d:
+            gather = False
+        elif gd == "R" and p.algorithm == "auto":
+            gather = True
+        else:
+            continue
+        t = _candidate(p, kernel, roles, gather)
+        assert t.cost is not None
+        weight = sum(copy_weights(p, {})[h.operand] for h in t.handovers if h.copy)
+        key = (t.cost.time, weight, order[kernel.algorithm])
+        if best is None or key < best[0]:
+            best = (key, t)
+    if best is not None:
+        return best[1]
+    if p.algorithm != "auto":
+        raise ValueError(_needs_message(p))
+    return _general_1d(p, roles)
+
+
+def _closest(p: Problem, roles: dict[str, Role]) -> str:
+    """The contract name closest to a general-path triple: the kernel of the
+    cheapest communicating plan dmatmul's cost model finds for these roles
+    (a local kernel would need a redistribution first, which cuBLASMp does
+    not do as such)."""
+    plans = _plan.plans(_problem1d(p), roles, _MODEL)
+    return next((pl.algorithm for pl in plans if pl.algorithm != "local"), plans[0].algorithm)
+
+
+def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
+    """No cuBLASMp fast path fits: hand the layout over as it is (cuBLASMp's
+    general path); a Replicated result is computed split and allgathered."""
+    ga, gb, gd = roles
+    ka = "M" if ga == "R" else ga
+    kb = "N" if gb == "R" else gb
+    gather = gd == "R"
+    kd: Role = ("M" if ka == "M" else "N") if gather else gd
+    split = {r for r in (ka, kb, kd) if r != "R"}
+    dims = {x: DimPlan.slab(x, p.size(x), p.nranks) if x in split else DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    kroles = {"a": ka, "b": kb, "c": kd}
+    groles = {"a": ga, "b": gb, "c": "R" if gather else gd}
+    targets = {op: _role_dist(p, op, kroles[op]) for op in ("a", "b", "c")}
+    nv_user: dict[str, NvDistribution | None] = {op: _nv_1d(p, op, kroles[op], dims, p.nranks) for op in ("a", "b", "c")}
+    ops = {op: _axis_ops_1d(p, op, groles[op], kroles[op], dims) for op in ("a", "b", "c")}
+    weights = copy_weights(p, {op: True for op in ("a", "b", "c")})
+    frames = [
+        build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=False, pass_c=p.use_c,
+                     engine="cublasmp", weights=weights)
+        for s in (False, True)
+    ]
+    frame = pick(frames, p, "general", "cublasmp")
+    result, shape = _result_nv(p, kd, dims, frame.swapped)
+    rd = {"a": ga, "b": gb, "d": gd}
+    cost = _cost_of(p, None, None, rd)
+    algorithm = _closest(p, rd)
+    return finish(
+        p, algorithm=algorithm, path="general", engine="cublasmp", frame=frame, roles=roles,
+        kernel=(ka, kb, kd), dims=dims, result=result, result_shape=shape, computed=_role_dist(p, "d", kd),
+        gather=gather, notes=("no cuBLASMp fast path takes these roles: cuBLASMp's general path runs",),
+        cost=cost,
+    )

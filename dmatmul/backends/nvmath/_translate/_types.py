@@ -1,0 +1,345 @@
+"""The values a translation is made of: the inputs (:class:`Problem`), how
+one logical dimension looks on the nvmath side (:class:`DimPlan`: block size
+and zero padding), an nvmath ``BlockCyclic`` distribution as data
+(:class:`NvDistribution`), how one user operand becomes one nvmath operand
+(:class:`Handover`), and the whole call (:class:`Translation`). Plain frozen
+data, no rules: the rules that fill them live in the sibling modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import numpy as np
+
+from .... import _plan
+from ...._distribution import BlockCyclic, Distribution, ProcessGrid, Replicated, slab_extent
+from ._describe import describe
+
+__all__ = ["Order", "Role", "Path", "Problem", "DimPlan", "NvDistribution", "Handover", "Cost", "Translation"]
+
+Order = Literal["C", "F", "CF", "X"]
+Role = _plan.Role
+Path = Literal["AG+GEMM", "GEMM+RS", "GEMM+AR", "SUMMA", "local GEMM", "general"]
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What the translation needs: a :class:`dmatmul._matmul.Spec` plus the
+    number of ranks and the memory orders of the local blocks.
+
+    ``orders`` is ``(order of a, order of b, order of c or None)``, agreed on
+    by all ranks (:func:`combine_orders`). ``distributions`` describe the
+    *stored* ``a`` and ``b`` (as in the front end).
+    """
+
+    m: int
+    n: int
+    k: int
+    nranks: int
+    transpose_a: bool
+    transpose_b: bool
+    distributions: tuple[Distribution, Distribution, Distribution]
+    orders: tuple[Order, Order, Order | None]
+    use_c: bool = False
+    epilog: str | None = None
+    algorithm: str = "auto"
+    dtype: str = "float32"
+    alpha: complex = 1.0
+    beta: complex = 0.0
+    precision: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Any, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
+        dists = spec.distributions
+        if dists is None:
+            dists = (Replicated(), Replicated(), Replicated())
+        return cls(
+            m=spec.m, n=spec.n, k=spec.k, nranks=nranks, transpose_a=spec.transpose_a,
+            transpose_b=spec.transpose_b, distributions=tuple(dists), orders=orders, use_c=spec.use_c,
+            epilog=spec.epilog, algorithm=spec.algorithm, dtype=spec.dtype, alpha=spec.alpha, beta=spec.beta,
+            precision=getattr(spec, "precision", None),
+        )
+
+    @property
+    def transposes(self) -> tuple[bool, bool]:
+        return (self.transpose_a, self.transpose_b)
+
+    def size(self, dim: str) -> int:
+        return {"M": self.m, "K": self.k, "N": self.n}[dim]
+
+    def stored(self, operand: str) -> tuple[str, str]:
+        """Logical dimensions of the stored operand's (rows, cols)."""
+        t = {"a": self.transpose_a, "b": self.transpose_b, "c": False, "d": False}[operand]
+        return _plan.stored_dims("d" if operand == "c" else operand, t)  # type: ignore[arg-type]
+
+    def global_shape(self, operand: str) -> tuple[int, int]:
+        r, c = self.stored(operand)
+        return (self.size(r), self.size(c))
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE.get(self.dtype, 4)
+
+    @property
+    def acc_itemsize(self) -> int:
+        return 4 if self.dtype in ("float16", "bfloat16") else self.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class DimPlan:
+    """How one logical dimension (M, K or N) looks on the nvmath side.
+
+    ``block`` is the block size every operand uses for this dimension (cuBLASMp
+    requires it equal across operands); ``padded`` the nvmath-side extent.
+    With ``parts > 1`` the dimension is a Slab-like split into ``parts``
+    contiguous parts, each zero-padded at its end to ``block`` items; position
+    ``j*block + i`` holds item ``i`` of part ``j``.
+
+    >>> d = DimPlan.slab("M", 10, 4)
+    >>> d.block, d.padded, d.positions().tolist()
+    (3, 12, [0, 1, 2, 3, 4, 5, 6, 7, 9, 10])
+    >>> d.real_of_padded().tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7, -1, 8, 9, -1]
+    """
+
+    name: str
+    size: int
+    block: int
+    padded: int
+    parts: int = 1
+
+    @classmethod
+    def whole(cls, name: str, size: int) -> DimPlan:
+        """Not split by any operand: one block of the whole extent."""
+        return cls(name, size, max(size, 1), size, 1)
+
+    @classmethod
+    def slab(cls, name: str, size: int, parts: int) -> DimPlan:
+        """Split in ``parts`` contiguous parts (Slab, BlockNonCyclic), padded to equal blocks."""
+        block = max(1, -(-size // parts))
+        return cls(name, size, block, block * parts, parts)
+
+    @classmethod
+    def cyclic(cls, name: str, size: int, block: int) -> DimPlan:
+        """Dealt block-cyclically: numroc handles any extent, nothing is padded."""
+        return cls(name, size, block, size, 1)
+
+    @property
+    def padding(self) -> bool:
+        return self.padded != self.size
+
+    def positions(self) -> np.ndarray:
+        """Padded position of each real index."""
+        if not self.padding:
+            return np.arange(self.size)
+        out = []
+        for j in range(self.parts):
+            start, length = slab_extent(self.size, self.parts, j)
+            out.append(j * self.block + np.arange(length))
+        return np.concatenate(out)
+
+    def real_of_padded(self) -> np.ndarray:
+        """Real index at each padded position, -1 at padding."""
+        out = np.full(self.padded, -1, dtype=np.int64)
+        out[self.positions()] = np.arange(self.size)
+        return out
+
+    def describe(self) -> str:
+        sizes = [slab_extent(self.size, self.parts, j)[1] for j in range(self.parts)]
+        return (
+            f"{self.name} {self.size}->{self.padded}: split as {sizes} over {self.parts} ranks; nvmath's "
+            f"BlockCyclic needs equal blocks of {self.block}, so each part is zero-padded to {self.block} "
+            "and the padding is stripped from the result"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class NvDistribution:
+    """``BlockCyclic(ProcessGrid(shape=grid_shape, layout=...), block_sizes,
+    first_process=...)`` of nvmath, as data (nvmath's own classes need an
+    initialized runtime even for shape arithmetic).
+
+    Every distribution nvmath's matmul accepts is converted to this form
+    inside nvmath; dmatmul builds it directly with the block sizes chosen per
+    dimension (:class:`DimPlan`).
+
+    >>> d = NvDistribution((2, 3), "ROW_MAJOR", (4, 5), (1, 0))
+    >>> d.transposed()
+    NvDistribution(grid_shape=(3, 2), grid_layout='COL_MAJOR', block_sizes=(5, 4), first_process=(0, 1))
+    >>> d.as_dmatmul()
+    BlockCyclic(ProcessGrid((2, 3), layout='row'), (4, 5), first_process=(1, 0))
+    """
+
+    grid_shape: tuple[int, int]
+    grid_layout: Literal["ROW_MAJOR", "COL_MAJOR"]
+    block_sizes: tuple[int, int]
+    first_process: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        if 1 in self.grid_shape:  # the layout does not matter on a 1-D grid: keep one value
+            object.__setattr__(self, "grid_layout", "ROW_MAJOR")
+
+    @property
+    def nranks(self) -> int:
+        return self.grid_shape[0] * self.grid_shape[1]
+
+    @property
+    def is_1d(self) -> bool:
+        return 1 in self.grid_shape
+
+    def transposed(self) -> NvDistribution:
+        """The distribution of ``X.T`` when this is that of ``X``."""
+        flip = {"ROW_MAJOR": "COL_MAJOR", "COL_MAJOR": "ROW_MAJOR"}[self.grid_layout]
+        return NvDistribution(
+            (self.grid_shape[1], self.grid_shape[0]),
+            flip,  # type: ignore[arg-type]
+            (self.block_sizes[1], self.block_sizes[0]),
+            (self.first_process[1], self.first_process[0]),
+        )
+
+    def as_dmatmul(self) -> BlockCyclic:
+        """The same layout as a dmatmul :class:`~dmatmul.BlockCyclic` (numroc per dimension)."""
+        layout: Literal["row", "col"] = "row" if self.grid_layout == "ROW_MAJOR" else "col"
+        return BlockCyclic(ProcessGrid(self.grid_shape, layout=layout), self.block_sizes, self.first_process)
+
+    def describe(self) -> str:
+        fp = "" if self.first_process == (0, 0) else f", first_process={self.first_process}"
+        return (
+            f"BlockCyclic(ProcessGrid(shape={self.grid_shape}, layout={self.grid_layout}), "
+            f"block_sizes={self.block_sizes}{fp})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """How one user operand becomes one nvmath operand.
+
+    ``target`` is what the rank hands over, as a dmatmul distribution of the
+    *real* stored matrix (the user's own distribution, or the split a
+    Replicated operand is cut to). ``distribution``/``global_shape`` are the
+    nvmath side: the orientation nvmath sees (transposed when ``transposed``)
+    and the padded extents. ``distribution`` is None for the cuBLASLt engine
+    (a local GEMM per rank, nothing distributed).
+    """
+
+    operand: str
+    slot: str
+    transposed: bool
+    is_transpose: bool
+    source: Distribution
+    target: Distribution
+    distribution: NvDistribution | None
+    global_shape: tuple[int, int]
+    dims: tuple[str, str]
+    copy: str | None = None
+
+    @property
+    def nv_dims(self) -> tuple[str, str]:
+        """Logical dimensions of the rows/cols nvmath sees."""
+        return (self.dims[1], self.dims[0]) if self.transposed else self.dims
+
+    def target_padded(self) -> NvDistribution | None:
+        """The nvmath distribution in the user's orientation (over the padded extents)."""
+        if self.distribution is None:
+            return None
+        return self.distribution.transposed() if self.transposed else self.distribution
+
+    def describe(self) -> str:
+        how = "its transposed view (C-order block = Fortran-order block of the transpose)" if self.transposed else "as it is"
+        copy = f"copied: {self.copy}" if self.copy else "no copy"
+        dist = "" if self.distribution is None else f", {self.distribution.describe()} over {self.global_shape}"
+        return f"{self.operand} -> nvmath {self.slot}: {how}, {copy}, is_transpose={self.is_transpose}{dist}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """Modelled communication and compute per rank (alpha-beta-gamma)."""
+
+    nbytes: float
+    messages: float
+    flops: float
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """The nvmath call for one product, and what dmatmul does around it."""
+
+    problem: Problem
+    algorithm: str
+    path: Path
+    engine: Literal["cublasmp", "cublaslt"]
+    swapped: bool
+    roles: tuple[Role | None, Role | None, Role | None]
+    kernel: tuple[Role, Role, Role] | None
+    dims: tuple[DimPlan, DimPlan, DimPlan]
+    handovers: tuple[Handover, ...]
+    result: NvDistribution | None
+    result_shape: tuple[int, int]
+    computed: Distribution
+    qualifiers: tuple[bool, bool, bool]
+    fused_epilog: str | None
+    post_epilog: str | None
+    post_beta_c: bool
+    gather: bool
+    options: tuple[tuple[str, Any], ...] = (("inplace", False),)
+    notes: tuple[str, ...] = ()
+    cost: Cost | None = None
+
+    # -- lookups ------------------------------------------------------------
+    def dim(self, name: str) -> DimPlan:
+        return {d.name: d for d in self.dims}[name]
+
+    def handover(self, operand: str) -> Handover:
+        """The handover of user operand "a", "b" or "c"."""
+        for h in self.handovers:
+            if h.operand == operand:
+                return h
+        raise KeyError(f"{operand} is not handed to nvmath in this plan")
+
+    def slot(self, slot: str) -> Handover | None:
+        """The handover that fills nvmath slot "A", "B" or "C" (None: no C)."""
+        for h in self.handovers:
+            if h.slot == slot:
+                return h
+        return None
+
+    @property
+    def passes_c(self) -> bool:
+        return self.slot("C") is not None
+
+    @property
+    def copies(self) -> tuple[str, ...]:
+        """The operands copied before the call."""
+        return tuple(h.operand for h in self.handovers if h.copy)
+
+    @property
+    def padded(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims if d.padding)
+
+    def result_padded_user(self) -> NvDistribution | None:
+        """The nvmath result distribution in the user's orientation (D, not D.T)."""
+        if self.result is None:
+            return None
+        return self.result.transposed() if self.swapped else self.result
+
+    def unfused(self) -> Translation:
+        """The same call with the epilog applied by dmatmul instead of cuBLASMp
+        (used when the installed nvmath refuses a fused epilog)."""
+        if self.fused_epilog in (None, "ALLREDUCE"):
+            return self
+        return dataclasses.replace(
+            self,
+            fused_epilog=None,
+            post_epilog=self.problem.epilog,
+            notes=self.notes + (f"nvmath refused the fused {self.fused_epilog} epilog: dmatmul applies it",),
+        )
+
+    # -- reporting ----------------------------------------------------------
+    def describe(self) -> list[str]:
+        """explain() lines (without the header the front end writes): :func:`._describe.describe`."""
+        return describe(self)
