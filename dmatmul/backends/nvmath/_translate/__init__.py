@@ -77,13 +77,13 @@ NvDistribution(grid_shape=(1, 4), grid_layout='ROW_MAJOR', block_sizes=(6, 3), f
 
 from __future__ import annotations
 
-from ...._errors import DistributionError
 from .... import _plan
+from ...._errors import DistributionError
 from ._epilog import refused_epilog
-from ._one_d import NV_KERNELS, NvKernel, needs, one_d, one_rank
+from ._one_d import one_d, one_rank
 from ._orient import combine_orders, order_of
 from ._two_d import two_d
-from ._types import Cost, DimPlan, Handover, NvDistribution, Order, Path, Problem, Translation
+from ._types import KERNELS, PATHS, DimPlan, Handover, NvDistribution, Order, Path, Problem, Translation
 
 __all__ = [
     "Order",
@@ -92,14 +92,12 @@ __all__ = [
     "DimPlan",
     "NvDistribution",
     "Handover",
-    "Cost",
     "Translation",
-    "NvKernel",
-    "NV_KERNELS",
+    "KERNELS",
+    "PATHS",
     "translate",
     "order_of",
     "combine_orders",
-    "needs",
     "refused_epilog",
 ]
 

@@ -47,7 +47,7 @@ def describe(t: Translation) -> list[str]:
         "general": f"cuBLASMp general path (no fast path fits; closest contract algorithm: {t.algorithm})",
     }[t.path]
     lines.append(f"path:       {what}")
-    lines.append("distributions:")
+    lines.append("distributions (chosen by the planner: none given):" if p.chosen else "distributions:")
     for name, role, dist in zip(("a", "b", "result"), t.roles, p.distributions):
         lines.append(f"  {name:7s} {dist!r:16s} splits {names[role]}")
     if t.kernel is not None and t.kernel != t.roles:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .... import _plan
 from ...._distribution import Distribution
 from ...._epilogue import activation, has_bias
 from .._precision import compute_type
 from ._orient import Frame
-from ._types import Cost, DimPlan, NvDistribution, Path, Problem, Role, Translation
+from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
 
 __all__ = ["refused_epilog", "epilogs", "pick", "finish", "options"]
 
@@ -90,7 +91,7 @@ def finish(
     computed: Distribution,
     gather: bool,
     notes: tuple[str, ...],
-    cost: Cost | None,
+    cost: _plan.Plan | None,
 ) -> Translation:
     fused, post, post_c = epilogs(p, path, frame.swapped, engine)
     why = refused_epilog(p)

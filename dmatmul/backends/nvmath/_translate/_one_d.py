@@ -11,113 +11,35 @@ from __future__ import annotations
 
 import dataclasses
 
-from .... import _cost, _plan
-from ...._distribution import Distribution, Replicated, Slab
+from .... import _plan
+from ...._distribution import Replicated
 from ._epilog import finish, pick
 from ._orient import AxisOp, build_frame, copy_weights
-from ._types import Cost, DimPlan, NvDistribution, Path, Problem, Role, Translation
+from ._types import KERNELS, MODEL, PATHS, DimPlan, NvDistribution, Problem, Role, Translation
 
-__all__ = ["NvKernel", "NV_KERNELS", "needs", "given", "one_rank", "one_d"]
+__all__ = ["one_rank", "one_d"]
 
-
-@dataclasses.dataclass(frozen=True)
-class NvKernel:
-    """A cuBLASMp (or cuBLASLt) path on fixed operand roles.
-
-    ``frames``: the frames in which nvmath sees this triple as its fast path
-    (False: ``D = op(A) op(B)``, True: ``D.T = op(B).T op(A).T``).
-    """
-
-    algorithm: str
-    path: Path
-    a: Role
-    b: Role
-    d: Role
-    frames: tuple[bool, ...]
-    moving: str | None = None
-
-    @property
-    def roles(self) -> tuple[Role, Role, Role]:
-        return (self.a, self.b, self.d)
-
-    def contract_kernel(self) -> _plan.Kernel:
-        return _plan.Kernel(self.algorithm, self.a, self.b, self.d, moving=self.moving)  # type: ignore[arg-type]
-
-
-#: The 1-D paths on several ranks. AllGather+GEMM in nvmath's frame is
-#: (op(A): M, op(B): N, D: M); in the swapped frame that is dmatmul's
-#: (a: M, b: N, d: N), with ``a`` travelling. Likewise for ReduceScatter.
-NV_KERNELS: tuple[NvKernel, ...] = (
-    NvKernel("local", "local GEMM", "M", "R", "M", (False,)),
-    NvKernel("local", "local GEMM", "R", "N", "N", (False,)),
-    NvKernel("local", "local GEMM", "R", "R", "R", (False,)),
-    NvKernel("allgather", "AG+GEMM", "M", "N", "M", (False,), moving="b"),
-    NvKernel("allgather", "AG+GEMM", "M", "N", "N", (True,), moving="a"),
-    NvKernel("reduce_scatter", "GEMM+RS", "K", "K", "N", (False,)),
-    NvKernel("reduce_scatter", "GEMM+RS", "K", "K", "M", (True,)),
-    NvKernel("allreduce", "GEMM+AR", "K", "K", "R", (False, True)),
-)
-
-
-def needs(algorithm: str, transposes: tuple[bool, bool]) -> list[str]:
-    """The distribution triples (a, b, result) a named algorithm accepts on
-    several ranks with the nvmath backend.
-
-    >>> needs("allgather", (False, False))
-    ['(a=Slab.X, b=Slab.Y, result=Slab.X)', '(a=Slab.X, b=Slab.Y, result=Slab.Y)']
-    """
-    ta, tb = transposes
-    return [
-        f"(a={_plan.dist_for_role('a', k.a, ta)}, b={_plan.dist_for_role('b', k.b, tb)}, "
-        f"result={_plan.dist_for_role('d', k.d, False)})"
-        for k in NV_KERNELS
-        if k.algorithm == algorithm
-    ]
-
-
-def given(p: Problem) -> str:
-    a, b, d = p.distributions
-    return f"(a={a!r}, b={b!r}, result={d!r})"
-
-
-def _needs_message(p: Problem) -> str:
-    ta, tb = p.transposes
-    options = needs(p.algorithm, p.transposes)
-    if not options:
-        return (
-            f"algorithm={p.algorithm!r} does not apply to 1-D distributions on the nvmath backend; given "
-            f"{given(p)}: it needs a, b and the result on one shared 2-D ProcessGrid (BlockCyclic or "
-            "BlockNonCyclic); or use algorithm='auto'"
-        )
-    return (
-        f"algorithm={p.algorithm!r} does not fit the distributions {given(p)} (transpose_a={ta}, "
-        f"transpose_b={tb}) on the nvmath backend: cuBLASMp runs it for one of: {', '.join(options)} "
-        "(Replicated() also fits wherever a Slab is needed for a or b); or use algorithm='auto'"
-    )
-
-
-def _problem1d(p: Problem) -> _plan.Problem1D:
-    return _plan.Problem1D(p.m, p.n, p.k, p.nranks, p.itemsize, p.acc_itemsize)
-
-
-_MODEL = _cost.model_for("gpu")
-
-
+#: one rank: one local GEMM
+_LOCAL = next(k for k in KERNELS if (k.a, k.b, k.d) == ("R", "R", "R"))
 #: dmatmul's own allgather of a replicated result crosses PCIe twice besides the network
 _HOST_STAGING = 3.0
 
 
-def _cost_of(p: Problem, kernel: NvKernel | None, gather_from: Role | None, roles: dict[str, Role]) -> Cost:
-    pr = _problem1d(p)
-    if kernel is None:  # general path: modelled as the closest communicating contract plan
-        plans = _plan.plans(pr, roles, _MODEL)
-        plan = next((pl for pl in plans if pl.algorithm != "local"), plans[0])
-        return Cost(plan.nbytes, plan.messages, plan.flops, plan.time)
-    nbytes, messages, flops = _plan.kernel_cost(pr, kernel.contract_kernel())
-    if gather_from is not None:  # dmatmul's allgather is host-staged: device->host, MPI, host->device
-        mv = _plan.move(pr, "d", gather_from, "R")
-        nbytes, messages = nbytes + _HOST_STAGING * mv.nbytes, messages + mv.messages
-    return Cost(nbytes, messages, flops, _MODEL.time(messages=messages, nbytes=nbytes, flops=flops))
+def _needs_message(p: Problem) -> str:
+    return _plan.needs_message(p.algorithm, p.given(), p.transposes, KERNELS, backend="nvmath")
+
+
+def _plan_of(p: Problem, kernel: _plan.Kernel, gather_from: Role | None) -> _plan.Plan:
+    """The planner's Plan of ``kernel`` (and of dmatmul's allgather of a
+    replicated result computed in role ``gather_from``)."""
+    sizes = p.sizes()
+    nbytes, messages, flops = _plan.kernel_cost(sizes, kernel)
+    moves: tuple[_plan.Move, ...] = ()
+    if gather_from is not None:  # host-staged: device->host, MPI, host->device
+        mv = _plan.move(sizes, "d", gather_from, "R")
+        moves = (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
+    plan = _plan.Plan(kernel, moves, nbytes, messages, flops, time=0.0)
+    return dataclasses.replace(plan, time=MODEL.time(messages=plan.messages, nbytes=plan.nbytes, flops=flops))
 
 
 def _nv_1d(p: Problem, operand: str, role: Role, dims: dict[str, DimPlan], grid_size: int) -> NvDistribution:
@@ -131,12 +53,6 @@ def _nv_1d(p: Problem, operand: str, role: Role, dims: dict[str, DimPlan], grid_
     axis = (r, c).index(role)
     grid = (grid_size, 1) if axis == 0 else (1, grid_size)
     return NvDistribution(grid, "ROW_MAJOR", blocks)
-
-
-def _role_dist(p: Problem, operand: str, role: Role) -> Distribution:
-    if role == "R":
-        return Replicated()
-    return Slab(p.stored(operand).index(role))
 
 
 def _axis_ops_1d(p: Problem, operand: str, given: Role, role: Role, dims: dict[str, DimPlan]) -> tuple[AxisOp, AxisOp]:
@@ -176,41 +92,41 @@ def one_rank(p: Problem) -> Translation:
     notes: tuple[str, ...] = ()
     if p.algorithm not in ("auto", "local"):
         notes = (f"algorithm={p.algorithm!r} requested: on one rank cuBLASMp runs a local GEMM",)
-    flops = 2.0 * p.m * p.n * p.k
     return finish(
         p, algorithm="local", path="local GEMM", engine="cublasmp", frame=frame, roles=("R", "R", "R"),
         kernel=("R", "R", "R"), dims=dims, result=result, result_shape=shape, computed=Replicated(),
-        gather=False, notes=notes, cost=Cost(0.0, 0.0, flops, _MODEL.time(messages=0, nbytes=0, flops=flops)),
+        gather=False, notes=notes, cost=_plan_of(p, _LOCAL, None),
     )
 
 
 def _candidate(
-    p: Problem, kernel: NvKernel, given: tuple[Role, Role, Role], gather: bool
+    p: Problem, kernel: _plan.Kernel, given: tuple[Role, Role, Role], gather: bool
 ) -> Translation:
     """The translation of ``given`` roles run on ``kernel`` (Replicated cut to the kernel's roles)."""
-    ka, kb, kd = kernel.roles
-    engine = "cublaslt" if kernel.path == "local GEMM" else "cublasmp"
-    split = {r for r in kernel.roles if r != "R"}
+    ka, kb, kd = kroles = (kernel.a, kernel.b, kernel.d)
+    path, kframes = PATHS[kernel]
+    engine = "cublaslt" if path == "local GEMM" else "cublasmp"
+    split = {r for r in kroles if r != "R"}
     if engine == "cublaslt":
         dims = {x: DimPlan.whole(x, p.size(x)) for x in "MKN"}
     else:
         dims = {x: DimPlan.slab(x, p.size(x), p.nranks) if x in split else DimPlan.whole(x, p.size(x)) for x in "MKN"}
-    kroles = {"a": ka, "b": kb, "c": kd}
+    by_op = {"a": ka, "b": kb, "c": kd}
     groles = {"a": given[0], "b": given[1], "c": given[2] if not gather else "R"}
-    targets = {op: _role_dist(p, op, kroles[op]) for op in ("a", "b", "c")}
-    ar = kernel.path == "GEMM+AR"
+    targets = {op: p.role_dist(op, by_op[op]) for op in ("a", "b", "c")}
+    ar = path == "GEMM+AR"
     nv_user: dict[str, NvDistribution | None] = {}
     for op in ("a", "b", "c"):
-        nv_user[op] = None if engine == "cublaslt" else _nv_1d(p, op, kroles[op], dims, p.nranks)
-    ops = {op: _axis_ops_1d(p, op, groles[op], kroles[op], dims) for op in ("a", "b", "c")}
-    weights = copy_weights(p, {op: kroles[op] != "R" for op in ("a", "b", "c")})
+        nv_user[op] = None if engine == "cublaslt" else _nv_1d(p, op, by_op[op], dims, p.nranks)
+    ops = {op: _axis_ops_1d(p, op, groles[op], by_op[op], dims) for op in ("a", "b", "c")}
+    weights = copy_weights(p, {op: by_op[op] != "R" for op in ("a", "b", "c")})
     pass_c = p.use_c and not ar
     frames = [
         build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=ar, pass_c=pass_c,
                      engine=engine, weights=weights)
-        for s in kernel.frames
+        for s in kframes
     ]
-    frame = pick(frames, p, kernel.path, engine)
+    frame = pick(frames, p, path, engine)
     if engine == "cublaslt":
         result, shape = None, (p.m, p.n)
     elif ar:
@@ -220,11 +136,10 @@ def _candidate(
         result, shape = NvDistribution((p.nranks, 1), "ROW_MAJOR", (mm, nn)), (p.nranks * mm, nn)
     else:
         result, shape = _result_nv(p, kd, dims, frame.swapped)
-    roles_d = {"a": given[0], "b": given[1], "d": given[2]}
     return finish(
-        p, algorithm=kernel.algorithm, path=kernel.path, engine=engine, frame=frame, roles=given,
-        kernel=kernel.roles, dims=dims, result=result, result_shape=shape, computed=_role_dist(p, "d", kd),
-        gather=gather, notes=(), cost=_cost_of(p, kernel, kd if gather else None, roles_d),
+        p, algorithm=kernel.algorithm, path=path, engine=engine, frame=frame, roles=given,
+        kernel=kroles, dims=dims, result=result, result_shape=shape, computed=p.role_dist("d", kd),
+        gather=gather, notes=(), cost=_plan_of(p, kernel, kd if gather else None),
     )
 
 
@@ -242,7 +157,7 @@ def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     if p.algorithm == "summa":
         raise ValueError(_needs_message(p))
     best: tuple[tuple[float, float, int], Translation] | None = None
-    for kernel in NV_KERNELS:
+    for kernel in KERNELS:
         if p.algorithm not in ("auto", kernel.algorithm):
             continue
         if not all(g == r or g == "R" for g, r in ((ga, kernel.a), (gb, kernel.b))):
@@ -266,15 +181,6 @@ def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     return _general_1d(p, roles)
 
 
-def _closest(p: Problem, roles: dict[str, Role]) -> str:
-    """The contract name closest to a general-path triple: the kernel of the
-    cheapest communicating plan dmatmul's cost model finds for these roles
-    (a local kernel would need a redistribution first, which cuBLASMp does
-    not do as such)."""
-    plans = _plan.plans(_problem1d(p), roles, _MODEL)
-    return next((pl.algorithm for pl in plans if pl.algorithm != "local"), plans[0].algorithm)
-
-
 def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     """No cuBLASMp fast path fits: hand the layout over as it is (cuBLASMp's
     general path); a Replicated result is computed split and allgathered."""
@@ -285,11 +191,11 @@ def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     kd: Role = ("M" if ka == "M" else "N") if gather else gd
     split = {r for r in (ka, kb, kd) if r != "R"}
     dims = {x: DimPlan.slab(x, p.size(x), p.nranks) if x in split else DimPlan.whole(x, p.size(x)) for x in "MKN"}
-    kroles = {"a": ka, "b": kb, "c": kd}
+    by_op: dict[str, Role] = {"a": ka, "b": kb, "c": kd}
     groles = {"a": ga, "b": gb, "c": "R" if gather else gd}
-    targets = {op: _role_dist(p, op, kroles[op]) for op in ("a", "b", "c")}
-    nv_user: dict[str, NvDistribution | None] = {op: _nv_1d(p, op, kroles[op], dims, p.nranks) for op in ("a", "b", "c")}
-    ops = {op: _axis_ops_1d(p, op, groles[op], kroles[op], dims) for op in ("a", "b", "c")}
+    targets = {op: p.role_dist(op, by_op[op]) for op in ("a", "b", "c")}
+    nv_user: dict[str, NvDistribution | None] = {op: _nv_1d(p, op, by_op[op], dims, p.nranks) for op in ("a", "b", "c")}
+    ops = {op: _axis_ops_1d(p, op, groles[op], by_op[op], dims) for op in ("a", "b", "c")}
     weights = copy_weights(p, {op: True for op in ("a", "b", "c")})
     frames = [
         build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=False, pass_c=p.use_c,
@@ -298,12 +204,13 @@ def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     ]
     frame = pick(frames, p, "general", "cublasmp")
     result, shape = _result_nv(p, kd, dims, frame.swapped)
-    rd = {"a": ga, "b": gb, "d": gd}
-    cost = _cost_of(p, None, None, rd)
-    algorithm = _closest(p, rd)
+    # named and modelled as the closest contract algorithm: the cheapest communicating plan the planner
+    # finds for these roles (a local kernel would need a redistribution first, which cuBLASMp does not do as such)
+    plans = _plan.plans(p.sizes(), {"a": ga, "b": gb, "d": gd}, MODEL)
+    closest = next((pl for pl in plans if pl.algorithm != "local"), plans[0])
     return finish(
-        p, algorithm=algorithm, path="general", engine="cublasmp", frame=frame, roles=roles,
-        kernel=(ka, kb, kd), dims=dims, result=result, result_shape=shape, computed=_role_dist(p, "d", kd),
+        p, algorithm=closest.algorithm, path="general", engine="cublasmp", frame=frame, roles=roles,
+        kernel=(ka, kb, kd), dims=dims, result=result, result_shape=shape, computed=p.role_dist("d", kd),
         gather=gather, notes=("no cuBLASMp fast path takes these roles: cuBLASMp's general path runs",),
-        cost=cost,
+        cost=closest,
     )

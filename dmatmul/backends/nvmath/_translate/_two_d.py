@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilog import finish
-from ._one_d import given
 from ._orient import AxisOp, Frame, build_frame, copy_weights
 from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
 
@@ -60,7 +59,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     if p.algorithm not in ("auto", "summa"):
         raise ValueError(
             f"algorithm={p.algorithm!r} needs 1-D distributions (Slab.X, Slab.Y, Replicated(), or "
-            f"BlockNonCyclic on a (P, 1)/(1, P) grid); given {given(p)}: use algorithm='summa' or 'auto'"
+            f"BlockNonCyclic on a (P, 1)/(1, P) grid); given {p.given()}: use algorithm='summa' or 'auto'"
         )
     nv: dict[str, NvDistribution | None] = {}
     blocks: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
@@ -137,7 +136,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     if p.algorithm == "summa" and not any(o[4] for o in options):
         raise ValueError(
             f"algorithm='summa' needs a, b and the result on one shared 2-D ProcessGrid (Replicated() also "
-            f"fits); given {given(p)}; or use algorithm='auto'"
+            f"fits); given {p.given()}; or use algorithm='auto'"
         )
     result = nvd_user.transposed() if frame.swapped else nvd_user
     shape = (p.n, p.m) if frame.swapped else (p.m, p.n)

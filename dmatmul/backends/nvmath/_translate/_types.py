@@ -2,8 +2,11 @@
 one logical dimension looks on the nvmath side (:class:`DimPlan`: block size
 and zero padding), an nvmath ``BlockCyclic`` distribution as data
 (:class:`NvDistribution`), how one user operand becomes one nvmath operand
-(:class:`Handover`), and the whole call (:class:`Translation`). Plain frozen
-data, no rules: the rules that fill them live in the sibling modules.
+(:class:`Handover`), the whole call (:class:`Translation`, costed as a
+:class:`dmatmul._plan.Plan`), and which of the planner's kernels cuBLASMp runs
+(:data:`KERNELS`; each one's cuBLASMp path and frames in :data:`PATHS`).
+Plain frozen data, no rules: the rules that fill them live in the sibling
+modules.
 """
 
 from __future__ import annotations
@@ -13,17 +16,46 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .... import _plan
-from ...._distribution import BlockCyclic, Distribution, ProcessGrid, Replicated, slab_extent
+from .... import _cost, _plan
+from ...._distribution import BlockCyclic, Distribution, ProcessGrid, slab_extent
+from ...._spec import DTYPE_INFO
 from ._describe import describe
 
-__all__ = ["Order", "Role", "Path", "Problem", "DimPlan", "NvDistribution", "Handover", "Cost", "Translation"]
+__all__ = [
+    "Order", "Role", "Path", "MODEL", "PATHS", "KERNELS", "Problem", "DimPlan", "NvDistribution", "Handover",
+    "Translation",
+]
 
 Order = Literal["C", "F", "CF", "X"]
 Role = _plan.Role
 Path = Literal["AG+GEMM", "GEMM+RS", "GEMM+AR", "SUMMA", "local GEMM", "general"]
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
+#: the machine model nvmath's translations are costed with
+MODEL = _cost.model_for("gpu")
+
+
+def _kernel(algorithm: str, a: Role, b: Role, d: Role) -> _plan.Kernel:
+    """The planner's kernel on these roles (cuBLASMp runs none the planner does not know)."""
+    return next(k for k in _plan.KERNELS if (k.algorithm, k.a, k.b, k.d) == (algorithm, a, b, d))
+
+
+#: The planner's kernels cuBLASMp runs on several ranks (the local ones through
+#: cuBLASLt), with the cuBLASMp path and the frames in which nvmath sees the
+#: triple as that path (False: ``D = op(A) op(B)``, True: ``D.T = op(B).T
+#: op(A).T``). AllGather+GEMM in nvmath's frame is (op(A): M, op(B): N, D: M);
+#: in the swapped frame that is dmatmul's (a: M, b: N, d: N), with ``a``
+#: travelling. Likewise for ReduceScatter. Order breaks cost ties.
+PATHS: dict[_plan.Kernel, tuple[Path, tuple[bool, ...]]] = {
+    _kernel("local", "M", "R", "M"): ("local GEMM", (False,)),
+    _kernel("local", "R", "N", "N"): ("local GEMM", (False,)),
+    _kernel("local", "R", "R", "R"): ("local GEMM", (False,)),
+    _kernel("allgather", "M", "N", "M"): ("AG+GEMM", (False,)),
+    _kernel("allgather", "M", "N", "N"): ("AG+GEMM", (True,)),
+    _kernel("reduce_scatter", "K", "K", "N"): ("GEMM+RS", (False,)),
+    _kernel("reduce_scatter", "K", "K", "M"): ("GEMM+RS", (True,)),
+    _kernel("allreduce", "K", "K", "R"): ("GEMM+AR", (False, True)),
+}
+KERNELS: tuple[_plan.Kernel, ...] = tuple(PATHS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,17 +83,24 @@ class Problem:
     alpha: complex = 1.0
     beta: complex = 0.0
     precision: str | None = None
+    chosen: bool = False  # the distributions are the planner's choice (the call gave none)
 
     @classmethod
     def from_spec(cls, spec: Any, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
-        dists = spec.distributions
+        """The problem of a front-end Spec on ``nranks`` ranks; without
+        distributions (one process) the planner chooses them among what
+        cuBLASMp runs (on one rank: everything Replicated)."""
+        dists, chosen = spec.distributions, False
         if dists is None:
-            dists = (Replicated(), Replicated(), Replicated())
+            info = DTYPE_INFO[spec.dtype]
+            sizes = _plan.Problem1D(spec.m, spec.n, spec.k, nranks, info.itemsize, info.acc_itemsize)
+            transposes = (spec.transpose_a, spec.transpose_b)
+            dists, chosen = _plan.choose_distributions(sizes, MODEL, transposes=transposes, kernels=KERNELS), True
         return cls(
             m=spec.m, n=spec.n, k=spec.k, nranks=nranks, transpose_a=spec.transpose_a,
             transpose_b=spec.transpose_b, distributions=tuple(dists), orders=orders, use_c=spec.use_c,
             epilog=spec.epilog, algorithm=spec.algorithm, dtype=spec.dtype, alpha=spec.alpha, beta=spec.beta,
-            precision=getattr(spec, "precision", None),
+            precision=getattr(spec, "precision", None), chosen=chosen,
         )
 
     @property
@@ -71,10 +110,17 @@ class Problem:
     def size(self, dim: str) -> int:
         return {"M": self.m, "K": self.k, "N": self.n}[dim]
 
+    def transposed(self, operand: str) -> bool:
+        """Whether ``operand`` ("a", "b", "c" or "d") is stored transposed."""
+        return {"a": self.transpose_a, "b": self.transpose_b, "c": False, "d": False}[operand]
+
     def stored(self, operand: str) -> tuple[str, str]:
         """Logical dimensions of the stored operand's (rows, cols)."""
-        t = {"a": self.transpose_a, "b": self.transpose_b, "c": False, "d": False}[operand]
-        return _plan.stored_dims("d" if operand == "c" else operand, t)  # type: ignore[arg-type]
+        return _plan.stored_dims("d" if operand == "c" else operand, self.transposed(operand))  # type: ignore[arg-type]
+
+    def role_dist(self, operand: str, role: Role) -> Distribution:
+        """The planner's 1-D distribution of the stored ``operand`` in ``role``."""
+        return _plan.role_dist("d" if operand == "c" else operand, role, self.transposed(operand))  # type: ignore[arg-type]
 
     def global_shape(self, operand: str) -> tuple[int, int]:
         r, c = self.stored(operand)
@@ -82,11 +128,20 @@ class Problem:
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE.get(self.dtype, 4)
+        return DTYPE_INFO[self.dtype].itemsize
 
     @property
     def acc_itemsize(self) -> int:
-        return 4 if self.dtype in ("float16", "bfloat16") else self.itemsize
+        return DTYPE_INFO[self.dtype].acc_itemsize
+
+    def sizes(self) -> _plan.Problem1D:
+        """The sizes the planner costs."""
+        return _plan.Problem1D(self.m, self.n, self.k, self.nranks, self.itemsize, self.acc_itemsize)
+
+    def given(self) -> str:
+        """The given distributions, as an error message names them."""
+        a, b, d = self.distributions
+        return f"(a={a!r}, b={b!r}, result={d!r})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,16 +311,6 @@ class Handover:
 
 
 @dataclasses.dataclass(frozen=True)
-class Cost:
-    """Modelled communication and compute per rank (alpha-beta-gamma)."""
-
-    nbytes: float
-    messages: float
-    flops: float
-    time: float
-
-
-@dataclasses.dataclass(frozen=True)
 class Translation:
     """The nvmath call for one product, and what dmatmul does around it."""
 
@@ -288,7 +333,7 @@ class Translation:
     gather: bool
     options: tuple[tuple[str, Any], ...] = (("inplace", False),)
     notes: tuple[str, ...] = ()
-    cost: Cost | None = None
+    cost: _plan.Plan | None = None  # the modelled call (None: 2-D grids, not modelled)
 
     # -- lookups ------------------------------------------------------------
     def dim(self, name: str) -> DimPlan:
