@@ -24,6 +24,7 @@ work is done by :mod:`._pipeline`. This layer only:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from typing import Any
 
@@ -99,7 +100,8 @@ def preflight() -> None:
     ``_runtime.agree``, so one rank's failure is every rank's error)."""
     requested_backends()
     import cupy
-    import nvmath.distributed  # noqa: F401 - needs mpi4py
+
+    importlib.import_module("nvmath.distributed")  # needs mpi4py: fails here, on this rank, when it is missing
 
     if int(cupy.cuda.runtime.getDeviceCount()) < 1:
         raise RuntimeError("the nvmath backend needs a CUDA GPU and none is visible on this rank")
