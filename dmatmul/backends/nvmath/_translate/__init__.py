@@ -67,7 +67,7 @@ result: zero rows/columns of K add nothing, those of M and N are dropped.
 ...                       distributions=(Slab.X, Slab.Y, Slab.X), orders=("C", "C", None)))
 >>> t.algorithm, t.path, t.swapped, t.qualifiers
 ('allgather', 'AG+GEMM', False, (True, True, False))
->>> t.dim("M").padded, t.dim("M").block
+>>> t.dim("M").padded_size, t.dim("M").nv_block
 (12, 3)
 >>> t.handover("a").distribution
 NvDistribution(grid_shape=(1, 4), grid_layout='ROW_MAJOR', block_sizes=(6, 3), first_process=(0, 0))

@@ -10,8 +10,10 @@ general path as it is.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 
 from .... import _plan
+from ...._dimmap import DimMap
 from ...._distribution import Replicated
 from ._epilog import finish, pick
 from ._orient import AxisOp, build_frame, copy_weights
@@ -42,10 +44,15 @@ def _plan_of(p: Problem, kernel: _plan.Kernel, gather_from: Role | None) -> _pla
     return dataclasses.replace(plan, time=MODEL.time(messages=plan.messages, nbytes=plan.nbytes, flops=flops))
 
 
+def _dims(p: Problem, split: Container[str]) -> dict[str, DimPlan]:
+    """M, K and N: those in ``split`` cut in ``p.nranks`` (padded) parts, the others whole."""
+    return {x: DimPlan.of(x, DimMap.slab(p.size(x), p.nranks if x in split else 1)) for x in "MKN"}
+
+
 def _nv_1d(p: Problem, operand: str, role: Role, dims: dict[str, DimPlan], grid_size: int) -> NvDistribution:
     """The nvmath distribution (user orientation) of a 1-D role."""
     r, c = p.stored(operand)
-    blocks = (dims[r].block, dims[c].block)
+    blocks = (dims[r].nv_block, dims[c].nv_block)
     if grid_size == 1:
         return NvDistribution((1, 1), "ROW_MAJOR", blocks)
     if role == "R":  # only GEMM+AllReduce's result: Slab.X of a (P*M, N) matrix, one whole copy per rank
@@ -69,7 +76,7 @@ def _axis_ops_1d(p: Problem, operand: str, given: Role, role: Role, dims: dict[s
 
 def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) -> tuple[NvDistribution, tuple[int, int]]:
     nvu = _nv_1d(p, "d", role, dims, p.nranks)
-    shape = (dims["M"].padded, dims["N"].padded)
+    shape = (dims["M"].padded_size, dims["N"].padded_size)
     if swapped:
         return nvu.transposed(), (shape[1], shape[0])
     return nvu, shape
@@ -77,7 +84,7 @@ def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) 
 
 def one_rank(p: Problem) -> Translation:
     """One rank: a local GEMM in cuBLASMp (every distribution holds everything)."""
-    dims = {x: DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    dims = _dims(p, ())
     targets = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
     nv_user = {op: _nv_1d(p, op, "R", dims, 1) for op in ("a", "b", "c")}
     ops = {op: ("keep", "keep") for op in ("a", "b", "c")}
@@ -107,10 +114,7 @@ def _candidate(
     path, kframes = PATHS[kernel]
     engine = "cublaslt" if path == "local GEMM" else "cublasmp"
     split = {r for r in kroles if r != "R"}
-    if engine == "cublaslt":
-        dims = {x: DimPlan.whole(x, p.size(x)) for x in "MKN"}
-    else:
-        dims = {x: DimPlan.slab(x, p.size(x), p.nranks) if x in split else DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    dims = _dims(p, () if engine == "cublaslt" else split)
     by_op = {"a": ka, "b": kb, "c": kd}
     groles = {"a": given[0], "b": given[1], "c": given[2] if not gather else "R"}
     targets = {op: p.role_dist(op, by_op[op]) for op in ("a", "b", "c")}
@@ -130,7 +134,7 @@ def _candidate(
     if engine == "cublaslt":
         result, shape = None, (p.m, p.n)
     elif ar:
-        mm, nn = dims["M"].padded, dims["N"].padded
+        mm, nn = dims["M"].padded_size, dims["N"].padded_size
         if frame.swapped:
             mm, nn = nn, mm
         result, shape = NvDistribution((p.nranks, 1), "ROW_MAJOR", (mm, nn)), (p.nranks * mm, nn)
@@ -190,7 +194,7 @@ def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     gather = gd == "R"
     kd: Role = ("M" if ka == "M" else "N") if gather else gd
     split = {r for r in (ka, kb, kd) if r != "R"}
-    dims = {x: DimPlan.slab(x, p.size(x), p.nranks) if x in split else DimPlan.whole(x, p.size(x)) for x in "MKN"}
+    dims = _dims(p, split)
     by_op: dict[str, Role] = {"a": ka, "b": kb, "c": kd}
     groles = {"a": ga, "b": gb, "c": "R" if gather else gd}
     targets = {op: p.role_dist(op, by_op[op]) for op in ("a", "b", "c")}

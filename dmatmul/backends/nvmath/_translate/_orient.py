@@ -137,8 +137,8 @@ def why_ops(operand: str, ops: tuple[AxisOp, AxisOp], dims_of: tuple[str, str], 
     if "pad" in ops:
         padded = [d for d, op in zip(dims_of, ops) if op == "pad"]
         return "padding " + ", ".join(
-            f"{d} {dims[d].size}->{dims[d].padded} (uneven split over {dims[d].parts} ranks)"
-            if dims[d].parts > 1 else f"{d} {dims[d].size}->{dims[d].padded}" for d in padded
+            f"{d} {dims[d].size}->{dims[d].padded_size} (uneven split over {dims[d].nparts} ranks)"
+            if dims[d].nparts > 1 else f"{d} {dims[d].size}->{dims[d].padded_size}" for d in padded
         )
     if "gather" in ops:
         return f"cutting the replicated {operand} to {target!r} (not a contiguous range)"
@@ -212,7 +212,7 @@ def build_frame(
         nvu = nv_user[operand]
         assert nvu is not None
         nvd = nvu.transposed() if transposed else nvu
-        shape = (dims[stored[0]].padded, dims[stored[1]].padded)
+        shape = (dims[stored[0]].padded_size, dims[stored[1]].padded_size)
         if transposed:
             shape = (shape[1], shape[0])
         out.append(Handover(operand, slot, transposed, qual if operand != "c" else False, source,

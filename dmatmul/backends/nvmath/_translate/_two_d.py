@@ -9,6 +9,7 @@ allgathered by dmatmul.
 
 from __future__ import annotations
 
+from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilog import finish
 from ._orient import AxisOp, Frame, build_frame, copy_weights
@@ -84,19 +85,19 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     dims: dict[str, DimPlan] = {}
     for dim in "MKN":
         if blocks[dim]:
-            dims[dim] = DimPlan.cyclic(dim, p.size(dim), next(iter(blocks[dim].values())))
+            dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), next(iter(blocks[dim].values())))
         else:
-            dims[dim] = DimPlan.cyclic(dim, p.size(dim), max(1, -(-p.size(dim) // max(ref.grid_shape))))
+            dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), max(1, -(-p.size(dim) // max(ref.grid_shape))))
     targets: dict[str, Distribution] = {}
     ops: dict[str, tuple[AxisOp, AxisOp]] = {}
     for op in ("a", "b", "c"):
         stored = p.stored(op)
         if nv[op] is None:  # Replicated: cut to the reference grid
-            nv[op] = NvDistribution(ref.grid_shape, ref.grid_layout, (dims[stored[0]].block, dims[stored[1]].block))
+            nv[op] = NvDistribution(ref.grid_shape, ref.grid_layout, (dims[stored[0]].nv_block, dims[stored[1]].nv_block))
             axis_ops = []
             for axis in range(2):
                 parts = ref.grid_shape[axis]
-                one_block = dims[stored[axis]].block * parts >= p.size(stored[axis])
+                one_block = dims[stored[axis]].nv_block * parts >= p.size(stored[axis])
                 axis_ops.append("keep" if parts == 1 else "slice" if one_block else "gather")
             ops[op] = (axis_ops[0], axis_ops[1])  # type: ignore[assignment]
             targets[op] = nv[op].as_dmatmul()  # type: ignore[union-attr]

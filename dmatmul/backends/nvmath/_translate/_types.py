@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-import numpy as np
-
 from .... import _cost, _plan
-from ...._distribution import BlockCyclic, Distribution, ProcessGrid, slab_extent
+from ...._dimmap import DimMap
+from ...._distribution import BlockCyclic, Distribution, ProcessGrid
 from ...._spec import DTYPE_INFO
 from ._describe import describe
 
@@ -145,69 +144,49 @@ class Problem:
 
 
 @dataclasses.dataclass(frozen=True)
-class DimPlan:
-    """How one logical dimension (M, K or N) looks on the nvmath side.
+class DimPlan(DimMap):
+    """How one logical dimension (M, K or N) looks on the nvmath side: the
+    shared padded split (:class:`dmatmul._dimmap.DimMap`; an uneven Slab over
+    ``nparts`` ranks is zero-padded to ``padded_size``, the extent nvmath
+    sees) plus what only nvmath needs.
 
-    ``block`` is the block size every operand uses for this dimension (cuBLASMp
-    requires it equal across operands); ``padded`` the nvmath-side extent.
-    With ``parts > 1`` the dimension is a Slab-like split into ``parts``
-    contiguous parts, each zero-padded at its end to ``block`` items; position
-    ``j*block + i`` holds item ``i`` of part ``j``.
+    It derives from the shared map rather than being it because nvmath's
+    block size is a second value: ``nv_block``, the block every operand's
+    ``BlockCyclic`` uses for this dimension (cuBLASMp requires it equal across
+    operands). For a Slab split it is the map's ``block``; but nvmath deals a
+    block-cyclic layout itself, so such a dimension is handed over
+    unpermuted -- its map is the identity (``DimMap.whole``), while
+    ``nv_block`` is the layout's own block (the JAX backend instead permutes
+    it into a block layout: ``DimMap.of_parts``). An empty unsplit dimension
+    still gets a block of 1. ``name`` labels the dimension in messages.
 
-    >>> d = DimPlan.slab("M", 10, 4)
-    >>> d.block, d.padded, d.positions().tolist()
+    >>> d = DimPlan.of("M", DimMap.slab(10, 4))
+    >>> d.nv_block, d.padded_size, d.positions.tolist()
     (3, 12, [0, 1, 2, 3, 4, 5, 6, 7, 9, 10])
-    >>> d.real_of_padded().tolist()
+    >>> d.sources.tolist()
     [0, 1, 2, 3, 4, 5, 6, 7, -1, 8, 9, -1]
+    >>> DimPlan.of("K", DimMap.whole(10), nv_block=4).padding  # block-cyclic: nvmath deals it, nothing padded
+    False
     """
 
-    name: str
-    size: int
-    block: int
-    padded: int
-    parts: int = 1
+    name: str = ""
+    nv_block: int = 1
 
     @classmethod
-    def whole(cls, name: str, size: int) -> DimPlan:
-        """Not split by any operand: one block of the whole extent."""
-        return cls(name, size, max(size, 1), size, 1)
-
-    @classmethod
-    def slab(cls, name: str, size: int, parts: int) -> DimPlan:
-        """Split in ``parts`` contiguous parts (Slab, BlockNonCyclic), padded to equal blocks."""
-        block = max(1, -(-size // parts))
-        return cls(name, size, block, block * parts, parts)
-
-    @classmethod
-    def cyclic(cls, name: str, size: int, block: int) -> DimPlan:
-        """Dealt block-cyclically: numroc handles any extent, nothing is padded."""
-        return cls(name, size, block, size, 1)
+    def of(cls, name: str, dim: DimMap, nv_block: int | None = None) -> DimPlan:
+        """Dimension ``name`` split as ``dim``; nvmath's block is the map's (at least 1) unless given."""
+        return cls(dim.size, dim.parts, dim.block, name, max(1, dim.block) if nv_block is None else nv_block)
 
     @property
     def padding(self) -> bool:
-        return self.padded != self.size
-
-    def positions(self) -> np.ndarray:
-        """Padded position of each real index."""
-        if not self.padding:
-            return np.arange(self.size)
-        out = []
-        for j in range(self.parts):
-            start, length = slab_extent(self.size, self.parts, j)
-            out.append(j * self.block + np.arange(length))
-        return np.concatenate(out)
-
-    def real_of_padded(self) -> np.ndarray:
-        """Real index at each padded position, -1 at padding."""
-        out = np.full(self.padded, -1, dtype=np.int64)
-        out[self.positions()] = np.arange(self.size)
-        return out
+        """Whether the split is padded (an uneven Slab)."""
+        return self.padded_size != self.size
 
     def describe(self) -> str:
-        sizes = [slab_extent(self.size, self.parts, j)[1] for j in range(self.parts)]
+        sizes = [len(part) for part in self.parts]
         return (
-            f"{self.name} {self.size}->{self.padded}: split as {sizes} over {self.parts} ranks; nvmath's "
-            f"BlockCyclic needs equal blocks of {self.block}, so each part is zero-padded to {self.block} "
+            f"{self.name} {self.size}->{self.padded_size}: split as {sizes} over {self.nparts} ranks; nvmath's "
+            f"BlockCyclic needs equal blocks of {self.nv_block}, so each part is zero-padded to {self.nv_block} "
             "and the padding is stripped from the result"
         )
 
