@@ -59,7 +59,7 @@ KERNELS: tuple[_plan.Kernel, ...] = tuple(PATHS)
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """What the translation needs: a :class:`dmatmul._matmul.Spec` plus the
+    """What the translation needs: a :class:`dmatmul._spec.Spec` plus the
     number of ranks and the memory orders of the local blocks.
 
     ``orders`` is ``(order of a, order of b, order of c or None)``, agreed on
