@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import dmatmul as dm
-from dmatmul import backends
+from dmatmul import _plan, backends
+from dmatmul._dimmap import DimMap
 from dmatmul._distribution import numroc
 from dmatmul.backends.nvmath import _pipeline as PL
 from dmatmul.backends.nvmath import _translate as T
@@ -123,7 +124,7 @@ def check_handover_data(tr):
         shape = p.global_shape(h.operand)
         dims = h.dims
         pad = {d: tr.dim(d) for d in dims}
-        want_padded = (pad[dims[0]].padded, pad[dims[1]].padded)
+        want_padded = (pad[dims[0]].padded_size, pad[dims[1]].padded_size)
         nv_shape = want_padded[::-1] if h.transposed else want_padded
         assert h.global_shape == nv_shape, h
         nvd = h.distribution
@@ -139,8 +140,8 @@ def check_handover_data(tr):
             )
             want_r, want_c = h.target.global_indices(r, shape, P)
             for got, want, d in ((rows, want_r, dims[0]), (cols, want_c, dims[1])):
-                pos = padded_positions(p.size(d), pad[d].parts, pad[d].padded)
-                real_at = np.full(pad[d].padded, -1)
+                pos = padded_positions(p.size(d), pad[d].nparts, pad[d].padded_size)
+                real_at = np.full(pad[d].padded_size, -1)
                 real_at[pos] = np.arange(p.size(d))
                 real = real_at[got]
                 assert np.array_equal(real[real >= 0], want), (h, r, d)
@@ -170,11 +171,11 @@ def check_nvmath_rules(tr):
     if tr.swapped:
         assert (A.operand, B.operand) == ("b", "a")
         assert qa == ((not p.transpose_b) ^ A.transposed) and qb == ((not p.transpose_a) ^ B.transposed)
-        assert (m, n) == (tr.dim("N").padded, tr.dim("M").padded)
+        assert (m, n) == (tr.dim("N").padded_size, tr.dim("M").padded_size)
     else:
         assert (A.operand, B.operand) == ("a", "b")
         assert qa == (p.transpose_a ^ A.transposed) and qb == (p.transpose_b ^ B.transposed)
-        assert (m, n) == (tr.dim("M").padded, tr.dim("N").padded)
+        assert (m, n) == (tr.dim("M").padded_size, tr.dim("N").padded_size)
     if tr.passes_c:
         assert tr.slot("C").transposed == tr.swapped  # c can only be handed in the frame's own orientation
 
@@ -182,8 +183,13 @@ def check_nvmath_rules(tr):
 # --------------------------------------------------------------------------- #
 # package hygiene
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("module", ["dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._engine",
-                                    "dmatmul.backends.nvmath"])
+@pytest.mark.parametrize("module", [
+    "dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._translate._types",
+    "dmatmul.backends.nvmath._translate._orient", "dmatmul.backends.nvmath._translate._epilog",
+    "dmatmul.backends.nvmath._translate._one_d", "dmatmul.backends.nvmath._translate._two_d",
+    "dmatmul.backends.nvmath._translate._describe", "dmatmul.backends.nvmath._engine", "dmatmul.backends.nvmath",
+    "dmatmul._dimmap",
+])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -232,25 +238,25 @@ def test_uneven_slab_padding_plan_10_over_4():
     # Slab: 3, 3, 2, 2 -- numroc with block 3 deals 3, 3, 3, 1: not expressible
     assert [len(X.global_indices(r, (10, 1), 4)[0]) for r in range(4)] == [3, 3, 2, 2]
     assert [numroc(10, 3, r, 0, 4) for r in range(4)] == [3, 3, 3, 1]
-    d = T.DimPlan.slab("M", 10, 4)
-    assert (d.block, d.padded, d.parts, d.padding) == (3, 12, 4, True)
+    d = T.DimPlan.of("M", DimMap.slab(10, 4))
+    assert (d.nv_block, d.padded_size, d.nparts, d.padding) == (3, 12, 4, True)
     # padded to 12, numroc deals 3 per rank: uniform; rank r's real rows first, then zeros
     assert [numroc(12, 3, r, 0, 4) for r in range(4)] == [3, 3, 3, 3]
-    assert d.positions().tolist() == padded_positions(10, 4, 12).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]
-    assert d.real_of_padded().tolist() == [0, 1, 2, 3, 4, 5, 6, 7, -1, 8, 9, -1]
+    assert d.positions.tolist() == padded_positions(10, 4, 12).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]
+    assert d.sources.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, -1, 8, 9, -1]
     assert "10->12" in d.describe() and "[3, 3, 2, 2]" in d.describe()
 
 
 @pytest.mark.parametrize("size,parts", [(10, 4), (8, 4), (3, 4), (1, 3), (13, 3), (7, 2), (100, 7)])
 def test_dim_plan_matches_slab(size, parts):
-    d = T.DimPlan.slab("K", size, parts)
+    d = T.DimPlan.of("K", DimMap.slab(size, parts))
     block = -(-size // parts)
-    assert d.block == block and d.padded == block * parts and d.padding == (size % parts != 0)
-    assert d.positions().tolist() == padded_positions(size, parts, d.padded).tolist()
-    back = d.real_of_padded()
-    assert np.array_equal(back[d.positions()], np.arange(size)) and np.sum(back < 0) == d.padded - size
-    whole = T.DimPlan.whole("K", size)
-    assert (whole.block, whole.padded, whole.padding) == (size, size, False)
+    assert d.nv_block == block and d.padded_size == block * parts and d.padding == (size % parts != 0)
+    assert d.positions.tolist() == padded_positions(size, parts, d.padded_size).tolist()
+    back = d.sources
+    assert np.array_equal(back[d.positions], np.arange(size)) and np.sum(back < 0) == d.padded_size - size
+    whole = T.DimPlan.of("K", DimMap.whole(size))
+    assert (whole.nv_block, whole.padded_size, whole.padding) == (size, size, False)
 
 
 # --------------------------------------------------------------------------- #
@@ -350,7 +356,7 @@ def test_allgather_exact_data():
     assert (b.slot, b.transposed, b.is_transpose, b.copy) == ("B", True, True, None)
     assert b.distribution == T.NvDistribution((4, 1), "ROW_MAJOR", (2, 6)) and b.global_shape == (8, 6)
     assert tr.result == T.NvDistribution((4, 1), "ROW_MAJOR", (3, 2)) and tr.result_shape == (12, 8)
-    assert [d.padded for d in tr.dims] == [12, 6, 8]
+    assert [d.padded_size for d in tr.dims] == [12, 6, 8]
     assert tr.computed == X and not tr.gather
 
 
@@ -444,7 +450,7 @@ def test_named_algorithms_fit_exactly_their_triples(algorithm):
         else:
             with pytest.raises(ValueError, match=f"algorithm='{algorithm}' does not fit") as info:
                 T.translate(p)
-            for need in T.needs(algorithm, (ta, tb)):
+            for need in _plan.needs(algorithm, (ta, tb), T.KERNELS):
                 assert need in str(info.value)
 
 
@@ -526,7 +532,7 @@ def test_summa_on_a_shared_block_cyclic_grid():
     tr = T.translate(problem(13, 11, 7, 6, (d, d, d), orders=("F", "F", None)))
     assert (tr.algorithm, tr.path, tr.swapped, tr.kernel) == ("summa", "SUMMA", False, None)
     assert tr.handover("a").distribution == T.NvDistribution((2, 3), "COL_MAJOR", (2, 2))
-    assert [x.block for x in tr.dims] == [2, 2, 2] and not tr.padded
+    assert [x.nv_block for x in tr.dims] == [2, 2, 2] and not tr.padded
     check_nvmath_rules(tr)
     check_handover_data(tr)
     c_order = T.translate(problem(13, 11, 7, 6, (d, d, d), orders=("C", "C", None)))

@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ... import _cost, _plan, _runtime
-from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
+from ..._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._errors import DistributionError
 from ..._spec import Operands, Spec, check_fit
 from . import _kernels, _layout, _start
@@ -40,6 +40,7 @@ def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
     """The process grid a product runs on: the one most of its operands use
     (ties: the result's, then a's, then b's); None when none uses a grid.
 
+    >>> from dmatmul import BlockCyclic
     >>> g, h = ProcessGrid((2, 2)), ProcessGrid((2, 2), layout="col")
     >>> _product_grid((BlockCyclic(h, (2, 2)), Slab.X, BlockNonCyclic(g))) == g
     True

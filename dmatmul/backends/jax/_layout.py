@@ -2,13 +2,14 @@
 
 Three ideas, each one small value:
 
-* :class:`DimMap` -- the *padded index space* of one matrix dimension: the
-  dimension is cut into ``nparts`` lists of global indices (a Slab's
-  contiguous ranges, a block-cyclic deal, or one list holding everything),
-  each list padded with zeros to a common ``block`` length. Position
-  ``p*block + i`` holds global index ``parts[p][i]``. A block-cyclic layout is
-  thereby a plain block layout of a row- and column-permuted matrix, and each
-  rank's local storage is the same under both views.
+* :class:`DimMap` (:mod:`dmatmul._dimmap`, shared with the nvmath backend) --
+  the *padded index space* of one matrix dimension: the dimension is cut into
+  ``nparts`` lists of global indices (a Slab's contiguous ranges, a
+  block-cyclic deal, or one list holding everything), each list padded with
+  zeros to a common ``block`` length. Position ``p*block + i`` holds global
+  index ``parts[p][i]``. A block-cyclic layout is thereby a plain block layout
+  of a row- and column-permuted matrix, and each rank's local storage is the
+  same under both views.
 * :class:`Geometry` -- the mesh: 1-D ``("x",)`` for Slab/Replicated
   products, 2-D ``("r", "c")`` for a :class:`~dmatmul.ProcessGrid`, with the
   device at mesh position ``(i, j)`` being the rank at grid coordinates
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 import jax
@@ -43,7 +43,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ..._distribution import Distribution, ProcessGrid, Replicated, Slab, slab_extent
+from ..._dimmap import DimMap
+from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 
 __all__ = [
     "DimMap",
@@ -106,81 +107,6 @@ def process_devices(nprocs: int) -> tuple[jax.Device, ...]:
             "(or jax.distributed.initialize with one local device per process)"
         )
     return tuple(devices)
-
-
-# --------------------------------------------------------------------------- #
-# index maps
-# --------------------------------------------------------------------------- #
-@dataclasses.dataclass(frozen=True)
-class DimMap:
-    """One dimension of ``size`` items cut into index lists padded to ``block``.
-
-    >>> d = DimMap.slab(5, 2)
-    >>> d.padded_size, d.positions.tolist(), d.sources.tolist()
-    (6, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4, -1])
-    >>> DimMap.slab(7, 3).sources.tolist()
-    [0, 1, 2, 3, 4, -1, 5, 6, -1]
-    >>> DimMap.of_parts(6, [[0, 1, 4, 5], [2, 3]]).sources.tolist()  # block-cyclic, blocks of 2
-    [0, 1, 4, 5, 2, 3, -1, -1]
-    """
-
-    size: int
-    parts: tuple[tuple[int, ...], ...]
-    block: int
-
-    @classmethod
-    def whole(cls, size: int) -> DimMap:
-        """The dimension as it is: one part, no padding."""
-        return cls(size, (tuple(range(size)),), size)
-
-    @classmethod
-    def slab(cls, size: int, nparts: int) -> DimMap:
-        """nvmath's Slab split: contiguous, the first ``size % nparts`` parts one longer."""
-        if nparts == 1:
-            return cls.whole(size)
-        parts = []
-        for p in range(nparts):
-            start, length = slab_extent(size, nparts, p)
-            parts.append(tuple(range(start, start + length)))
-        return cls.of_parts(size, parts)
-
-    @classmethod
-    def of_parts(cls, size: int, parts: Sequence[Iterable[int]]) -> DimMap:
-        """Explicit index lists (each in local order); block = the longest."""
-        parts_t = tuple(tuple(int(i) for i in p) for p in parts)
-        return cls(size, parts_t, max(1, max(len(p) for p in parts_t)))
-
-    @property
-    def nparts(self) -> int:
-        return len(self.parts)
-
-    @property
-    def padded_size(self) -> int:
-        return self.block * self.nparts
-
-    @functools.cached_property
-    def sources(self) -> np.ndarray:
-        """Global index at each padded position, -1 for padding."""
-        out = np.full(self.padded_size, -1, dtype=np.int64)
-        for p, idx in enumerate(self.parts):
-            out[p * self.block : p * self.block + len(idx)] = idx
-        return out
-
-    @functools.cached_property
-    def positions(self) -> np.ndarray:
-        """Padded position of each global index."""
-        out = np.empty(self.size, dtype=np.int64)
-        valid = self.sources >= 0
-        out[self.sources[valid]] = np.nonzero(valid)[0]
-        return out
-
-    @functools.cached_property
-    def identity(self) -> bool:
-        """True when the padded space is the dimension itself (nothing to copy)."""
-        return self.padded_size == self.size and bool(np.all(self.sources == np.arange(self.size)))
-
-    def part_sources(self, part: int) -> np.ndarray:
-        return self.sources[part * self.block : (part + 1) * self.block]
 
 
 # --------------------------------------------------------------------------- #

@@ -163,7 +163,7 @@ class NvmathPlan:
     # -- protocol -----------------------------------------------------------------
     @property
     def cost(self) -> Any:
-        """The modelled cost of the translated call (bytes, messages, flops, time per rank)."""
+        """The planner's Plan of the translated call (bytes, messages, flops, time per rank; None on 2-D grids)."""
         return self.translation.cost
 
     def execute(self, operands: Operands) -> Any:

@@ -24,6 +24,7 @@ work is done by :mod:`._pipeline`. This layer only:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from typing import Any
 
@@ -99,7 +100,8 @@ def preflight() -> None:
     ``_runtime.agree``, so one rank's failure is every rank's error)."""
     requested_backends()
     import cupy
-    import nvmath.distributed  # noqa: F401 - needs mpi4py
+
+    importlib.import_module("nvmath.distributed")  # needs mpi4py: fails here, on this rank, when it is missing
 
     if int(cupy.cuda.runtime.getDeviceCount()) < 1:
         raise RuntimeError("the nvmath backend needs a CUDA GPU and none is visible on this rank")
@@ -204,43 +206,34 @@ def _fallback_worthy(e: BaseException) -> bool:
     return isinstance(e, (ValueError, NotImplementedError, TypeError)) or "not_supported" in text or "not supported" in text
 
 
-class _Held:
-    """Skipping ``reset_operands``: nvmath reads device operands where they
-    are, so when the very same prepared arrays come back (the plan's views and
-    staging buffers are reused objects) there is nothing to hand over. Host
-    operands are always handed over (nvmath copies them to the GPU then)."""
+class _Engine:
+    """What both engines share: plan nvmath's Matmul with the fused epilog
+    (falling back to dmatmul's epilogue when the installed nvmath refuses it),
+    hand operands over and execute, free. A subclass creates ``_mm`` and says
+    how the prepared blocks are handed over (:meth:`_operands`).
+
+    Handing over is skipped when the very same prepared arrays come back and
+    live on the device (``resident``): nvmath reads them where they are, and
+    the plan's views and staging buffers are reused objects. Host operands are
+    always handed over (nvmath copies them to the GPU then)."""
 
     resident = False
     _held: tuple[Any, Any, Any, Any] | None = None
+    _mm: Any = None
 
-    def _same(self, prepared: Prepared) -> bool:
-        held = self._held
-        return (self.resident and held is not None and prepared.A is held[0] and prepared.B is held[1]
-                and prepared.C is held[2] and prepared.bias is held[3])
-
-
-class CublasMpEngine(_Held):
-    """``nvmath.distributed.linalg.advanced.Matmul`` for one Translation."""
-
-    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
-        from nvmath.distributed.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions, matrix_qualifiers_dtype
-
+    def __init__(self, tr: Translation, ctx: Context) -> None:
         self.ctx = ctx
         self.translation = tr
-        p = tr.problem
-        options, fields = _options(MatmulOptions, **dict(tr.options))
-        self._copy_c = "inplace" not in fields  # an nvmath without the option: never let it write the user's c
-        A, B, C = self._operands(prepared)
-        slot_a, slot_b = tr.slot("A"), tr.slot("B")
-        assert slot_a is not None and slot_b is not None and tr.result is not None
-        distributions = [nv_distribution(slot_a.distribution), nv_distribution(slot_b.distribution),  # type: ignore[arg-type]
-                         nv_distribution(tr.result)]
-        self._mm = Matmul(
-            A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
-            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options,
-        )
-        self._epilog_enum = MatmulEpilog
         self.refused: str | None = None
+
+    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
+        """The (a, b, c) nvmath's Matmul takes."""
+        raise NotImplementedError
+
+    def _start(self, prepared: Prepared, epilog_enum: Any) -> None:
+        """Plan ``_mm``; when nvmath refuses the fused epilog, plan the unfused translation instead."""
+        self._epilog_enum = epilog_enum
+        tr = self.translation
         try:
             self._plan(tr, prepared)
         except Exception as e:
@@ -250,98 +243,35 @@ class CublasMpEngine(_Held):
             self.translation = tr.unfused()
             self._plan(self.translation, prepared)
 
-    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
-        C = prepared.C
-        if C is not None and self._copy_c and not prepared.copied.get("c", False):
-            C = C.copy(order="F")
-        return prepared.A, prepared.B, C
+    @staticmethod
+    def _epilog_inputs(tr: Translation, prepared: Prepared) -> dict[str, Any] | None:
+        fused = tr.fused_epilog
+        if fused is not None and fused.endswith("BIAS") and prepared.bias is not None:
+            return {"bias": prepared.bias}
+        return None
 
     def _plan(self, tr: Translation, prepared: Prepared) -> None:
         if tr.fused_epilog is None:
             self._mm.plan()
             return
-        inputs = {"bias": prepared.bias} if prepared.bias is not None and tr.fused_epilog.endswith("BIAS") else None
-        self._mm.plan(epilog=self._epilog_enum[tr.fused_epilog], epilog_inputs=inputs)
+        self._mm.plan(epilog=self._epilog_enum[tr.fused_epilog], epilog_inputs=self._epilog_inputs(tr, prepared))
+
+    def _same(self, prepared: Prepared) -> bool:
+        held = self._held
+        return (self.resident and held is not None and prepared.A is held[0] and prepared.B is held[1]
+                and prepared.C is held[2] and prepared.bias is held[3])
 
     def run(self, prepared: Prepared) -> Any:
         """Hand ``prepared`` over (``reset_operands``) and execute."""
-        if self._same(prepared):
-            return self._mm.execute()
-        A, B, C = self._operands(prepared)
-        kwargs: dict[str, Any] = {"a": A, "b": B}
-        if C is not None:
-            kwargs["c"] = C
-        tr = self.translation
-        if tr.fused_epilog is not None and tr.fused_epilog.endswith("BIAS") and prepared.bias is not None:
-            kwargs["epilog_inputs"] = {"bias": prepared.bias}
-        self._mm.reset_operands(**kwargs)
-        self.handed(prepared)
-        return self._mm.execute()
-
-    def handed(self, prepared: Prepared) -> None:
-        """``prepared`` is what nvmath now holds (a C copied for nvmath never counts as held)."""
-        copy_c = prepared.C is not None and self._copy_c and not prepared.copied.get("c", False)
-        self._held = None if copy_c else (prepared.A, prepared.B, prepared.C, prepared.bias)
-
-    def free(self) -> None:
-        if self._mm is not None:
-            self._mm.free()
-            self._mm = None
-
-
-class CublasLtEngine(_Held):
-    """A local kernel on several ranks: ``nvmath.linalg.advanced.Matmul`` (cuBLASLt) per rank."""
-
-    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
-        from nvmath.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions
-
-        self.ctx = ctx
-        self.translation = tr
-        self.refused: str | None = None
-        p = tr.problem
-        options, _ = _options(MatmulOptions, **dict(tr.options), device_id=ctx.device_id)
-        a, b, c = self._operands(prepared)
-        self._mm: Any = None
-        self._empty: tuple[int, int] | None = None
-        if 0 in (a.shape[0], b.shape[1]):  # this rank holds no rows/columns of the result: nothing to run
-            self._empty = (a.shape[0], b.shape[1])
-            return
-        self._mm = Matmul(a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
-        self._epilog_enum = MatmulEpilog
-        try:
-            self._plan(tr, prepared)
-        except Exception as e:
-            if tr.fused_epilog is None or not _fallback_worthy(e):
-                raise
-            self.refused = f"{type(e).__name__}: {e}"
-            self.translation = tr.unfused()
-            self._plan(self.translation, prepared)
-
-    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
-        q = self.translation.qualifiers
-        a = prepared.A.T if q[0] else prepared.A
-        b = prepared.B.T if q[1] else prepared.B
-        return a, b, prepared.C
-
-    def _plan(self, tr: Translation, prepared: Prepared) -> None:
-        if tr.fused_epilog is None:
-            self._mm.plan()
-            return
-        inputs = {"bias": prepared.bias} if tr.fused_epilog.endswith("BIAS") else None
-        self._mm.plan(epilog=self._epilog_enum[tr.fused_epilog], epilog_inputs=inputs)
-
-    def run(self, prepared: Prepared) -> Any:
-        """Hand ``prepared`` over (``reset_operands``) and execute."""
-        if self._empty is not None:
-            return _array_module(prepared.A).zeros(self._empty, dtype=prepared.A.dtype)
         if self._same(prepared):
             return self._mm.execute()
         a, b, c = self._operands(prepared)
         kwargs: dict[str, Any] = {"a": a, "b": b}
         if c is not None:
             kwargs["c"] = c
-        if self.translation.fused_epilog is not None and self.translation.fused_epilog.endswith("BIAS"):
-            kwargs["epilog_inputs"] = {"bias": prepared.bias}
+        inputs = self._epilog_inputs(self.translation, prepared)
+        if inputs is not None:
+            kwargs["epilog_inputs"] = inputs
         self._mm.reset_operands(**kwargs)
         self.handed(prepared)
         return self._mm.execute()
@@ -354,6 +284,69 @@ class CublasLtEngine(_Held):
         if self._mm is not None:
             self._mm.free()
             self._mm = None
+
+
+class CublasMpEngine(_Engine):
+    """``nvmath.distributed.linalg.advanced.Matmul`` for one Translation."""
+
+    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
+        from nvmath.distributed.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions, matrix_qualifiers_dtype
+
+        super().__init__(tr, ctx)
+        p = tr.problem
+        options, fields = _options(MatmulOptions, **dict(tr.options))
+        self._copy_c = "inplace" not in fields  # an nvmath without the option: never let it write the user's c
+        A, B, C = self._operands(prepared)
+        slot_a, slot_b = tr.slot("A"), tr.slot("B")
+        assert slot_a is not None and slot_b is not None and tr.result is not None
+        distributions = [nv_distribution(slot_a.distribution), nv_distribution(slot_b.distribution),  # type: ignore[arg-type]
+                         nv_distribution(tr.result)]
+        self._mm = Matmul(
+            A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
+            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options,
+        )
+        self._start(prepared, MatmulEpilog)
+
+    def _copied_c(self, prepared: Prepared) -> bool:
+        """Whether c is copied for nvmath (an nvmath that could write it in place)."""
+        return prepared.C is not None and self._copy_c and not prepared.copied.get("c", False)
+
+    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
+        C = prepared.C.copy(order="F") if self._copied_c(prepared) else prepared.C
+        return prepared.A, prepared.B, C
+
+    def handed(self, prepared: Prepared) -> None:
+        """``prepared`` is what nvmath now holds (a C copied for nvmath never counts as held)."""
+        self._held = None if self._copied_c(prepared) else (prepared.A, prepared.B, prepared.C, prepared.bias)
+
+
+class CublasLtEngine(_Engine):
+    """A local kernel on several ranks: ``nvmath.linalg.advanced.Matmul`` (cuBLASLt) per rank."""
+
+    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
+        from nvmath.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions
+
+        super().__init__(tr, ctx)
+        p = tr.problem
+        options, _ = _options(MatmulOptions, **dict(tr.options), device_id=ctx.device_id)
+        a, b, c = self._operands(prepared)
+        self._empty: tuple[int, int] | None = None
+        if 0 in (a.shape[0], b.shape[1]):  # this rank holds no rows/columns of the result: nothing to run
+            self._empty = (a.shape[0], b.shape[1])
+            return
+        self._mm = Matmul(a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
+        self._start(prepared, MatmulEpilog)
+
+    def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
+        q = self.translation.qualifiers
+        a = prepared.A.T if q[0] else prepared.A
+        b = prepared.B.T if q[1] else prepared.B
+        return a, b, prepared.C
+
+    def run(self, prepared: Prepared) -> Any:
+        if self._empty is not None:
+            return _array_module(prepared.A).zeros(self._empty, dtype=prepared.A.dtype)
+        return super().run(prepared)
 
 
 def _array_module(x: Any) -> Any:

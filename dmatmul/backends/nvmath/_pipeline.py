@@ -17,7 +17,7 @@ CPU against a simulated cuBLASMp in the tests.
 Index bookkeeping uses only dmatmul's own distributions: every block's rows
 and columns are global ids (``Distribution.global_indices``), nvmath's padded
 layout is an :class:`~._translate.NvDistribution` over the padded extents, and
-a :class:`~._translate.DimPlan` maps padded positions back to real ids.
+a :class:`~._translate.DimPlan` (a :class:`dmatmul._dimmap.DimMap`) maps padded positions back to real ids.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def fused_bias(tr: Translation, rank: int, bias: Any, xp: Any, dtype: Any) -> An
     assert tr.result is not None and not tr.swapped
     dm = tr.dim("M")
     padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)
-    real = dm.real_of_padded()[padded_rows] if dm.padding else padded_rows
+    real = dm.sources[padded_rows] if dm.padding else padded_rows
     keep = np.nonzero(real >= 0)[0]
     if len(keep) == len(real) and isinstance(_selection(real), slice):
         return xp.ascontiguousarray(bias[_index(xp, _selection(real))].astype(dtype))
@@ -206,9 +206,9 @@ def _handover_maps(tr: Translation, h: Handover, rank: int) -> tuple[Any, Any, A
         dst_rows, dst_cols = h.target.global_indices(rank, shape, p.nranks)
         return _axis_map(src_rows, dst_rows, None, what), _axis_map(src_cols, dst_cols, None, what), None
     dr, dc = tr.dim(h.dims[0]), tr.dim(h.dims[1])
-    dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded, dc.padded))
-    rmap = _axis_map(src_rows, dst_rows, dr.real_of_padded() if dr.padding else None, what)
-    cmap = _axis_map(src_cols, dst_cols, dc.real_of_padded() if dc.padding else None, what)
+    dst_rows, dst_cols = target.as_dmatmul().global_indices(rank, (dr.padded_size, dc.padded_size))
+    rmap = _axis_map(src_rows, dst_rows, dr.sources if dr.padding else None, what)
+    cmap = _axis_map(src_cols, dst_cols, dc.sources if dc.padding else None, what)
     return rmap, cmap, target
 
 
@@ -218,13 +218,13 @@ def _result_selection(tr: Translation, rank: int, rows: np.ndarray, cols: np.nda
     that block's shape."""
     dm, dn = tr.dim("M"), tr.dim("N")
     if tr.path == "GEMM+AR":
-        prow, pcol = np.arange(dm.padded), np.arange(dn.padded)
+        prow, pcol = np.arange(dm.padded_size), np.arange(dn.padded_size)
     else:
         res = tr.result_padded_user()
         assert res is not None
-        prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded, dn.padded))
-    rsel = _selection(_locate(prow, dm.positions()[rows] if dm.padding else rows, "the result block"))
-    csel = _selection(_locate(pcol, dn.positions()[cols] if dn.padding else cols, "the result block"))
+        prow, pcol = res.as_dmatmul().global_indices(rank, (dm.padded_size, dn.padded_size))
+    rsel = _selection(_locate(prow, dm.positions[rows] if dm.padding else rows, "the result block"))
+    csel = _selection(_locate(pcol, dn.positions[cols] if dn.padding else cols, "the result block"))
     return rsel, csel, (len(prow), len(pcol))
 
 
@@ -340,7 +340,7 @@ class Program:
             else:
                 dm = tr.dim("M")
                 padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)  # type: ignore[union-attr]
-                real = dm.real_of_padded()[padded_rows] if dm.padding else padded_rows
+                real = dm.sources[padded_rows] if dm.padding else padded_rows
             keep = np.nonzero(real >= 0)[0]
             self.bias_buf = xp.zeros(len(real), dtype=a.dtype)
             if len(keep) == len(real):

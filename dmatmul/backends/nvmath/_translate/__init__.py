@@ -1,0 +1,132 @@
+"""One dmatmul product as one nvmath-python call, described as plain data.
+
+Nothing here imports nvmath-python, CuPy or MPI: :func:`translate` turns a
+:class:`Problem` (global sizes, transposes, dmatmul distributions, the memory
+order of each local block, epilog, requested algorithm) into a
+:class:`Translation`, a frozen value that says exactly what the execution
+layer hands to ``nvmath.distributed.linalg.advanced.Matmul``:
+
+* per operand a :class:`Handover`: which nvmath slot it fills (A, B or C),
+  whether it is handed over as it is or as the transposed view of a C-order
+  block, the ``is_transpose`` qualifier, the nvmath distribution as data
+  (:class:`NvDistribution`: grid shape and layout, block sizes,
+  first_process), the nvmath-side global shape and whether (and why) a copy
+  is made;
+* per logical dimension M, K, N a :class:`DimPlan`: the block size nvmath
+  uses and the zero padding that makes an uneven Slab expressible;
+* the cuBLASMp path the rules predict (``path``) and the contract name
+  (``algorithm``), what is fused into cuBLASMp's epilogue and what dmatmul
+  applies afterwards, whether the result is allgathered by dmatmul.
+
+The rules (nvmath-python 1.0 and cuBLASMp < 0.10)
+-------------------------------------------------
+*Fortran order.* cuBLASMp takes column-major local blocks. A C-order block of
+``X`` is the Fortran-order block of ``X.T``, whose distribution is the
+transposed one (``Slab.X <-> Slab.Y``; a grid ``(r, c)`` in row-major order
+becomes ``(c, r)`` in column-major order, block sizes and first_process
+swap). So a C-order ``a`` or ``b`` is handed over as ``a.T`` (a view) with its
+``is_transpose`` qualifier flipped. ``c`` cannot be flagged transposed, so
+the product is computed in one of two *frames*:
+
+* ``D = op(A) op(B)`` (not swapped): nvmath A/B/C are a/b/c; the result comes
+  back in Fortran order; a C-order ``c`` must be copied.
+* ``D.T = op(B).T op(A).T`` (swapped): nvmath A is ``b``, nvmath B is ``a``,
+  nvmath C is ``c.T``; a C-order ``c`` is a free view and the result comes
+  back as ``D.T`` in Fortran order, i.e. ``D`` in C order.
+
+*Copies* (the decision table, see :func:`._orient.orient`): a local block is handed
+over without a copy when it is F-contiguous (as it is) or C-contiguous (as
+its transposed view). A copy happens when (1) the dimension is padded (uneven
+Slab), (2) a Replicated operand is cut to a split that is not a contiguous
+range of its memory order, (3) the block is neither C- nor F-contiguous, (4)
+``c`` is in the wrong order for the frame the fast path needs, or (5)
+GEMM+AllReduce needs the TN layout and the memory order gives the other
+qualifier. Among the frames a path allows, the one with fewer copied elements
+wins; ties go to the frame that can fuse a bias, then to the swapped frame
+(its result is C-order).
+
+*Fast paths* (1-D, non-cyclic, uniform, first_process (0, 0)), in nvmath's
+frame: AllGather+GEMM when D is split on M, op(A) on M and op(B) on N;
+GEMM+ReduceScatter when D is split on N and op(A), op(B) on K; GEMM+AllReduce
+with ``epilog=ALLREDUCE`` (TN only); SUMMA on one shared 2-D grid; a local GEMM
+on one rank. Because the swapped frame exchanges M and N, dmatmul reaches the
+mirrored triples too: ``(a: M, b: N, d: N)`` is AllGather+GEMM and
+``(a: K, b: K, d: M)`` GEMM+ReduceScatter. Replicated ``a``/``b`` are cut to
+whatever split the path needs (free); a Replicated result comes from the
+AllReduce epilog, or is computed split and allgathered by dmatmul.
+
+*Uneven splits.* nvmath turns every distribution into a BlockCyclic one; a
+Slab of 10 rows on 4 ranks (3, 3, 2, 2) has no block size that numroc deals
+the same way (block 3 gives 3, 3, 3, 1). dmatmul pads every such dimension
+to ``P * ceil(S / P)`` with zeros at the end of each rank's part, so the
+padded matrix is uniform (3, 3, 3, 3), and strips the padding from the
+result: zero rows/columns of K add nothing, those of M and N are dropped.
+
+>>> from dmatmul import Slab
+>>> t = translate(Problem(m=10, n=8, k=6, nranks=4, transpose_a=False, transpose_b=False,
+...                       distributions=(Slab.X, Slab.Y, Slab.X), orders=("C", "C", None)))
+>>> t.algorithm, t.path, t.swapped, t.qualifiers
+('allgather', 'AG+GEMM', False, (True, True, False))
+>>> t.dim("M").padded_size, t.dim("M").nv_block
+(12, 3)
+>>> t.handover("a").distribution
+NvDistribution(grid_shape=(1, 4), grid_layout='ROW_MAJOR', block_sizes=(6, 3), first_process=(0, 0))
+>>> t.handover("a").copy
+'padding M 10->12 (uneven split over 4 ranks)'
+"""
+
+from __future__ import annotations
+
+from .... import _plan
+from ...._errors import DistributionError
+from ._epilog import refused_epilog
+from ._one_d import one_d, one_rank
+from ._orient import combine_orders, order_of
+from ._two_d import two_d
+from ._types import KERNELS, PATHS, DimPlan, Handover, NvDistribution, Order, Path, Problem, Translation
+
+__all__ = [
+    "Order",
+    "Path",
+    "Problem",
+    "DimPlan",
+    "NvDistribution",
+    "Handover",
+    "Translation",
+    "KERNELS",
+    "PATHS",
+    "translate",
+    "order_of",
+    "combine_orders",
+    "refused_epilog",
+]
+
+
+def _check_fit(p: Problem) -> None:
+    for name, d in zip(("a", "b", "result"), p.distributions):
+        try:
+            d.nranks(p.nranks)
+        except DistributionError as e:
+            raise DistributionError(
+                f"distribution of {name}: {d!r} does not fit the {p.nranks} rank(s) of this run: {e}"
+                + (
+                    "; the nvmath backend runs one rank per process (one GPU each): launch "
+                    f"with mpiexec -n {d.grid.size}" if d.grid is not None and p.nranks == 1 else ""
+                )
+            ) from None
+
+
+def translate(problem: Problem) -> Translation:
+    """The nvmath call for ``problem``; raises ValueError when a named algorithm
+    does not fit, NotImplementedError for 2-D layouts nvmath cannot take."""
+    _check_fit(problem)
+    if problem.nranks == 1:
+        return one_rank(problem)
+    p = problem
+    roles = tuple(
+        _plan.role_of(d, op, t, p.nranks)  # type: ignore[arg-type]
+        for d, op, t in zip(p.distributions, ("a", "b", "d"), (p.transpose_a, p.transpose_b, False))
+    )
+    if None not in roles:
+        return one_d(p, roles)  # type: ignore[arg-type]
+    return two_d(p, roles)

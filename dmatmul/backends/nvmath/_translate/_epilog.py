@@ -1,0 +1,129 @@
+"""The epilogue and the assembled call: what cuBLASMp (or cuBLASLt) fuses
+into its epilog and what dmatmul applies after nvmath's call
+(:func:`refused_epilog`, :func:`epilogs`), the frame a path picks among those
+it allows (:func:`pick`: fewer copies, then a fusable bias, then a C-order
+result), nvmath's options, and the :class:`~._types.Translation` built from
+the chosen frame (:func:`finish`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .... import _plan
+from ...._distribution import Distribution
+from ...._epilogue import activation, has_bias
+from .._precision import compute_type
+from ._orient import Frame
+from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
+
+__all__ = ["refused_epilog", "epilogs", "pick", "finish", "options"]
+
+_EPILOG_NAMES = {"relu": "RELU", "gelu": "GELU", "bias": "BIAS", "relu_bias": "RELU_BIAS", "gelu_bias": "GELU_BIAS"}
+
+
+def refused_epilog(p: Problem) -> str | None:
+    """Why cuBLASMp/cuBLASLt cannot be given ``p``'s epilog fused (None: it can).
+
+    Known from the hardware runs (issue 13), so planned around, never tried:
+    a bias epilog on complex types is refused by cuBLASMp with NOT_SUPPORTED
+    at *execute* (too late for a plan-time fallback), and cuBLASLt's fused
+    GELU is not float64-accurate.
+
+    >>> import dataclasses
+    >>> from dmatmul import Replicated
+    >>> p = Problem(4, 4, 4, 1, False, False, (Replicated(),) * 3, ("C", "C", None))
+    >>> refused_epilog(dataclasses.replace(p, dtype="complex64", epilog="relu_bias"))
+    'cuBLASMp refuses a bias epilog on complex64 (NOT_SUPPORTED at execute)'
+    >>> refused_epilog(dataclasses.replace(p, dtype="float64", epilog="gelu"))
+    "cuBLASLt's fused GELU is not float64-accurate"
+    >>> refused_epilog(dataclasses.replace(p, dtype="float32", epilog="gelu_bias")) is None
+    True
+    """
+    ep = p.epilog
+    if ep is None:
+        return None
+    if p.dtype.startswith("complex") and has_bias(ep):
+        return f"cuBLASMp refuses a bias epilog on {p.dtype} (NOT_SUPPORTED at execute)"
+    if p.dtype == "float64" and activation(ep) == "gelu":
+        return "cuBLASLt's fused GELU is not float64-accurate"
+    return None
+
+
+def epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | None, str | None, bool]:
+    """(fused cuBLASMp epilog, epilog dmatmul applies after, beta*c after)."""
+    ep = p.epilog
+    if path == "GEMM+AR":
+        return "ALLREDUCE", ep, p.use_c  # the epilog slot holds ALLREDUCE; C would be summed P times
+    if ep is None:
+        return None, None, False
+    if refused_epilog(p) is not None:
+        return None, ep, False  # known refused (or wrong) when fused: dmatmul's epilogue from the start
+    if engine == "cublaslt":
+        return _EPILOG_NAMES[ep], None, False
+    if path in ("AG+GEMM", "GEMM+RS", "local GEMM"):
+        if has_bias(ep) and swapped:
+            return None, ep, False  # a bias per row of D is per column of D.T: not an epilog of nvmath's product
+        return _EPILOG_NAMES[ep], None, False
+    return None, ep, False  # general and SUMMA paths: nvmath 1.0 refuses RELU on its naive path
+
+
+def pick(frames: list[Frame], p: Problem, path: Path, engine: str) -> Frame:
+    def key(f: Frame) -> tuple[float, int, int]:
+        fused, post, _ = epilogs(p, path, f.swapped, engine)
+        return (f.weight, 0 if post is None or p.epilog is None else 1, 0 if f.swapped else 1)
+
+    return min(frames, key=key)
+
+
+def finish(
+    p: Problem,
+    *,
+    algorithm: str,
+    path: Path,
+    engine: str,
+    frame: Frame,
+    roles: tuple[Role | None, Role | None, Role | None],
+    kernel: tuple[Role, Role, Role] | None,
+    dims: dict[str, DimPlan],
+    result: NvDistribution | None,
+    result_shape: tuple[int, int],
+    computed: Distribution,
+    gather: bool,
+    notes: tuple[str, ...],
+    cost: _plan.Plan | None,
+) -> Translation:
+    fused, post, post_c = epilogs(p, path, frame.swapped, engine)
+    why = refused_epilog(p)
+    if why is not None and post is not None:
+        notes = notes + (f"epilog {p.epilog!r} not fused: {why}; dmatmul applies it after nvmath's call",)
+    by_slot = {h.slot: h for h in frame.handovers}
+    qualifiers = (by_slot["A"].is_transpose, by_slot["B"].is_transpose, False)
+    return Translation(
+        problem=p,
+        algorithm=algorithm,
+        path=path,
+        engine=engine,  # type: ignore[arg-type]
+        swapped=frame.swapped,
+        roles=roles,
+        kernel=kernel,
+        dims=(dims["M"], dims["K"], dims["N"]),
+        handovers=frame.handovers,
+        result=result,
+        result_shape=result_shape,
+        computed=computed,
+        qualifiers=qualifiers,
+        fused_epilog=fused,
+        post_epilog=post,
+        post_beta_c=post_c,
+        gather=gather,
+        options=options(p),
+        notes=notes,
+        cost=cost,
+    )
+
+
+def options(p: Problem) -> tuple[tuple[str, Any], ...]:
+    """nvmath's MatmulOptions: never in place (c is the user's); the compute type ``precision`` asks for."""
+    ct = compute_type(p.dtype, p.precision)
+    return (("inplace", False),) + ((("compute_type", ct),) if ct is not None else ())

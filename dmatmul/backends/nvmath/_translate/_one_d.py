@@ -1,0 +1,220 @@
+"""The 1-D translations: Slab, Replicated and 1-D BlockNonCyclic operands.
+One rank runs a local GEMM in cuBLASMp; on several ranks every cuBLASMp fast
+path whose roles the given operands fit (a Replicated operand is cut to the
+role for free) is translated and costed, and the cheapest wins -- a
+Replicated result being computed split and allgathered by dmatmul when no
+AllReduce gives it. When no fast path fits, the layout goes to cuBLASMp's
+general path as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Container
+
+from .... import _plan
+from ...._dimmap import DimMap
+from ...._distribution import Replicated
+from ._epilog import finish, pick
+from ._orient import AxisOp, build_frame, copy_weights
+from ._types import KERNELS, MODEL, PATHS, DimPlan, NvDistribution, Problem, Role, Translation
+
+__all__ = ["one_rank", "one_d"]
+
+#: one rank: one local GEMM
+_LOCAL = next(k for k in KERNELS if (k.a, k.b, k.d) == ("R", "R", "R"))
+#: dmatmul's own allgather of a replicated result crosses PCIe twice besides the network
+_HOST_STAGING = 3.0
+
+
+def _needs_message(p: Problem) -> str:
+    return _plan.needs_message(p.algorithm, p.given(), p.transposes, KERNELS, backend="nvmath")
+
+
+def _plan_of(p: Problem, kernel: _plan.Kernel, gather_from: Role | None) -> _plan.Plan:
+    """The planner's Plan of ``kernel`` (and of dmatmul's allgather of a
+    replicated result computed in role ``gather_from``)."""
+    sizes = p.sizes()
+    nbytes, messages, flops = _plan.kernel_cost(sizes, kernel)
+    moves: tuple[_plan.Move, ...] = ()
+    if gather_from is not None:  # host-staged: device->host, MPI, host->device
+        mv = _plan.move(sizes, "d", gather_from, "R")
+        moves = (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
+    plan = _plan.Plan(kernel, moves, nbytes, messages, flops, time=0.0)
+    return dataclasses.replace(plan, time=MODEL.time(messages=plan.messages, nbytes=plan.nbytes, flops=flops))
+
+
+def _dims(p: Problem, split: Container[str]) -> dict[str, DimPlan]:
+    """M, K and N: those in ``split`` cut in ``p.nranks`` (padded) parts, the others whole."""
+    return {x: DimPlan.of(x, DimMap.slab(p.size(x), p.nranks if x in split else 1)) for x in "MKN"}
+
+
+def _nv_1d(p: Problem, operand: str, role: Role, dims: dict[str, DimPlan], grid_size: int) -> NvDistribution:
+    """The nvmath distribution (user orientation) of a 1-D role."""
+    r, c = p.stored(operand)
+    blocks = (dims[r].nv_block, dims[c].nv_block)
+    if grid_size == 1:
+        return NvDistribution((1, 1), "ROW_MAJOR", blocks)
+    if role == "R":  # only GEMM+AllReduce's result: Slab.X of a (P*M, N) matrix, one whole copy per rank
+        return NvDistribution((grid_size, 1), "ROW_MAJOR", blocks)
+    axis = (r, c).index(role)
+    grid = (grid_size, 1) if axis == 0 else (1, grid_size)
+    return NvDistribution(grid, "ROW_MAJOR", blocks)
+
+
+def _axis_ops_1d(p: Problem, operand: str, given: Role, role: Role, dims: dict[str, DimPlan]) -> tuple[AxisOp, AxisOp]:
+    ops: list[AxisOp] = []
+    for dim in p.stored(operand):
+        if dims[dim].padding:
+            ops.append("pad")
+        elif given == role or dim != role:
+            ops.append("keep")
+        else:  # a Replicated operand cut to a Slab: a contiguous range
+            ops.append("slice")
+    return ops[0], ops[1]  # type: ignore[return-value]
+
+
+def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) -> tuple[NvDistribution, tuple[int, int]]:
+    nvu = _nv_1d(p, "d", role, dims, p.nranks)
+    shape = (dims["M"].padded_size, dims["N"].padded_size)
+    if swapped:
+        return nvu.transposed(), (shape[1], shape[0])
+    return nvu, shape
+
+
+def one_rank(p: Problem) -> Translation:
+    """One rank: a local GEMM in cuBLASMp (every distribution holds everything)."""
+    dims = _dims(p, ())
+    targets = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
+    nv_user = {op: _nv_1d(p, op, "R", dims, 1) for op in ("a", "b", "c")}
+    ops = {op: ("keep", "keep") for op in ("a", "b", "c")}
+    weights = copy_weights(p, {})
+    frames = [
+        build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=False,  # type: ignore[arg-type]
+                     pass_c=p.use_c, engine="cublasmp", weights=weights)
+        for s in (False, True)
+    ]
+    frame = pick(frames, p, "local GEMM", "cublasmp")
+    result, shape = _result_nv(p, "R", dims, frame.swapped)
+    notes: tuple[str, ...] = ()
+    if p.algorithm not in ("auto", "local"):
+        notes = (f"algorithm={p.algorithm!r} requested: on one rank cuBLASMp runs a local GEMM",)
+    return finish(
+        p, algorithm="local", path="local GEMM", engine="cublasmp", frame=frame, roles=("R", "R", "R"),
+        kernel=("R", "R", "R"), dims=dims, result=result, result_shape=shape, computed=Replicated(),
+        gather=False, notes=notes, cost=_plan_of(p, _LOCAL, None),
+    )
+
+
+def _candidate(
+    p: Problem, kernel: _plan.Kernel, given: tuple[Role, Role, Role], gather: bool
+) -> Translation:
+    """The translation of ``given`` roles run on ``kernel`` (Replicated cut to the kernel's roles)."""
+    ka, kb, kd = kroles = (kernel.a, kernel.b, kernel.d)
+    path, kframes = PATHS[kernel]
+    engine = "cublaslt" if path == "local GEMM" else "cublasmp"
+    split = {r for r in kroles if r != "R"}
+    dims = _dims(p, () if engine == "cublaslt" else split)
+    by_op = {"a": ka, "b": kb, "c": kd}
+    groles = {"a": given[0], "b": given[1], "c": given[2] if not gather else "R"}
+    targets = {op: p.role_dist(op, by_op[op]) for op in ("a", "b", "c")}
+    ar = path == "GEMM+AR"
+    nv_user: dict[str, NvDistribution | None] = {}
+    for op in ("a", "b", "c"):
+        nv_user[op] = None if engine == "cublaslt" else _nv_1d(p, op, by_op[op], dims, p.nranks)
+    ops = {op: _axis_ops_1d(p, op, groles[op], by_op[op], dims) for op in ("a", "b", "c")}
+    weights = copy_weights(p, {op: by_op[op] != "R" for op in ("a", "b", "c")})
+    pass_c = p.use_c and not ar
+    frames = [
+        build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=ar, pass_c=pass_c,
+                     engine=engine, weights=weights)
+        for s in kframes
+    ]
+    frame = pick(frames, p, path, engine)
+    if engine == "cublaslt":
+        result, shape = None, (p.m, p.n)
+    elif ar:
+        mm, nn = dims["M"].padded_size, dims["N"].padded_size
+        if frame.swapped:
+            mm, nn = nn, mm
+        result, shape = NvDistribution((p.nranks, 1), "ROW_MAJOR", (mm, nn)), (p.nranks * mm, nn)
+    else:
+        result, shape = _result_nv(p, kd, dims, frame.swapped)
+    return finish(
+        p, algorithm=kernel.algorithm, path=path, engine=engine, frame=frame, roles=given,
+        kernel=kroles, dims=dims, result=result, result_shape=shape, computed=p.role_dist("d", kd),
+        gather=gather, notes=(), cost=_plan_of(p, kernel, kd if gather else None),
+    )
+
+
+def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
+    """The cheapest fast path the given ``roles`` (a, b, result) fit, else the general path.
+
+    >>> from dmatmul import Replicated, Slab
+    >>> p = Problem(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None))
+    >>> t = one_d(p, ("R", "N", "M"))  # a is cut to its rows: a view, no communication
+    >>> t.path, t.kernel, t.handover("a").target, t.handover("a").copy, t.gather
+    ('AG+GEMM', ('M', 'N', 'M'), Slab.X, None, False)
+    """
+    ga, gb, gd = roles
+    order = {name: i for i, name in enumerate(_plan.ALGORITHMS)}
+    if p.algorithm == "summa":
+        raise ValueError(_needs_message(p))
+    best: tuple[tuple[float, float, int], Translation] | None = None
+    for kernel in KERNELS:
+        if p.algorithm not in ("auto", kernel.algorithm):
+            continue
+        if not all(g == r or g == "R" for g, r in ((ga, kernel.a), (gb, kernel.b))):
+            continue
+        if gd == kernel.d:
+            gather = False
+        elif gd == "R" and p.algorithm == "auto":
+            gather = True
+        else:
+            continue
+        t = _candidate(p, kernel, roles, gather)
+        assert t.cost is not None
+        weight = sum(copy_weights(p, {})[h.operand] for h in t.handovers if h.copy)
+        key = (t.cost.time, weight, order[kernel.algorithm])
+        if best is None or key < best[0]:
+            best = (key, t)
+    if best is not None:
+        return best[1]
+    if p.algorithm != "auto":
+        raise ValueError(_needs_message(p))
+    return _general_1d(p, roles)
+
+
+def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
+    """No cuBLASMp fast path fits: hand the layout over as it is (cuBLASMp's
+    general path); a Replicated result is computed split and allgathered."""
+    ga, gb, gd = roles
+    ka = "M" if ga == "R" else ga
+    kb = "N" if gb == "R" else gb
+    gather = gd == "R"
+    kd: Role = ("M" if ka == "M" else "N") if gather else gd
+    split = {r for r in (ka, kb, kd) if r != "R"}
+    dims = _dims(p, split)
+    by_op: dict[str, Role] = {"a": ka, "b": kb, "c": kd}
+    groles = {"a": ga, "b": gb, "c": "R" if gather else gd}
+    targets = {op: p.role_dist(op, by_op[op]) for op in ("a", "b", "c")}
+    nv_user: dict[str, NvDistribution | None] = {op: _nv_1d(p, op, by_op[op], dims, p.nranks) for op in ("a", "b", "c")}
+    ops = {op: _axis_ops_1d(p, op, groles[op], by_op[op], dims) for op in ("a", "b", "c")}
+    weights = copy_weights(p, {op: True for op in ("a", "b", "c")})
+    frames = [
+        build_frame(p, s, targets=targets, nv_user=nv_user, ops=ops, dims=dims, need_tn=False, pass_c=p.use_c,
+                     engine="cublasmp", weights=weights)
+        for s in (False, True)
+    ]
+    frame = pick(frames, p, "general", "cublasmp")
+    result, shape = _result_nv(p, kd, dims, frame.swapped)
+    # named and modelled as the closest contract algorithm: the cheapest communicating plan the planner
+    # finds for these roles (a local kernel would need a redistribution first, which cuBLASMp does not do as such)
+    plans = _plan.plans(p.sizes(), {"a": ga, "b": gb, "d": gd}, MODEL)
+    closest = next((pl for pl in plans if pl.algorithm != "local"), plans[0])
+    return finish(
+        p, algorithm=closest.algorithm, path="general", engine="cublasmp", frame=frame, roles=roles,
+        kernel=(ka, kb, kd), dims=dims, result=result, result_shape=shape, computed=p.role_dist("d", kd),
+        gather=gather, notes=("no cuBLASMp fast path takes these roles: cuBLASMp's general path runs",),
+        cost=closest,
+    )

@@ -1,0 +1,151 @@
+"""The 2-D translation: operands on a ProcessGrid (BlockCyclic, or
+BlockNonCyclic that is not a 1-D split). Each distribution is handed to
+nvmath as its BlockCyclic data (block sizes must agree per dimension, as
+cuBLASMp requires); a Replicated operand is cut to the reference grid. SUMMA
+runs when a, b and the result share one 2-D grid in nvmath's frame, else
+cuBLASMp's general path; a Replicated result is computed on the grid and
+allgathered by dmatmul.
+"""
+
+from __future__ import annotations
+
+from ...._dimmap import DimMap
+from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
+from ._epilog import finish
+from ._orient import AxisOp, Frame, build_frame, copy_weights
+from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
+
+__all__ = ["two_d"]
+
+
+def _as_block_cyclic(p: Problem, operand: str, name: str, dist: Distribution) -> NvDistribution:
+    """A non-replicated distribution as nvmath BlockCyclic data (user orientation, real extents)."""
+    shape = p.global_shape(operand)
+    stored = p.stored(operand)
+    if isinstance(dist, BlockCyclic):
+        layout = "ROW_MAJOR" if dist.grid.layout == "row" else "COL_MAJOR"
+        return NvDistribution(dist.grid.shape, layout, dist.block_sizes, dist.first_process)  # type: ignore[arg-type]
+    if isinstance(dist, BlockNonCyclic):
+        grid, fp = dist.grid.shape, dist.first_process
+        layout = "ROW_MAJOR" if dist.grid.layout == "row" else "COL_MAJOR"
+    elif isinstance(dist, Slab):
+        grid = (p.nranks, 1) if dist.dim == 0 else (1, p.nranks)
+        fp, layout = (0, 0), "ROW_MAJOR"
+    else:  # pragma: no cover - Replicated is handled by the caller
+        raise TypeError(dist)
+    blocks = []
+    for axis in range(2):
+        parts = grid[axis]
+        if shape[axis] % parts != 0:
+            raise NotImplementedError(
+                f"distribution of {name}: {dist!r} splits {stored[axis]}={shape[axis]} unevenly over {parts} parts "
+                "next to a 2-D grid; the nvmath backend pads uneven splits only when every distribution is 1-D "
+                f"(Slab, Replicated): use BlockCyclic with an explicit block size, or a size divisible by {parts}"
+            )
+        blocks.append(shape[axis] // parts)
+    return NvDistribution(grid, layout, (blocks[0], blocks[1]), fp)  # type: ignore[arg-type]
+
+
+def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
+    """SUMMA when a, b and the result share one 2-D grid in a frame, else the general path.
+
+    >>> from dmatmul import BlockCyclic, ProcessGrid
+    >>> bc = BlockCyclic(ProcessGrid((2, 2)), (4, 4))
+    >>> t = two_d(Problem(16, 16, 16, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
+    >>> t.algorithm, t.path, t.swapped, t.result.grid_layout  # C-order blocks: the swapped frame, grid transposed
+    ('summa', 'SUMMA', True, 'COL_MAJOR')
+    """
+    names = {"a": "a", "b": "b", "c": "result"}
+    dists = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
+    if p.algorithm not in ("auto", "summa"):
+        raise ValueError(
+            f"algorithm={p.algorithm!r} needs 1-D distributions (Slab.X, Slab.Y, Replicated(), or "
+            f"BlockNonCyclic on a (P, 1)/(1, P) grid); given {p.given()}: use algorithm='summa' or 'auto'"
+        )
+    nv: dict[str, NvDistribution | None] = {}
+    blocks: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
+    for op in ("a", "b", "c"):
+        d = dists[op]
+        if isinstance(d, Replicated):
+            nv[op] = None
+            continue
+        nvd = _as_block_cyclic(p, op, names[op], d)
+        nv[op] = nvd
+        for axis, dim in enumerate(p.stored(op)):
+            blocks[dim][names[op]] = nvd.block_sizes[axis]
+    for dim, per in blocks.items():
+        if len(set(per.values())) > 1:
+            raise NotImplementedError(
+                f"block sizes of {dim} differ: " + ", ".join(f"{k} has {v}" for k, v in per.items())
+                + "; cuBLASMp needs one block size per dimension in every operand: give the distributions "
+                f"the same block size along {dim}"
+            )
+    ref = next(nv[op] for op in ("c", "a", "b") if nv[op] is not None)
+    assert ref is not None
+    dims: dict[str, DimPlan] = {}
+    for dim in "MKN":
+        if blocks[dim]:
+            dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), next(iter(blocks[dim].values())))
+        else:
+            dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), max(1, -(-p.size(dim) // max(ref.grid_shape))))
+    targets: dict[str, Distribution] = {}
+    ops: dict[str, tuple[AxisOp, AxisOp]] = {}
+    for op in ("a", "b", "c"):
+        stored = p.stored(op)
+        if nv[op] is None:  # Replicated: cut to the reference grid
+            nv[op] = NvDistribution(ref.grid_shape, ref.grid_layout, (dims[stored[0]].nv_block, dims[stored[1]].nv_block))
+            axis_ops = []
+            for axis in range(2):
+                parts = ref.grid_shape[axis]
+                one_block = dims[stored[axis]].nv_block * parts >= p.size(stored[axis])
+                axis_ops.append("keep" if parts == 1 else "slice" if one_block else "gather")
+            ops[op] = (axis_ops[0], axis_ops[1])  # type: ignore[assignment]
+            targets[op] = nv[op].as_dmatmul()  # type: ignore[union-attr]
+        else:
+            ops[op] = ("keep", "keep")
+            targets[op] = dists[op]
+    gather = isinstance(dists["c"], Replicated)
+    weights = copy_weights(p, {op: True for op in ("a", "b", "c")})
+    nvd_user = nv["c"]
+    assert nvd_user is not None
+
+    def grid_path(frame: Frame) -> tuple[bool, Path, list[str]]:
+        result = nvd_user.transposed() if frame.swapped else nvd_user
+        shape = (p.n, p.m) if frame.swapped else (p.m, p.n)
+        grids = {(h.distribution.grid_shape, h.distribution.grid_layout)  # type: ignore[union-attr]
+                 for h in frame.handovers if h.slot in ("A", "B")} | {(result.grid_shape, result.grid_layout)}
+        shared = len(grids) == 1 and not result.is_1d
+        if not shared:
+            return False, "general", ["the operands do not share one 2-D grid: cuBLASMp's general path runs"]
+        nprow, npcol = result.grid_shape
+        if result.block_sizes[0] == shape[0] // nprow or result.block_sizes[1] == shape[1] // npcol:
+            return True, "general", [
+                "one shared 2-D grid, but the result's block size equals M/nprow or N/npcol, for which nvmath "
+                "steers cuBLASMp away from SUMMA: expect its general path"
+            ]
+        return True, "SUMMA", []
+
+    # the frame keeping one shared grid (SUMMA) wins over fewer copies; then fewer copies, then C-order result
+    options = []
+    for swap in (False, True):
+        frame = build_frame(p, swap, targets=targets, nv_user=nv, ops=ops, dims=dims, need_tn=False,
+                             pass_c=p.use_c, engine="cublasmp", weights=weights, prefer=swap)
+        shared, path, notes = grid_path(frame)
+        options.append(((0 if path == "SUMMA" else 1, 0 if shared else 1, frame.weight, 0 if swap else 1),
+                        frame, path, notes, shared))
+    _, frame, path, notes, shared = min(options, key=lambda o: o[0])
+    if p.algorithm == "summa" and not any(o[4] for o in options):
+        raise ValueError(
+            f"algorithm='summa' needs a, b and the result on one shared 2-D ProcessGrid (Replicated() also "
+            f"fits); given {p.given()}; or use algorithm='auto'"
+        )
+    result = nvd_user.transposed() if frame.swapped else nvd_user
+    shape = (p.n, p.m) if frame.swapped else (p.m, p.n)
+    if any(nvd.first_process != (0, 0) for nvd in nv.values() if nvd is not None):
+        notes.append("first_process != (0, 0): nvmath 1.0 may accept it only on cuBLASMp's general/local paths")
+    computed = dists["c"] if not gather else nvd_user.as_dmatmul()
+    return finish(
+        p, algorithm="summa", path=path, engine="cublasmp", frame=frame, roles=tuple(roles),  # type: ignore[arg-type]
+        kernel=None, dims=dims, result=result, result_shape=shape, computed=computed, gather=gather,
+        notes=tuple(notes), cost=None,
+    )
