@@ -71,7 +71,7 @@ def _axis_ops_1d(p: Problem, operand: str, given: Role, role: Role, dims: dict[s
             ops.append("keep")
         else:  # a Replicated operand cut to a Slab: a contiguous range
             ops.append("slice")
-    return ops[0], ops[1]  # type: ignore[return-value]
+    return ops[0], ops[1]
 
 
 def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) -> tuple[NvDistribution, tuple[int, int]]:
