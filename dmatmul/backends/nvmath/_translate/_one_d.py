@@ -83,7 +83,13 @@ def _result_nv(p: Problem, role: Role, dims: dict[str, DimPlan], swapped: bool) 
 
 
 def one_rank(p: Problem) -> Translation:
-    """One rank: a local GEMM in cuBLASMp (every distribution holds everything)."""
+    """One rank: a local GEMM in cuBLASMp (every distribution holds everything).
+
+    Any named algorithm runs as that GEMM, but SUMMA only when an operand is on
+    a (1x1) process grid, as on every backend: it is the grid algorithm.
+    """
+    if p.algorithm == "summa" and not any(d.grid is not None and d.grid.ndim == 2 for d in p.distributions):
+        raise ValueError(_needs_message(p))
     dims = _dims(p, ())
     targets = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
     nv_user = {op: _nv_1d(p, op, "R", dims, 1) for op in ("a", "b", "c")}
