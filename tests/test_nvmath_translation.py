@@ -188,7 +188,6 @@ def check_nvmath_rules(tr):
     "dmatmul.backends.nvmath._translate._orient", "dmatmul.backends.nvmath._translate._epilog",
     "dmatmul.backends.nvmath._translate._one_d", "dmatmul.backends.nvmath._translate._two_d",
     "dmatmul.backends.nvmath._translate._describe", "dmatmul.backends.nvmath._engine", "dmatmul.backends.nvmath",
-    "dmatmul._dimmap",
 ])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

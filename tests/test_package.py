@@ -41,7 +41,7 @@ def test_public_names_resolve():
 
 @pytest.mark.parametrize(
     "module",
-    ["dmatmul._distribution", "dmatmul._cost", "dmatmul._plan", "dmatmul.layout", "dmatmul.backends.jax._layout"],
+    ["dmatmul._distribution", "dmatmul._cost", "dmatmul._plan", "dmatmul.layout", "dmatmul._dimmap"],
 )
 def test_doctests(module):
     if module.startswith("dmatmul.backends.jax"):
