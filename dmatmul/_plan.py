@@ -337,7 +337,7 @@ def needs_message(
     return (
         f"algorithm={algorithm!r} does not fit the distributions {given} "
         f"(transpose_a={ta}, transpose_b={tb}){on}; it needs one of: {', '.join(options)} "
-        "(Replicated() also fits wherever a Slab is needed); or use algorithm='auto'"
+        "(Replicated() also fits wherever a Slab is needed for a or b); or use algorithm='auto'"
     )
 
 
