@@ -119,12 +119,9 @@ class _LazyBackend:
     def start(self, runtime: Any) -> Any:
         """nvmath.distributed's NCCL communicator over the runtime's processes
         (checked on every rank first: one rank without a GPU fails them all)."""
-        from ... import _runtime
         from . import _engine
 
-        if _engine._context is None:
-            _runtime.agree(_engine.preflight, "dmatmul (nvmath start-up)")
-        ctx = _engine.context(runtime.size > 1)
+        ctx = _engine.start(runtime.size > 1)
         return dataclasses.replace(runtime, device=f"cuda:{ctx.device_id}")
 
     def stop(self) -> None:

@@ -89,9 +89,7 @@ class NvmathPlan:
         self.spec = spec
         if not spec.spmd:
             _check_devices(spec.devices)
-        if _engine._context is None:
-            _runtime.agree(_engine.preflight, "dmatmul (nvmath start-up)")
-        self.ctx = _engine.context(spec.spmd)  # the same start-up as BACKEND.start (idempotent)
+        self.ctx = _engine.start(spec.spmd)  # the same start-up as BACKEND.start (idempotent)
         arrays = self._arrays(operands)
         self._xp = _xp(arrays)
         a, b, c, _ = arrays

@@ -34,7 +34,7 @@ from ... import _runtime
 from ._pipeline import Prepared
 from ._translate import NvDistribution, Translation
 
-__all__ = ["Context", "context", "requested_backends", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine",
+__all__ = ["Context", "start", "context", "requested_backends", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine",
            "nvmath_version"]
 
 BACKENDS_ENV = "DMATMUL_NVMATH_BACKENDS"
@@ -105,6 +105,15 @@ def preflight() -> None:
 
     if int(cupy.cuda.runtime.getDeviceCount()) < 1:
         raise RuntimeError("the nvmath backend needs a CUDA GPU and none is visible on this rank")
+
+
+def start(spmd: bool) -> Context:
+    """The runtime, started once: the local checks on every rank first (one
+    rank without a GPU fails them all), then :func:`context`. Used by the
+    backend's ``start`` and by every plan."""
+    if _context is None:
+        _runtime.agree(preflight, "dmatmul (nvmath start-up)")
+    return context(spmd)
 
 
 def context(spmd: bool) -> Context:
