@@ -349,6 +349,9 @@ def test_bench_runs_end_to_end(tmp_path, capsys, monkeypatch):
         if r["impl"].startswith("dmatmul:"):
             assert r["max_rel_err"] < 1e-4 and r["algorithm"]
             assert r["lower_bound_bytes"] > 0 and r["regime"] == "3-D"
+        if r["impl"] != "numpy" and r["impl"] != "xla-1dev":  # peak memory per rank against the ideal
+            assert r["peak_bytes"] > 0 and r["ideal_bytes"] > 0
+            assert math.isfinite(r["memory_ratio"]) and r["memory_ratio"] >= 1.0
     impls = {r["impl"] for r in rows if r["layout"] == "YXY"}
     assert {"dmatmul:auto", "dmatmul:reduce_scatter", "dmatmul:allreduce"} <= impls
     assert "dmatmul:allgather" not in impls  # does not fit (Slab.Y, Slab.X, Slab.Y)
@@ -356,6 +359,28 @@ def test_bench_runs_end_to_end(tmp_path, capsys, monkeypatch):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "no plot" in text
+
+
+def test_bench_reports_peak_memory_on_a_grid(tmp_path, capsys, monkeypatch):
+    """SUMMA (and XLA on the same 2-D layout): the compiled program's peak bytes
+    per rank and its ratio to the ideal (blocks of a, b, result + one A and one B panel)."""
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    out = tmp_path / "g.json"
+    args = parse("--sizes", "96", "--devices", "8", "--layouts", "GGG", "--reps", "1", "--warmup", "0",
+                 "--algorithms", "auto,summa", "--peers", "xla,numpy", "--json", str(out), "--plot", "",
+                 "--no-progress")
+    assert _bench.run(args) == 0
+    text = capsys.readouterr().out
+    assert "peak MiB" in text and "/ideal" in text and "MISMATCH" not in text
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
+    summa = rows["dmatmul:summa"]
+    itemsize = 4
+    blocks = 3 * (96 // 2) * (96 // 4) * itemsize  # a, b and the result: one 48x24 block each on the 2x4 grid
+    assert summa["ideal_bytes"] > blocks  # plus one panel of A and one of B
+    for impl in ("dmatmul:auto", "dmatmul:summa", "xla"):
+        ratio = rows[impl]["memory_ratio"]
+        assert rows[impl]["peak_bytes"] >= blocks and math.isfinite(ratio) and ratio >= 1.0
+    assert rows["numpy"]["memory_ratio"] is None
 
 
 def test_bench_bfloat16(tmp_path, capsys, monkeypatch):

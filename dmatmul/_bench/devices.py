@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .peers import dmatmul_plans, named_algorithms, plan_facts, shardings, xla_dot
+from .peers import compiled_peak_bytes, dmatmul_plans, memory_facts, named_algorithms, plan_facts, shardings, xla_dot
 from .problem import TOL, as_dtype, operands, parse_layout, rel_err
 from .report import show_group
 from .timing import IdleWaiter, Progress, Result, Runner, blocking, time_interleaved
@@ -78,14 +78,16 @@ def _bench_group_devices(
 
     plans = dmatmul_plans(ja, jb, dists, args, devices=p)
     for algorithm, mm in plans.items():
-        res = new(f"dmatmul:{algorithm}", **plan_facts(mm, n, p, itemsize, platform_name))
+        res = new(f"dmatmul:{algorithm}", **plan_facts(mm, n, p, itemsize, platform_name), **memory_facts(mm))
         if algorithm == "auto" and args.explain:
             progress.note(mm.explain())
         runners[res.impl] = blocking(mm.execute)
 
     if "xla" in args.peers:
         f = jax.jit(xla_dot(dtype), in_shardings=(shard["a"], shard["b"]), out_shardings=shard["d"])
-        new("xla")
+        # its memory against the ideal of dmatmul auto's plan for the same layout
+        auto = results.get("dmatmul:auto")
+        new("xla", peak_bytes=compiled_peak_bytes(f, ja, jb), ideal_bytes=auto.ideal_bytes if auto else None)
         runners["xla"] = blocking(f, ja, jb)
     if "xla-1dev" in args.peers:
         d0 = devices[0]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .peers import dmatmul_plans, named_algorithms, plan_facts, shardings, xla_dot
+from .peers import compiled_peak_bytes, dmatmul_plans, memory_facts, named_algorithms, plan_facts, shardings, xla_dot
 from .problem import TOL, as_dtype, operands, parse_layout, rel_err
 from .report import show_group
 from .timing import IdleWaiter, Progress, Result, Runner, blocking, time_interleaved
@@ -109,7 +109,7 @@ def _bench_group_processes(
 
     plans = dmatmul_plans(la, lb, dists, args)
     for algorithm, mm in plans.items():
-        res = new(f"dmatmul:{algorithm}", **plan_facts(mm, n, p, itemsize, me.platform))
+        res = new(f"dmatmul:{algorithm}", **plan_facts(mm, n, p, itemsize, me.platform), **memory_facts(mm))
         if algorithm == "auto" and args.explain and rank == 0:
             progress.note(mm.explain())
         runners[res.impl] = blocking(mm.execute)
@@ -118,7 +118,9 @@ def _bench_group_processes(
         ga = jax.make_array_from_single_device_arrays((n, n), shard["a"], [la])
         gb = jax.make_array_from_single_device_arrays((n, n), shard["b"], [lb])
         f = jax.jit(xla_dot(dtype), in_shardings=(shard["a"], shard["b"]), out_shardings=shard["d"])
-        new("xla", note="multi-process jit")
+        auto = results.get("dmatmul:auto")
+        new("xla", note="multi-process jit", peak_bytes=compiled_peak_bytes(f, ga, gb),
+            ideal_bytes=auto.ideal_bytes if auto else None)
         runners["xla"] = blocking(f, ga, gb)
     if "numpy" in args.peers:
         new("numpy", note="1 process, all cores, other ranks asleep")

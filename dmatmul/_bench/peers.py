@@ -98,6 +98,31 @@ def plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> di
     return facts
 
 
+def memory_facts(mm: Any) -> dict[str, Any]:
+    """Peak bytes per rank of a planned Matmul's compiled program (XLA's memory
+    analysis: arguments + outputs + temporaries - aliased) and the ideal (this
+    rank's blocks of a, b and the result plus one buffer of what travels), where
+    the backend's plan reports them (``compiled_memory``, ``ideal_memory_bytes``:
+    the JAX backend)."""
+    from .._matmul import plan_of
+
+    plan = plan_of(mm)
+    compiled, ideal = getattr(plan, "compiled_memory", None), getattr(plan, "ideal_memory_bytes", None)
+    if compiled is None or ideal is None:
+        return {}
+    return {"peak_bytes": compiled()["peak"], "ideal_bytes": ideal()}
+
+
+def compiled_peak_bytes(fn: Any, *args: Any) -> float:
+    """Peak bytes per device of a jitted function on ``args`` (XLA's memory
+    analysis: arguments + outputs + temporaries - aliased)."""
+    stats = fn.lower(*args).compile().memory_analysis()
+    return float(
+        stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+        - stats.alias_size_in_bytes
+    )
+
+
 def named_algorithms(args: argparse.Namespace) -> list[AlgorithmName]:
     """``--algorithms`` (checked), or auto and every named algorithm."""
     if args.algorithms is not None:

@@ -52,7 +52,7 @@ def format_group(results: Sequence[Result]) -> str:
     cols = f"{'implementation':34s} {'median ms':>9s} {'min':>8s} {'max':>8s} {'GFLOP/s':>8s}"
     for name in peers:
         cols += f" {'x ' + name:>9s}"
-    cols += f" {'pred ms':>8s} {'MiB/rank':>9s} {'/bound':>6s}"
+    cols += f" {'pred ms':>8s} {'MiB/rank':>9s} {'/bound':>6s} {'peak MiB':>8s} {'/ideal':>6s}"
     lines = [head, cols, "-" * len(cols)]
     for r in results:
         if not r.times:
@@ -67,6 +67,9 @@ def format_group(results: Sequence[Result]) -> str:
             else "-"
         )
         line += f" {_ms(r.predicted_s):>8s} {mb:>9s} {bound:>6s}"
+        peak = "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.1f}"
+        ratio = "-" if r.memory_ratio is None else f"{r.memory_ratio:.2f}"
+        line += f" {peak:>8s} {ratio:>6s}"
         if r.note:
             line += f"  [{r.note}]"
         lines.append(line)

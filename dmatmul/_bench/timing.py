@@ -160,6 +160,8 @@ class Result:
     lower_bound_bytes: float | None = None
     regime: str | None = None
     max_rel_err: float | None = None
+    peak_bytes: float | None = None  # per rank, XLA's memory analysis of the compiled program
+    ideal_bytes: float | None = None  # per rank: blocks of a, b, result + one travelling buffer
     waited_s: float | None = None  # --wait-idle: time spent waiting for an idle machine
     note: str | None = None
 
@@ -170,6 +172,13 @@ class Result:
     @property
     def median(self) -> float:
         return float(np.median(self.times))
+
+    @property
+    def memory_ratio(self) -> float | None:
+        """Peak memory per rank over the ideal (None where either is unknown)."""
+        if self.peak_bytes is None or not self.ideal_bytes:
+            return None
+        return self.peak_bytes / self.ideal_bytes
 
     @property
     def gflops(self) -> float:
@@ -199,6 +208,7 @@ class Result:
             min_s=float(min(self.times)),
             max_s=float(max(self.times)),
             gflops=self.gflops,
+            memory_ratio=self.memory_ratio,
             ratio_to={name: p.median / self.median for name, p in peers.items()},
             paired_ratio_to={name: self.paired_ratio(p) for name, p in peers.items()},
         )

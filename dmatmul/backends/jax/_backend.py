@@ -340,6 +340,53 @@ class JaxPlan:
         """The planner's plan: modelled bytes, messages, flops and time per rank."""
         return self.plan
 
+    # -- memory ---------------------------------------------------------------------
+    def ideal_memory_bytes(self) -> float:
+        """The least a rank can hold for this product: its blocks of a, b and the
+        result (the largest over ranks, unpadded) plus one buffer of what travels:
+        for ``summa`` one op(A) panel and one op(B) panel, for ``allgather`` one
+        block of the moving operand, for ``reduce_scatter`` and ``allreduce`` one
+        partial result (accumulation dtype), for ``local`` nothing."""
+        spec, p = self.spec, self.nranks
+        info = spec.dtype_info
+        shapes = {"a": spec.a_shape, "b": spec.b_shape, "d": (spec.m, spec.n)}
+        blocks = 0
+        for op, dist in zip("abd", self.distributions):
+            blocks += max(int(np.prod(dist.shape(r, shapes[op], p))) for r in range(p))
+        kern = self.plan.kernel
+        if kern.algorithm == "summa":
+            sched = self.local.summa
+            assert sched is not None
+            m_loc = self.kernel["a"].block[1 if spec.transpose_a else 0]
+            n_loc = self.kernel["b"].block[0 if spec.transpose_b else 1]
+            travel = sched.width * (m_loc + n_loc) * info.itemsize
+        elif kern.algorithm == "allgather" and kern.moving in ("a", "b"):
+            travel = int(np.prod(self.kernel[kern.moving].block)) * info.itemsize
+        elif kern.algorithm in ("reduce_scatter", "allreduce"):
+            travel = int(np.prod(self.kernel["d"].block)) * info.acc_itemsize
+        else:
+            travel = 0
+        return float(blocks * info.itemsize + travel)
+
+    def compiled_memory(self) -> dict[str, float]:
+        """Bytes per rank of the compiled product, from XLA's memory analysis of the
+        jitted program on padded operands (what runs under mpiexec, and for numpy
+        operands): ``arguments``, ``outputs``, ``temporaries``, ``aliased`` and
+        ``peak`` = arguments + outputs + temporaries - aliased (no c, no bias)."""
+        fn = self._function("padded")
+        args = [jax.ShapeDtypeStruct(self.given[op].shape, jnp.dtype(self.spec.dtype), sharding=self.sharding(op))
+                for op in "ab"]
+        with contextlib.nullcontext() if self.spec.spmd else jax.set_mesh(self.geom.mesh):
+            stats = fn.lower(*args, None, None).compile().memory_analysis()
+        out = {
+            "arguments": float(stats.argument_size_in_bytes),
+            "outputs": float(stats.output_size_in_bytes),
+            "temporaries": float(stats.temp_size_in_bytes),
+            "aliased": float(stats.alias_size_in_bytes),
+        }
+        out["peak"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
+        return out
+
     # -- the jitted function ------------------------------------------------------
     def sharding(self, operand: str) -> NamedSharding:
         """Where ``operand`` ("a", "b", "d") lives as given (padded space)."""
