@@ -47,11 +47,11 @@ def main() -> int:
     jax.config.update("jax_num_cpu_devices", 8)
     import jax.numpy as jnp
     from jax import lax
-    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import dmatmul as dm
     from dmatmul._bench import IdleWaiter, time_interleaved
+    from dmatmul._matmul import plan_of
     from dmatmul.backends.jax import _kernels
 
     hi = lax.Precision.HIGHEST
@@ -77,22 +77,27 @@ def main() -> int:
                 grid = dm.ProcessGrid(shape, layout=layout)
                 dist = dm.BlockNonCyclic(grid)
                 runners = {}
-                mesh = None
+                # device-resident operands in the plan's own shardings (numpy operands would time the
+                # host-to-device copies of every call too)
+                probe = plan_of(dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8))
+                mesh = probe.geom.mesh
+                sa, sb, sd = (probe.sharding(op) for op in "abd")
+                xa, xb = jax.device_put(a, sa), jax.device_put(b, sb)
                 for name, kern in variants.items():
                     if only and name not in only and name != "psum":
                         continue
-                    mm = dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8)
+                    # a plan of its own: the backend's plan cache would hand every variant the plan (and
+                    # the jitted function) compiled with the first kernel
+                    dm.backends.get("jax")._plans.clear()
+                    mm = dm.Matmul(xa, xb, distribution=dist, algorithm="summa", devices=8)
                     mm.plan()
                     _kernels.summa = kern if kern is not None else shipped
                     try:
                         jax.block_until_ready(mm.execute())  # traced and compiled with this kernel
                     finally:
                         _kernels.summa = shipped
-                    mesh = mm._plan.geom.mesh
                     runners[name] = (lambda mm=mm: jax.block_until_ready(mm.execute()))
-                s2 = NamedSharding(mesh, P("r", "c"))
-                xa, xb = jax.device_put(a, s2), jax.device_put(b, s2)
-                f = jax.jit(lambda x, y: jnp.dot(x, y, precision=hi), in_shardings=(s2, s2), out_shardings=s2)
+                f = jax.jit(lambda x, y: jnp.dot(x, y, precision=hi), in_shardings=(sa, sb), out_shardings=sd)
                 runners["xla"] = lambda f=f, xa=xa, xb=xb: jax.block_until_ready(f(xa, xb))
 
                 def gather_both(x, y):
