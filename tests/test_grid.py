@@ -203,20 +203,24 @@ def test_redistribute_bad_arguments():
         dm.redistribute(np.ones((4, 4)), dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 2)), (1, 1)), devices=8)
 
 
-@pytest.mark.parametrize("variant", ["ring-a", "ring-b", "psum-unrolled"])
-@pytest.mark.parametrize("shape, layout, blocks", [((2, 4), "col", (3, 2)), ((4, 2), "row", (1, 5))])
-def test_summa_variants_of_the_benchmark(variant, shape, layout, blocks, monkeypatch):
-    """The SUMMA variants benchmarks/summa.py measures against the shipped kernel are right too."""
+@pytest.mark.parametrize("ring", ["a", "b"])
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("shape, layout, blocks", [
+    ((2, 4), "col", (3, 2)), ((4, 2), "row", (1, 5)), ((2, 4), "row", None), ((4, 2), "col", None),
+])
+def test_summa_ring_choices(ring, gather, shape, layout, blocks, monkeypatch):
+    """Every route of the SUMMA kernel is right: either operand on the ring, the
+    other one gathered once or broadcast a panel per step (the planner picks the
+    ring along the longer grid axis and the broadcast where the K maps allow)."""
     import functools
 
     from dmatmul.backends.jax import _kernels
 
-    kern = {"ring-a": functools.partial(_kernels.summa_ring, ring="a"),
-            "ring-b": functools.partial(_kernels.summa_ring, ring="b"),
-            "psum-unrolled": functools.partial(_kernels.summa, unroll=True)}[variant]
-    monkeypatch.setattr(_kernels, "summa", kern)
+    monkeypatch.setattr(_kernels, "summa", functools.partial(_kernels.summa, ring=ring, gather=gather))
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})  # no plan compiled with another kernel
-    a, b, c = operands(hash((variant, shape, layout)) % 1000, 13, 11, 17, False, True)
-    d = dm.BlockCyclic(dm.ProcessGrid(shape, layout=layout), blocks)
+    k = 17 if blocks else 24  # 24: every travelling block meets one owner's run (the per-step broadcast)
+    a, b, c = operands(hash((ring, gather, shape, layout)) % 1000, 13, 11, k, False, True)
+    grid = dm.ProcessGrid(shape, layout=layout)
+    d = dm.BlockCyclic(grid, blocks) if blocks else dm.BlockNonCyclic(grid)
     got = dm.matmul(a, b, c, beta=0.5, distribution=d, transpose_b=True, algorithm="summa", devices=8)
     assert_close(got, reference(a, b, c, beta=0.5, transpose_b=True), "float32")

@@ -578,9 +578,20 @@ class JaxPlan:
         if kern.algorithm == "summa":
             sched = self.local.summa
             assert sched is not None
+            rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]
+            ta, tb = self.spec.transpose_a, self.spec.transpose_b
+            len_ka = max(self.kernel["a"].block[0 if ta else 1], sched.extent_a)
+            len_kb = max(self.kernel["b"].block[1 if tb else 0], sched.extent_b)
+            ring, gathered = _kernels.summa_route(sched, rows, cols, len_ka, len_kb)
+            moving, along, steps, other, down = (
+                ("op(A)", "grid rows", cols, "op(B)", "grid columns") if ring == "a"
+                else ("op(B)", "grid columns", rows, "op(A)", "grid rows")
+            )
             what = (
-                f"SUMMA on the {geom.mesh.shape['r']}x{geom.mesh.shape['c']} grid: {len(sched.owner_col)} K panels "
-                f"of width {sched.width}, op(A) panels broadcast along grid rows, op(B) along grid columns"
+                f"SUMMA on the {rows}x{cols} grid ({len(sched.owner_col)} K panels of width {sched.width}): "
+                f"{moving} blocks ride a ppermute ring along {along} ({steps} steps), "
+                + (f"{other} all-gathered once along {down}" if gathered
+                   else f"{other}'s matching panel broadcast along {down} at each step")
             )
         else:
             what = {

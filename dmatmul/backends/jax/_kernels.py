@@ -41,8 +41,9 @@ __all__ = [
     "ring_allgathers",
     "ring_order",
     "ring_reduce_scatter",
+    "rooted_broadcast",
     "summa",
-    "summa_ring",
+    "summa_route",
     "summa_tables",
     "varying_zeros",
 ]
@@ -279,83 +280,143 @@ def summa_tables(
     return table, contiguous
 
 
-def summa_ring(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None) -> jax.Array:
-    """SUMMA on the ("r", "c") mesh as one ring and one all-gather.
+def summa_route(
+    sched: SummaSchedule, rows: int, cols: int, len_ka: int, len_kb: int, ring: str | None = None
+) -> tuple[str, bool]:
+    """How :func:`summa` runs: which operand rides the ring (``"a"`` along the grid
+    row, ``"b"`` along the grid column: the longer grid axis unless ``ring`` says)
+    and whether the other operand is all-gathered once (True) or its matching
+    panel broadcast at each step (False: where every travelling block meets one
+    contiguous run of one owner's K, as for ``BlockNonCyclic``). ``len_ka`` and
+    ``len_kb`` are the local (padded) K extents of op(A) and op(B)."""
+    if ring is None:
+        ring = "a" if cols >= rows else "b"
+    n_ring = cols if ring == "a" else rows
+    len_t, len_o = (len_ka, len_kb) if ring == "a" else (len_kb, len_ka)
+    table, contiguous = summa_tables(sched, ring, n_ring, rows * cols // n_ring, len_t, len_o)
+    starts = table[:, 0]
+    panel_per_step = contiguous and len_o % len_t == 0 and not np.any(starts % len_t)
+    return ring, not panel_per_step
 
-    One operand travels around a ring of ``ppermute``s along its grid axis (op(A)'s
-    K blocks along the grid row "c", or op(B)'s along the grid column "r": the
-    ring kernel of the 1-D AllGather+GEMM, whose transfers overlap the GEMMs);
-    the other is all-gathered once (tiled) along the other grid axis, and each
-    travelling block meets the rows of it that hold the same k (a slice when the
-    K maps line up, as for ``BlockNonCyclic``; a gather, done once, otherwise).
-    The ring runs along the longer grid axis (``ring``: "a" or "b" to choose),
-    so the gathered copy is the smaller one. Against the textbook SUMMA (a
-    masked ``psum`` per panel, ``summa``) no byte of zeros is reduced, and
-    there are ``P - 1`` steps per ring instead of one per panel. Measured on 8
-    simulated CPU devices (``benchmarks/summa.py``) it is no faster than
-    ``summa`` (paired 0.80-1.10x, within the noise of a shared 2-core machine)
-    and holds a gathered copy of one operand, so dmatmul does not run it;
-    correct on every grid test when it did (``tests/test_grid.py``).
+
+def _gathered_panels(
+    other: jax.Array, k_other: int, gather_axis: str, table: np.ndarray, contiguous: bool, len_t: int, len_o: int
+) -> tuple[jax.Array, jax.Array]:
+    """The other operand all-gathered as panels on a leading axis, and which panel
+    meets each owner of the travelling operand: ``panels[index[q]]`` holds (K
+    along ``k_other``, as ``other`` stores it) the ``len_t`` positions of K that
+    owner ``q``'s block meets, so each ring step reads one contiguous panel (a
+    strided slice of the K columns of a row-major block is copied every step).
+
+    Where each owner's positions are a run starting on a multiple of ``len_t``
+    inside one rank's block, the local block is cut into panels *before* the
+    all-gather (a free reshape when K is its leading axis); else the gathered
+    positions are laid out per owner by one ``take`` (zeros where a position
+    meets nothing)."""
+    n_own = table.shape[0]
+    if contiguous and len_o % len_t == 0 and not np.any(table[:, 0] % len_t):
+        split = other.reshape((len_o // len_t, len_t, -1) if k_other == 0 else (-1, len_o // len_t, len_t))
+        if k_other == 1:
+            split = jnp.transpose(split, (1, 0, 2))
+        panels = lax.all_gather(split, gather_axis, axis=0, tiled=True)
+        return panels, jnp.asarray(table[:, 0] // len_t, dtype=jnp.int32)
+    gathered = lax.all_gather(other, gather_axis, axis=k_other, tiled=True)
+    laid = jnp.take(gathered, jnp.asarray(table.reshape(-1)), axis=k_other, mode="fill", fill_value=0)
+    if k_other == 0:
+        panels = laid.reshape(n_own, len_t, -1)
+    else:
+        panels = jnp.transpose(laid.reshape(-1, n_own, len_t), (1, 0, 2))
+    return panels, jnp.arange(n_own, dtype=jnp.int32)
+
+
+def rooted_broadcast(x: jax.Array, axis: str, n: int, root: jax.Array) -> jax.Array:
+    """``x`` of position ``root`` (traced: it may differ between the groups of the
+    other mesh axis) on every rank of mesh axis ``axis`` (``n`` ranks):
+    ``ceil(log2 n)`` rounds of one ``ppermute`` (round ``d``: every rank sends
+    ``d`` ahead and the ranks ``d .. 2d - 1`` after the root keep what came).
+    Unlike a masked ``psum`` nothing is added and no zeros travel; for ``n = 2``
+    it is one swap."""
+    if n == 1:
+        return x
+    rel = (lax.axis_index(axis) - root) % n
+    d = 1
+    while d < n:
+        got = lax.ppermute(x, axis, [(i, (i + d) % n) for i in range(n)])
+        x = jnp.where((rel >= d) & (rel < 2 * d), got, x)
+        d *= 2
+    return x
+
+
+def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None, gather: bool | None = None) -> jax.Array:
+    """SUMMA on the ("r", "c") mesh as a ring: the operand split along the longer
+    grid axis travels (op(A)'s K blocks around the grid row "c", or op(B)'s around
+    the grid column "r"; ``ring`` "a" or "b" to choose), one ``ppermute`` per
+    step, and each travelling block meets the rows (columns) of the other operand
+    that hold the same k:
+
+    * by default, where they are one contiguous run of one owner's K
+      (``BlockNonCyclic``), that panel is broadcast along the other grid axis
+      at each step (:func:`rooted_broadcast`) in a rolled loop: the memory of
+      one travelling block and one panel beyond the local blocks;
+    * else (or ``gather=True``) the other operand is all-gathered once, laid
+      out as contiguous panels (:func:`_gathered_panels`), and the ring is
+      unrolled (``ring_allgather``).
+
+    Against the textbook SUMMA (one masked ``psum`` per K panel, an all-reduce
+    of mostly zeros: twice the bytes of a broadcast, and the reduction's reads)
+    this moves each byte once: measured on 8 simulated CPU devices
+    (``benchmarks/summa.py``, paired) 1.09-1.18x the psum kernel at n=2048 and
+    1.02-1.07x at n=4096; the gathered route was as fast but holds R (or C)
+    times a local block (peak memory 2.0x the ideal against 1.56x).
     """
     sched, ax = lp.summa, lp.axes
     assert sched is not None
     a, b = _pad_to_extents(lp, a, b)
     rows, cols = lax.axis_size("r"), lax.axis_size("c")
-    if ring is None:
-        ring = "a" if cols >= rows else "b"
-    if ring == "a":  # a's blocks ride the grid row; b is gathered down the grid column
-        moving, m_axis, k_moving, other, k_other, n_ring, gather_axis = a, "c", ax["aK"], b, ax["bK"], cols, "r"
+    ring, gathered = summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]], ring)
+    if gather is not None:
+        gathered = gather or gathered  # the per-step panel needs the contiguous case
+    if ring == "a":  # a's blocks ride the grid row; b's panels come down the grid column
+        moving, m_axis, k_moving, other, k_other, n_ring, o_axis = a, "c", ax["aK"], b, ax["bK"], cols, "r"
     else:
-        moving, m_axis, k_moving, other, k_other, n_ring, gather_axis = b, "r", ax["bK"], a, ax["aK"], rows, "c"
+        moving, m_axis, k_moving, other, k_other, n_ring, o_axis = b, "r", ax["bK"], a, ax["aK"], rows, "c"
     len_t, len_o = moving.shape[k_moving], other.shape[k_other]
-    table, contiguous = summa_tables(sched, ring, n_ring, rows * cols // n_ring, len_t, len_o)
-    gathered = lax.all_gather(other, gather_axis, axis=k_other, tiled=True)
-    if contiguous:
-        start = jnp.asarray(table[:, 0], dtype=jnp.int32)
-    else:  # one gather (done once) lays the rows out per owner: owner q's at q * len_t
-        gathered = jnp.take(gathered, jnp.asarray(table.reshape(-1)), axis=k_other, mode="fill", fill_value=0)
-        start = jnp.asarray(np.arange(n_ring) * len_t, dtype=jnp.int32)
+    n_other = rows * cols // n_ring
+    table, contiguous = summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
 
-    def step(acc: jax.Array, blk: jax.Array, q: jax.Array) -> jax.Array:
-        rows_q = lax.dynamic_slice_in_dim(gathered, start[q], len_t, axis=k_other)
-        return acc + (lp.mm(blk, rows_q) if ring == "a" else lp.mm(rows_q, blk))
+    def meet(blk: jax.Array, panel: jax.Array) -> jax.Array:
+        return lp.mm(blk, panel) if ring == "a" else lp.mm(panel, blk)
 
-    acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
-    return ring_allgather(moving, acc, step, n_ring, m_axis)
+    if gathered:
+        panels, index = _gathered_panels(other, k_other, o_axis, table, contiguous, len_t, len_o)
 
+        def step(acc: jax.Array, blk: jax.Array, q: jax.Array) -> jax.Array:
+            return acc + meet(blk, lax.dynamic_index_in_dim(panels, index[q], 0, keepdims=False))
 
-def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, unroll: int | bool = 1) -> jax.Array:
-    """Textbook SUMMA on the ("r", "c") mesh (the kernel dmatmul runs; ``summa_ring``
-    was measured against it in ``benchmarks/summa.py`` and did not win): op(A) panels are broadcast along grid rows,
-    op(B) panels along grid columns (a masked psum over the axis: an all-reduce
-    of mostly zeros), and each step's broadcast is issued before the previous
-    panel's GEMM, which does not depend on it."""
-    sched, ax = lp.summa, lp.axes
-    assert sched is not None
-    width = sched.width
-    owner_col, offset_a, owner_row, offset_b = (
-        jnp.asarray(t, dtype=jnp.int32) for t in (sched.owner_col, sched.offset_a, sched.owner_row, sched.offset_b)
-    )
-    col, row = lax.axis_index("c"), lax.axis_index("r")
-    zero = jnp.zeros((), a.dtype)
-    a, b = _pad_to_extents(lp, a, b)
+        acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
+        return ring_allgather(moving, acc, step, n_ring, m_axis)
 
-    def panels(t: jax.Array | int) -> tuple[jax.Array, jax.Array]:
-        pa = lax.dynamic_slice_in_dim(a, offset_a[t], width, axis=ax["aK"])
-        pb = lax.dynamic_slice_in_dim(b, offset_b[t], width, axis=ax["bK"])
-        return (
-            lax.psum(jnp.where(col == owner_col[t], pa, zero), "c"),
-            lax.psum(jnp.where(row == owner_row[t], pb, zero), "r"),
-        )
+    owner = jnp.asarray(table[:, 0] // len_o, dtype=jnp.int32)
+    offset = jnp.asarray(table[:, 0] % len_o, dtype=jnp.int32)
+    idx = lax.axis_index(m_axis)
+    perm = [(i, (i - 1) % n_ring) for i in range(n_ring)]  # rank r holds block (r + s) mod n at step s
 
-    def one(t: jax.Array, carry: tuple[jax.Array, tuple[jax.Array, jax.Array]]) -> Any:
-        acc, (pa, pb) = carry
-        nxt = panels(t + 1)
-        return acc + lp.mm(pa, pb), nxt
+    def product(blk: jax.Array, q: jax.Array) -> jax.Array:
+        panel = lax.dynamic_slice_in_dim(other, offset[q], len_t, axis=k_other)
+        return meet(blk, rooted_broadcast(panel, o_axis, n_other, owner[q]))
 
-    acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
-    acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)), unroll=unroll)
-    return acc + lp.mm(pa, pb)
+    acc = product(moving, idx)
+    if n_ring == 1:
+        return acc
+
+    def one(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        acc, blk = carry
+        nxt = lax.ppermute(blk, m_axis, perm)  # issued before this step's GEMM, which does not need it
+        return acc + product(blk, (idx + s) % n_ring), nxt
+
+    # rolled: unrolled, XLA hoists every transfer to the start and keeps every step's product alive
+    acc, blk = lax.fori_loop(1, n_ring - 1, one, (acc, lax.ppermute(moving, m_axis, perm)))
+    return acc + product(blk, (idx + n_ring - 1) % n_ring)
 
 
 def varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
