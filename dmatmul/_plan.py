@@ -228,11 +228,12 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
         return 2 * (p - 1) / p * m * n * problem.acc_itemsize, 2 * (p - 1), flops
     if kernel.algorithm == "summa":
         rows, cols = problem.grid or (1, p)
-        # op(A)'s row panel travels along grid rows, op(B)'s column panel along grid columns
-        # (broadcast by a sum: twice the volume of a tree broadcast)
+        # op(A)'s row panel travels along grid rows, op(B)'s column panel along grid columns, each byte
+        # received once (JAX: a ppermute ring along the longer grid axis, the other operand's panels
+        # broadcast per step; cuBLASMp: broadcasts), in about one message per step of each
         a_in = (cols - 1) / cols * (m / rows) * k
         b_in = (rows - 1) / rows * k * (n / cols)
-        return 2 * (a_in + b_in) * problem.itemsize, 2 * (rows + cols), flops
+        return (a_in + b_in) * problem.itemsize, rows + cols, flops
     return 0.0, 0.0, flops
 
 
