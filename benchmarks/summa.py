@@ -1,22 +1,27 @@
 """SUMMA kernel variants on 2-D grids, side by side with XLA's partitioned dot and numpy.
 
 Layout (a, b, result) = BlockNonCyclic on one ProcessGrid (2x4 and 4x2, row-
-and column-major), float32, 8 simulated CPU devices, inputs already sharded:
+and column-major), float32, 8 simulated CPU devices, inputs already sharded on
+the devices in the plan's shardings, each variant compiled on a plan of its own:
 
-  psum            textbook SUMMA: one masked ``psum`` per K panel, ``lax.fori_loop``
-                  (the kernel dmatmul runs, ``_kernels.summa``)
+  psum            textbook SUMMA: one masked ``psum`` per K panel (an all-reduce of
+                  mostly zeros), ``lax.fori_loop`` (dmatmul's kernel until issue 14
+                  item 4; kept here as the baseline, :func:`psum_summa`)
   psum-unrolled   the same, ``fori_loop(unroll=True)``
-  ring-a          op(A)'s blocks ride a ``ppermute`` ring along the grid row, op(B)
-                  is all-gathered (tiled) down the grid column once (``_kernels.summa_ring``)
-  ring-b          op(B)'s blocks ride the grid column, op(A) is gathered along the row
-  dmatmul         the planned Matmul as shipped (today: psum)
+  gathered        ``_kernels.summa(gather=True)``: the longer grid axis's operand
+                  rides a ``ppermute`` ring (unrolled), the other one is all-gathered
+                  once as contiguous panels
+  dmatmul         the planned Matmul as shipped (``_kernels.summa``: the same ring,
+                  the other operand's matching panel broadcast at each step, rolled)
   gather-both     all-gather both operands, one GEMM (what a partitioner may do)
   xla             ``jit(jnp.dot)`` with the same in/out shardings
   numpy           ``a @ b`` in this process (all cores)
 
 Each line: the median, ratios to xla and numpy (of medians), and the paired
 ratio to ``psum`` and to ``xla`` (median over repetitions of their time /
-this time in the same repetition: steadier on a shared machine).
+this time in the same repetition: steadier on a shared machine), and the
+compiled program's peak memory per device (XLA's memory analysis) over the
+ideal (the blocks of a, b and the result plus one A and one B panel).
 
     python benchmarks/summa.py --n 2048 --reps 7
 """
@@ -29,6 +34,43 @@ import os
 import sys
 
 import numpy as np
+
+
+def psum_summa(lp, a, b, unroll=1):
+    """Textbook SUMMA on the ("r", "c") mesh: op(A) panels are broadcast along grid
+    rows, op(B) panels along grid columns by a masked ``psum`` over the axis (an
+    all-reduce of mostly zeros), each step's broadcast issued before the previous
+    panel's GEMM. A drop-in for ``_kernels.summa`` (the same LocalProblem)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from dmatmul.backends.jax import _kernels
+
+    sched, ax = lp.summa, lp.axes
+    width = sched.width
+    owner_col, offset_a, owner_row, offset_b = (
+        jnp.asarray(t, dtype=jnp.int32) for t in (sched.owner_col, sched.offset_a, sched.owner_row, sched.offset_b)
+    )
+    col, row = lax.axis_index("c"), lax.axis_index("r")
+    zero = jnp.zeros((), a.dtype)
+    a, b = _kernels._pad_to_extents(lp, a, b)
+
+    def panels(t):
+        pa = lax.dynamic_slice_in_dim(a, offset_a[t], width, axis=ax["aK"])
+        pb = lax.dynamic_slice_in_dim(b, offset_b[t], width, axis=ax["bK"])
+        return (
+            lax.psum(jnp.where(col == owner_col[t], pa, zero), "c"),
+            lax.psum(jnp.where(row == owner_row[t], pb, zero), "r"),
+        )
+
+    def one(t, carry):
+        acc, (pa, pb) = carry
+        nxt = panels(t + 1)
+        return acc + lp.mm(pa, pb), nxt
+
+    acc = _kernels.varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
+    acc, (pa, pb) = lax.fori_loop(0, len(sched.owner_col) - 1, one, (acc, panels(0)), unroll=unroll)
+    return acc + lp.mm(pa, pb)
 
 
 def main() -> int:
@@ -51,15 +93,15 @@ def main() -> int:
 
     import dmatmul as dm
     from dmatmul._bench import IdleWaiter, time_interleaved
+    from dmatmul._bench.peers import compiled_peak_bytes
     from dmatmul._matmul import plan_of
     from dmatmul.backends.jax import _kernels
 
     hi = lax.Precision.HIGHEST
     variants = {
-        "psum": _kernels.summa,
-        "psum-unrolled": functools.partial(_kernels.summa, unroll=True),
-        "ring-a": functools.partial(_kernels.summa_ring, ring="a"),
-        "ring-b": functools.partial(_kernels.summa_ring, ring="b"),
+        "psum": psum_summa,
+        "psum-unrolled": functools.partial(psum_summa, unroll=True),
+        "gathered": functools.partial(_kernels.summa, gather=True),
         "dmatmul": None,
     }
     only = set(filter(None, args.only.split(",")))
@@ -83,6 +125,8 @@ def main() -> int:
                 mesh = probe.geom.mesh
                 sa, sb, sd = (probe.sharding(op) for op in "abd")
                 xa, xb = jax.device_put(a, sa), jax.device_put(b, sb)
+                ideal = probe.ideal_memory_bytes()
+                peak = {}
                 for name, kern in variants.items():
                     if only and name not in only and name != "psum":
                         continue
@@ -94,11 +138,13 @@ def main() -> int:
                     _kernels.summa = kern if kern is not None else shipped
                     try:
                         jax.block_until_ready(mm.execute())  # traced and compiled with this kernel
+                        peak[name] = plan_of(mm).compiled_memory()["peak"]
                     finally:
                         _kernels.summa = shipped
                     runners[name] = (lambda mm=mm: jax.block_until_ready(mm.execute()))
                 f = jax.jit(lambda x, y: jnp.dot(x, y, precision=hi), in_shardings=(sa, sb), out_shardings=sd)
                 runners["xla"] = lambda f=f, xa=xa, xb=xb: jax.block_until_ready(f(xa, xb))
+                peak["xla"] = compiled_peak_bytes(f, xa, xb)
 
                 def gather_both(x, y):
                     return jnp.dot(lax.all_gather(x, "c", axis=1, tiled=True),
@@ -107,6 +153,7 @@ def main() -> int:
                 if not only or "gather-both" in only:
                     g = jax.jit(jax.shard_map(gather_both, mesh=mesh, in_specs=(P("r", "c"),) * 2, out_specs=P("r", "c")))
                     runners["gather-both"] = lambda g=g, xa=xa, xb=xb: jax.block_until_ready(g(xa, xb))
+                    peak["gather-both"] = compiled_peak_bytes(g, xa, xb)
                 for key, fn in runners.items():
                     err = float(np.abs(np.asarray(fn()) - ref).max() / np.abs(ref).max())
                     assert err < 1e-4, (key, err)
@@ -120,11 +167,12 @@ def main() -> int:
                 print(f"\nn={n} float32, grid {shape[0]}x{shape[1]} {layout}, BlockNonCyclic (a, b, result), "
                       f"8 simulated devices, {args.reps} interleaved reps, {os.cpu_count()} cores")
                 print(f"{'variant':14s} {'median ms':>9s} {'GFLOP/s':>8s} {'x xla':>6s} {'x numpy':>7s} "
-                      f"{'paired x psum':>13s} {'paired x xla':>12s} {'paired x numpy':>14s}")
+                      f"{'paired x psum':>13s} {'paired x xla':>12s} {'paired x numpy':>14s} {'peak MiB':>8s} {'/ideal':>6s}")
                 for k in names:
                     print(f"{k:14s} {med[k] * 1e3:9.1f} {2.0 * n**3 / med[k] / 1e9:8.1f} {med['xla'] / med[k]:5.2f}x "
                           f"{med['numpy'] / med[k]:6.2f}x {np.median(t['psum'] / t[k]):13.3f} "
-                          f"{np.median(t['xla'] / t[k]):12.3f} {np.median(t['numpy'] / t[k]):14.3f}")
+                          f"{np.median(t['xla'] / t[k]):12.3f} {np.median(t['numpy'] / t[k]):14.3f}"
+                          + (f" {peak[k] / 2**20:8.1f} {peak[k] / ideal:6.2f}" if k in peak else ""))
                 sys.stdout.flush()
                 summary.append((n, f"{shape[0]}x{shape[1]} {layout}", t))
     print("\nsummary: paired ratios of dmatmul's shipped SUMMA (> 1: dmatmul faster)")
