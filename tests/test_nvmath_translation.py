@@ -187,7 +187,8 @@ def check_nvmath_rules(tr):
     "dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._translate._types",
     "dmatmul.backends.nvmath._translate._orient", "dmatmul.backends.nvmath._translate._epilog",
     "dmatmul.backends.nvmath._translate._one_d", "dmatmul.backends.nvmath._translate._two_d",
-    "dmatmul.backends.nvmath._translate._describe", "dmatmul.backends.nvmath._engine", "dmatmul.backends.nvmath",
+    "dmatmul.backends.nvmath._translate._describe", "dmatmul.backends.nvmath._translate._overlap",
+    "dmatmul.backends.nvmath._engine", "dmatmul.backends.nvmath",
 ])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
