@@ -17,9 +17,10 @@ What it rests on (cuBLASMp 0.8+ as nvmath-python 1.0 runs it):
   anything; cuBLASMp before 0.8 used NVSHMEM instead.
 * Where an operand lives changes how fast AllGather+GEMM gathers B, not
   whether it overlaps (nvmath: "may perform better with symmetric memory
-  operands"): the line says where B is -- the caller's array handed over as
-  it is, a staging buffer in nvmath's symmetric memory, or an ordinary one,
-  and why.
+  operands"). nvmath's helper for symmetric operands
+  (``allocate_symmetric_memory``) allocates on the NVSHMEM heap, which
+  nvmath's Matmul no longer uses and dmatmul does not start: B stays where
+  the caller put it, or in an ordinary staging buffer; the line says which.
 * Nothing overlaps where nothing is communicated: one rank, or cuBLASLt on
   every rank.
 
@@ -40,7 +41,7 @@ __all__ = ["Memory", "overlap", "OVERLAPPED"]
 #: the cuBLASMp paths implemented with communication/computation overlap
 OVERLAPPED = {"AG+GEMM": "AllGather+GEMM", "GEMM+RS": "GEMM+ReduceScatter", "GEMM+AR": "GEMM+AllReduce"}
 
-Where = Literal["user", "symmetric", "ordinary", "host", "none"]
+Where = Literal["user", "ordinary", "host", "none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +52,7 @@ class Memory:
     memory (nvmath allocates it with cuBLASMp's allocator: cuBLASMp 0.8+),
     ``"unknown"`` otherwise, with ``workspace_why``.
     ``b``: where nvmath's operand B lives -- ``"user"`` (the caller's array or
-    a view of it, no copy: dmatmul leaves it as it is), ``"symmetric"`` (a
-    dmatmul staging buffer in nvmath's symmetric memory), ``"ordinary"`` (a
+    a view of it, no copy: dmatmul leaves it as it is), ``"ordinary"`` (a
     staging buffer in ordinary device memory, ``b_why`` says why), ``"host"``
     (a host array: nvmath copies it to the GPU itself), ``"none"`` (no
     cuBLASMp operand B: the cuBLASLt engine).
@@ -71,8 +71,6 @@ def _b_words(t: Translation, mem: Memory) -> str:
     who = f"B (the user's {'a' if t.swapped else 'b'})"
     if mem.b == "user":
         return f"{who} is the caller's array, handed over without a copy and left where it is"
-    if mem.b == "symmetric":
-        return f"{who} is staged in nvmath's symmetric memory (allocated once at plan time)"
     if mem.b == "host":
         return f"{who} is a host array: nvmath copies it to ordinary device memory"
     if mem.b == "ordinary":
