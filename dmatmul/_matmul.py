@@ -54,6 +54,14 @@ def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
     return f"op({name}) is {op} ({name} stored {shape}, transpose_{name}={transposed})"
 
 
+def _mixed_dtypes(a: str, b: str) -> str:
+    """The message for operands of two dtypes (the contract: A, B and C alike)."""
+    return (
+        f"a and b must have the same dtype, got a {a} and b {b}: cast one first (e.g. b.astype(a.dtype)); "
+        "inside jax.shard_map, dmatmul.jax's blocks take mixed dtypes with preferred_element_type="
+    )
+
+
 def _scalar(x: Any, name: str, dtype: str) -> complex:
     if isinstance(x, bool) or not isinstance(x, numbers.Number):
         raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__})")
@@ -144,7 +152,7 @@ def _check_local(
     ops.b = as_matrix(ops.b, "b")
     dtype = np.dtype(ops.a.dtype).name
     if np.dtype(ops.b.dtype).name != dtype:
-        raise TypeError(f"a and b must have the same dtype, got a {dtype} and b {np.dtype(ops.b.dtype).name}")
+        raise TypeError(_mixed_dtypes(dtype, np.dtype(ops.b.dtype).name))
     for name, flag in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {flag!r}")

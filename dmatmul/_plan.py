@@ -277,8 +277,13 @@ def choose(
     native: frozenset[str] = frozenset(),
     kernels: Sequence[Kernel] = KERNELS,
     backend: str = "",
+    fit_roles: dict[str, Role] | None = None,
 ) -> Plan:
     """The cheapest plan, or the cheapest of a named algorithm that fits as given.
+
+    ``fit_roles``: the roles a named algorithm must fit, where they differ from
+    the ``roles`` plans are costed to (a result delivered otherwise than its
+    distribution says, e.g. replicated); default ``roles``.
 
     Raises ValueError naming the distributions the algorithm needs when it
     does not fit (``backend``: named in that message).
@@ -286,16 +291,19 @@ def choose(
     candidates = plans(problem, roles, model, native, kernels)
     if algorithm == "auto":
         return candidates[0]
+    fit_roles = roles if fit_roles is None else fit_roles
+    as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels)
     # SUMMA also takes grid operands whose blocking or orientation it must first adjust (transposes,
     # other block sizes on the same grid); every other named algorithm runs on its operands as given
-    fitting = [
-        pl for pl in candidates
+    fits = {
+        pl.kernel for pl in as_given
         if pl.algorithm == algorithm
         and (pl.communication_free_moves or (algorithm == "summa" and all(m.src == m.dst == "G" for m in pl.moves)))
-    ]
+    }
+    fitting = [pl for pl in candidates if pl.kernel in fits]
     if fitting:
         return fitting[0]
-    raise ValueError(needs_message(algorithm, roles, transposes, kernels, backend))
+    raise ValueError(needs_message(algorithm, fit_roles, transposes, kernels, backend))
 
 
 def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kernel] = KERNELS) -> list[str]:

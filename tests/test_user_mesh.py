@@ -135,3 +135,52 @@ def test_reset_operands_refuses_a_tracer():
         with pytest.raises(TypeError, match=r"reset_operands: a is a traced value.*dm.matmul"):
             jax.jit(step)(jnp.asarray(A))
         assert_close(np.asarray(mm.execute()), reference(A, B), "float32")  # the plan is still usable
+
+
+def _collectives(mm, *args):
+    """The collectives in the compiled program of a planned Matmul on jax.Arrays."""
+    import re
+
+    from dmatmul._matmul import plan_of
+
+    text = plan_of(mm)._function("jax").lower(*args, None, None).compile().as_text()
+    return {op: len(re.findall(rf"= [^ ]+ {op}(-start)?\(", text)) for op in ("all-reduce", "all-gather")}
+
+
+@pytest.mark.parametrize(
+    "m, dist_d, why",
+    [
+        (1001, X, "1001 rows do not split evenly over 8 devices"),
+        (1001, dm.BlockNonCyclic(GRID_ROW), "1001x24 does not split evenly over the 2x4 grid"),
+        (64, dm.BlockCyclic(GRID_COL, (4, 2)), "its 4x2 blocks are dealt cyclically over the 4x2 grid"),
+        (64, dm.BlockNonCyclic(GRID_ROW, first_process=(1, 0)), "its first block is on grid process (1, 0)"),
+    ],
+    ids=["uneven-slab", "uneven-grid", "block-cyclic", "first-process"],
+)
+def test_a_result_no_sharding_expresses_is_gathered_and_explained(m, dist_d, why):
+    """Uneven or cyclic results come back replicated, by a planned all-gather that
+    explain() names with its reason: never by an all-reduce of a padded array."""
+    rng = np.random.default_rng(m)
+    a_np = rng.standard_normal((m, 12)).astype(np.float32)
+    a, b = jnp.asarray(a_np), jnp.asarray(B)
+    algorithm = "local" if dist_d == X else "auto"  # a grid result: local needs a move, which only auto adds
+    with dm.Matmul(a, b, distribution=(X, R, dist_d), algorithm=algorithm, devices=8) as mm:
+        d = mm.execute()
+        assert mm.algorithm == "local"
+        text = mm.explain()
+        assert f"returned replicated on every device: no jax.Array sharding expresses it ({why}" in text, text
+        assert "d: M -> R by all-gather" in text, text
+        assert _collectives(mm, a, b) == {"all-reduce": 0, "all-gather": _collectives(mm, a, b)["all-gather"]}
+        assert _collectives(mm, a, b)["all-gather"] >= 1
+    assert d.sharding.is_fully_replicated
+    assert_close(np.asarray(d), reference(a_np, B), "float32")
+
+
+def test_an_even_result_stays_sharded_and_unexplained():
+    a, b = jnp.asarray(A), jnp.asarray(B)
+    with dm.Matmul(a, b, distribution=(X, R, X), algorithm="local", devices=8) as mm:
+        d = mm.execute()
+        assert "returned replicated" not in mm.explain()
+        assert _collectives(mm, a, b) == {"all-reduce": 0, "all-gather": 0}
+    assert d.sharding.spec[0] is not None and not d.sharding.is_fully_replicated
+    assert_close(np.asarray(d), reference(A, B), "float32")

@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ... import _cost, _plan, _runtime
-from ..._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
+from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._errors import DistributionError
 from ..._spec import Operands, Spec, check_fit
 from . import _kernels, _layout, _start
@@ -220,6 +220,11 @@ class JaxPlan:
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions)  # a 1x1 grid on one rank too: SUMMA is named there as well
+        # a jax.Array result whose layout no sharding expresses (uneven, cyclic, another grid) comes back
+        # replicated: the plan then targets Replicated() itself, so the gather is a planned, explained move
+        self.replicated_result = self._replicated_result(grid)
+        if self.replicated_result is not None:
+            grid = _product_grid((*self.distributions[:2], Replicated()))
         # operands on another grid than the product's are re-laid as Slab.X first (and the result
         # from Slab.X after): in one process the global matrices need no move at all
         self.foreign = {
@@ -227,6 +232,8 @@ class JaxPlan:
             if d.grid is not None and d.grid.ndim == 2 and grid is not None and d.grid != grid
         }
         pa, pb, pd = (Slab.X if op in self.foreign else d for op, d in zip("abd", self.distributions))
+        if self.replicated_result is not None:
+            pd = Replicated()
         self.planned = (pa, pb, pd)
         self.geom = _layout.Geometry.create(self.devices, grid)
         if grid is not None:
@@ -240,9 +247,11 @@ class JaxPlan:
             op for op in "abd" if summa is not None and roles[op] == "G"
             and self._given_grid(op, shapes[op]) == summa[0][op]
         )
+        # a named algorithm must fit the result's distribution as given, not the replicated delivery
+        fit_roles = None if self.replicated_result is None else self._roles((pa, pb, self.distributions[2]))
         self.plan = _plan.choose(
             self.problem, roles, algorithm=spec.algorithm, model=self.model,
-            transposes=(spec.transpose_a, spec.transpose_b), native=native, backend="jax",
+            transposes=(spec.transpose_a, spec.transpose_b), native=native, backend="jax", fit_roles=fit_roles,
         )
         kern = self.plan.kernel
         split = {r for r in (*roles.values(), kern.a, kern.b, kern.d) if r not in ("R", "G")}
@@ -291,6 +300,30 @@ class JaxPlan:
         self._compiled: dict[str, Any] = {}
 
     # -- planning -------------------------------------------------------------
+    def _replicated_result(self, grid: ProcessGrid | None) -> str | None:
+        """Why a ``jax.Array`` result cannot carry its distribution as a sharding
+        (one process), or None when it can: JAX shards only in even blocks, in
+        order, on one mesh. Such a result comes back replicated on every device."""
+        if self.spec.family != "jax" or self.spec.spmd or self.nranks == 1:
+            return None
+        dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
+        if dist.grid is not None and dist.grid.ndim == 2 and dist.grid != grid:
+            return "it is on another grid than the product's"
+        geom = _layout.Geometry.create(self.devices, grid)
+        if _layout.placement_of(dist, geom, shape, (None, None)).identity:
+            return None
+        if isinstance(dist, Slab):
+            what = ("rows", "columns")[dist.dim]
+            return f"{shape[dist.dim]} {what} do not split evenly over {self.nranks} devices"
+        assert isinstance(dist, (BlockNonCyclic, BlockCyclic))  # Replicated() is always expressed
+        rows, cols = dist.grid.shape
+        mb, nb = dist.block_sizes if isinstance(dist, BlockCyclic) else shape
+        if mb * rows < shape[0] or nb * cols < shape[1]:
+            return f"its {mb}x{nb} blocks are dealt cyclically over the {rows}x{cols} grid"
+        if dist.first_process != (0, 0):
+            return f"its first block is on grid process {dist.first_process}, not (0, 0)"
+        return f"{shape[0]}x{shape[1]} does not split evenly over the {rows}x{cols} grid"
+
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
         return _plan.roles_of(dists, (self.spec.transpose_a, self.spec.transpose_b), self.nranks)
@@ -569,7 +602,10 @@ class JaxPlan:
             "distributions" + (" (chosen by the cost model):" if self.chosen_by_model else ":"),
         ]
         for op, name, d in zip("abd", ("a", "b", "result"), self.distributions):
-            if op in self.foreign:
+            if op == "d" and self.replicated_result is not None:
+                lines.append(f"  {name:7s} {d!r:16s} returned replicated on every device: no jax.Array sharding "
+                             f"expresses it ({self.replicated_result})")
+            elif op in self.foreign:
                 verb = "from" if op == "d" else "to"
                 lines.append(f"  {name:7s} {d!r:16s} on another grid: re-laid {verb} Slab.X (all-to-all)")
             else:

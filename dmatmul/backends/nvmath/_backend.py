@@ -13,7 +13,7 @@ import numpy as np
 from ... import _runtime
 from ..._spec import Operands, Spec, family
 from . import _engine, _pipeline
-from ._translate import Problem, Translation, combine_orders, order_of, translate
+from ._translate import Problem, Translation, combine_orders, order_of, overlap, translate
 
 __all__ = ["NvmathBackend", "NvmathPlan"]
 
@@ -109,6 +109,8 @@ class NvmathPlan:
             self.translation = self._engine.translation
             prepared = self._prepare(arrays)
         self._engine.handed(prepared)
+        self.memory = _engine.memory(self.translation, self._program.placement("B"), on_device(self._xp),
+                                     _engine.cublasmp_version())
 
     # -- helpers ----------------------------------------------------------------
     def _arrays(self, operands: Operands) -> list[Any]:
@@ -191,6 +193,7 @@ class NvmathPlan:
         lines = self.translation.describe()
         lines.insert(1, f"device:     GPU {self.ctx.device_id} on rank {self.ctx.rank} of {self.ctx.size}; "
                         f"nvmath-python {_engine.nvmath_version()}, backends {', '.join(self.ctx.backends) or '?'}")
+        lines.insert(3, f"overlap:    {overlap(self.translation, self.memory)}")
         if self._engine.refused:
             lines.append(f"note:       nvmath refused the fused epilog ({self._engine.refused}); dmatmul applies it")
         return lines

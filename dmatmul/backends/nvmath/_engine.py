@@ -26,16 +26,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ... import _runtime
 from ._pipeline import Prepared
-from ._translate import NvDistribution, Translation
+from ._translate import Memory, NvDistribution, Translation
 
 __all__ = ["Context", "start", "context", "requested_backends", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine",
-           "nvmath_version"]
+           "nvmath_version", "cublasmp_version", "memory"]
 
 BACKENDS_ENV = "DMATMUL_NVMATH_BACKENDS"
 #: NCCL only: nvmath 1.0's distributed Matmul needs the NCCL backend (cuBLASMp dropped NVSHMEM at 0.8)
@@ -371,3 +371,37 @@ def make_engine(tr: Translation, prepared: Prepared, ctx: Context) -> CublasMpEn
     if tr.engine == "cublaslt":
         return CublasLtEngine(tr, prepared, ctx)
     return CublasMpEngine(tr, prepared, ctx)
+
+
+def cublasmp_version() -> int | None:
+    """cuBLASMp's version as an integer (800 for 0.8.0), None when unreadable."""
+    try:
+        from nvmath.bindings import cublasMp  # type: ignore[import-not-found,unused-ignore]
+
+        return int(cublasMp.get_version())
+    except Exception:  # noqa: BLE001 - not readable: explain() says so
+        return None
+
+
+def memory(tr: Translation, placement: str | None, on_device: bool, version: int | None) -> Memory:
+    """Where things live, as data for :func:`._translate.overlap`: cuBLASMp's
+    workspace (nvmath allocates it with cuBLASMp's NCCL allocator and
+    registers it on every grid: NCCL symmetric memory from cuBLASMp 0.8 on)
+    and nvmath's operand B (``placement``: :meth:`._pipeline.Program.placement`).
+    B is never put in symmetric memory by dmatmul: nvmath's helper for that
+    allocates on the NVSHMEM heap, which nvmath's Matmul does not use and
+    dmatmul does not start."""
+    workspace: Literal["nccl", "unknown"]
+    if version is not None and version >= 800:
+        workspace, ws_why = "nccl", ""
+    else:
+        shown = "unreadable" if version is None else f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+        workspace, ws_why = "unknown", f"cuBLASMp {shown}; nvmath 1.0 runs 0.8 and newer"
+    if tr.engine != "cublasmp" or placement is None:
+        return Memory(workspace, "none", workspace_why=ws_why)
+    if not on_device:
+        return Memory(workspace, "host", workspace_why=ws_why)
+    if placement == "user":
+        return Memory(workspace, "user", workspace_why=ws_why)
+    why = "a copy (padding, a cut or another layout) in ordinary memory: nvmath's symmetric memory is NVSHMEM's"
+    return Memory(workspace, "ordinary", b_why=why, workspace_why=ws_why)

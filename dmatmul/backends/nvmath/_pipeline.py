@@ -362,6 +362,15 @@ class Program:
         if has_bias(tr.post_epilog):
             self.bias_rows = _index(xp, _selection(rows))
 
+    def placement(self, slot: str) -> str | None:
+        """Where nvmath's operand ``slot`` lives: ``"user"`` (the caller's
+        array or a view of it, handed over without a copy) or ``"ordinary"``
+        (a staging buffer of this plan); None when no such slot is handed."""
+        for s in self.slots:
+            if s.slot == slot:
+                return "user" if s.staging is None else "ordinary"
+        return None
+
     def prepare(self, a: Any, b: Any, c: Any, bias: Any) -> Prepared:
         arrays = {"a": a, "b": b, "c": c}
         out: dict[str, Any] = {}

@@ -82,10 +82,13 @@ from ...._errors import DistributionError
 from ._epilog import refused_epilog
 from ._one_d import one_d, one_rank
 from ._orient import combine_orders, order_of
+from ._overlap import Memory, overlap
 from ._two_d import two_d
 from ._types import KERNELS, PATHS, DimPlan, Handover, NvDistribution, Order, Path, Problem, Translation
 
 __all__ = [
+    "Memory",
+    "overlap",
     "Order",
     "Path",
     "Problem",
