@@ -288,7 +288,9 @@ def summa_route(
     and whether the other operand is all-gathered once (True) or its matching
     panel broadcast at each step (False: where every travelling block meets one
     contiguous run of one owner's K, as for ``BlockNonCyclic``). ``len_ka`` and
-    ``len_kb`` are the local (padded) K extents of op(A) and op(B)."""
+    ``len_kb`` are the local K lengths of op(A) and op(B) (their blocks; the
+    kernel pads them to what the panels read, ``sched.extent_*``, as here)."""
+    len_ka, len_kb = max(len_ka, sched.extent_a), max(len_kb, sched.extent_b)
     if ring is None:
         ring = "a" if cols >= rows else "b"
     n_ring = cols if ring == "a" else rows
