@@ -287,6 +287,7 @@ class JaxPlan:
             bias_axis=d_rows.axes[0],
             bias_block=d_rows.maps[0].block,
             summa=schedule,
+            overlap=self.devices[0].platform != "cpu",
         )
         self.epilogue = _kernels.Epilogue(
             alpha=spec.alpha,
@@ -627,7 +628,8 @@ class JaxPlan:
                 f"SUMMA on the {rows}x{cols} grid ({len(sched.owner_col)} K panels of width {sched.width}): "
                 f"{moving} blocks ride a ppermute ring along {along} ({steps} steps), "
                 + (f"{other} all-gathered once along {down}" if gathered
-                   else f"{other}'s matching panel broadcast along {down} at each step")
+                   else f"{other}'s matching panel broadcast along {down} at each step"
+                   + ("" if self.local.overlap else ", each transfer after the step's GEMM (CPU: one block less)"))
             )
         else:
             what = {

@@ -114,6 +114,11 @@ class LocalProblem:
     bias_axis: Any = None  # the mesh axis splitting the result's rows (bias is sliced along it)
     bias_block: int = 0
     summa: SummaSchedule | None = None
+    # whether a ring's next transfer may be issued beside the GEMM it does not feed (GPU, TPU:
+    # XLA overlaps them). False on CPU, where XLA's collectives are synchronous, so nothing
+    # overlaps anyway: SUMMA then orders the transfer after the step's GEMM and sum, and the
+    # next block never shares the memory of the step's product (peak one block lower)
+    overlap: bool = True
 
     @property
     def axes(self) -> dict[str, int]:
@@ -359,7 +364,11 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     * by default, where they are one contiguous run of one owner's K
       (``BlockNonCyclic``), that panel is broadcast along the other grid axis
       at each step (:func:`rooted_broadcast`) in a rolled loop: the memory of
-      one travelling block and one panel beyond the local blocks;
+      one travelling block and one panel beyond the local blocks. Where
+      ``lp.overlap`` (GPU, TPU) the next block's ``ppermute`` is issued before
+      the step's GEMM; on CPU, whose collectives are synchronous, it follows the
+      step's GEMM and sum, so the product and the next block never coexist
+      (peak memory 1.44x the ideal on 2x4 and 4x2 grids against 1.56x);
     * else (or ``gather=True``) the other operand is all-gathered once, laid
       out as contiguous panels (:func:`_gathered_panels`), and the ring is
       unrolled (``ring_allgather``).
@@ -410,6 +419,15 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     acc = product(moving, idx)
     if n_ring == 1:
         return acc
+
+    if not lp.overlap:
+        def after(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            # the barrier makes this transfer wait for the previous step's product and sum
+            acc, blk = lax.optimization_barrier(carry)
+            blk = lax.ppermute(blk, m_axis, perm)
+            return acc + product(blk, (idx + s) % n_ring), blk
+
+        return lax.fori_loop(1, n_ring, after, (acc, moving))[0]
 
     def one(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         acc, blk = carry
