@@ -22,7 +22,7 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
       back as numpy (the same values).
     * Several processes (``mpiexec``): ``x`` is this rank's block under
       ``src``; this rank's block under ``dst`` comes back, in ``x``'s array
-      family. Ranks exchange exactly the elements they need (one all-to-all,
+      family. Ranks exchange exactly the elements they need (pairwise rounds
       computed from ``global_indices``), nothing is gathered anywhere.
 
     Any two of Slab, Replicated, BlockNonCyclic and BlockCyclic (any grid,

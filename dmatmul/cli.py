@@ -170,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ms = (time.perf_counter() - t0) * 1e3
     want = dm.split(x, dst)[rank] if spmd else x
     err = float(np.abs(np.asarray(y) - want).max()) if want.size else 0.0
-    report("redistribute", "all-to-all", (src, dst), "", "float32", err, ms)
+    report("redistribute", "exchange", (src, dst), "", "float32", err, ms)
     say(f"{total - failed} passed, {failed} failed")
     if rt:
         dm.finalize()
