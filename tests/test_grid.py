@@ -52,6 +52,26 @@ def test_summa_on_block_cyclic_grids(shape, layout, blocks):
     assert_close(got, reference(a, b, c, alpha=0.75, beta=-0.5, transpose_a=ta, transpose_b=tb), "float32")
 
 
+@pytest.mark.parametrize("shape, layout, blocks", [
+    ((2, 4), "row", (4, 4)), ((4, 2), "col", (3, 3)), ((2, 2), "row", (2, 2)), ((2, 4), "col", None), ((4, 2), "row", (3, 5)),
+])
+def test_summa_padding_never_meets_an_infinity(shape, layout, blocks):
+    """Padding (uneven K) reads as zeros and meets only zeros: a row of infinities
+    in B gives infinities where numpy has them and no NaN of 0 * inf elsewhere."""
+    grid = dm.ProcessGrid(shape, layout=layout)
+    d = dm.BlockCyclic(grid, blocks) if blocks else dm.BlockNonCyclic(grid)
+    a, b, _ = operands(5, 23, 17, 19, False, False)
+    b[0] = np.inf  # the first row of every block-cyclic run's owner
+    b[18, 3] = -np.inf  # the last k: the short block's owner
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, in numpy as in the kernel
+        want = a.astype(np.float64) @ b.astype(np.float64)
+    got = np.asarray(dm.matmul(a, b, distribution=d, algorithm="summa", devices=grid.size))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    finite = np.isfinite(want)
+    assert_close(np.where(finite, got, 0), np.where(finite, want, 0).astype(np.float32), "float32")
+
+
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
 @pytest.mark.parametrize("algorithm", ["summa", "auto"])
 def test_summa_named_and_auto_with_transposes(ta, tb, algorithm):

@@ -43,6 +43,7 @@ __all__ = [
     "ring_reduce_scatter",
     "rooted_broadcast",
     "summa",
+    "summa_owners",
     "summa_route",
     "summa_tables",
     "varying_zeros",
@@ -285,25 +286,41 @@ def summa_tables(
     return table, contiguous
 
 
+def summa_owners(table: np.ndarray, n_other: int, len_o: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where every travelling owner's rows (``table``, :func:`summa_tables`) all
+    lie in one rank's block of the other operand (``BlockNonCyclic``;
+    ``BlockCyclic`` where the longer grid axis is a multiple of the shorter and
+    the K blocks match): that rank per owner and the positions in its block
+    (-1: padding, read as zeros); else None."""
+    owners, local = [], np.full(table.shape, -1, np.int64)
+    for q, row in enumerate(table):
+        valid = row < n_other * len_o  # past the end: padding
+        ranks = np.unique(row[valid] // len_o)
+        if len(ranks) > 1:
+            return None
+        owners.append(int(ranks[0]) if len(ranks) else 0)
+        local[q, valid] = row[valid] % len_o
+    return np.array(owners, np.int64), local
+
+
 def summa_route(
     sched: SummaSchedule, rows: int, cols: int, len_ka: int, len_kb: int, ring: str | None = None
 ) -> tuple[str, bool]:
     """How :func:`summa` runs: which operand rides the ring (``"a"`` along the grid
     row, ``"b"`` along the grid column: the longer grid axis unless ``ring`` says)
     and whether the other operand is all-gathered once (True) or its matching
-    panel broadcast at each step (False: where every travelling block meets one
-    contiguous run of one owner's K, as for ``BlockNonCyclic``). ``len_ka`` and
-    ``len_kb`` are the local K lengths of op(A) and op(B) (their blocks; the
-    kernel pads them to what the panels read, ``sched.extent_*``, as here)."""
+    panel broadcast at each step (False: where every travelling block meets rows
+    of one owner, :func:`summa_owners`). ``len_ka`` and ``len_kb`` are the local
+    K lengths of op(A) and op(B) (their blocks; the kernel pads them to what the
+    panels read, ``sched.extent_*``, as here)."""
     len_ka, len_kb = max(len_ka, sched.extent_a), max(len_kb, sched.extent_b)
     if ring is None:
         ring = "a" if cols >= rows else "b"
     n_ring = cols if ring == "a" else rows
     len_t, len_o = (len_ka, len_kb) if ring == "a" else (len_kb, len_ka)
-    table, contiguous = summa_tables(sched, ring, n_ring, rows * cols // n_ring, len_t, len_o)
-    starts = table[:, 0]
-    panel_per_step = contiguous and len_o % len_t == 0 and not np.any(starts % len_t)
-    return ring, not panel_per_step
+    n_other = rows * cols // n_ring
+    table, _ = summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
+    return ring, summa_owners(table, n_other, len_o) is None
 
 
 def _gathered_panels(
@@ -361,8 +378,11 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     step, and each travelling block meets the rows (columns) of the other operand
     that hold the same k:
 
-    * by default, where they are one contiguous run of one owner's K
-      (``BlockNonCyclic``), that panel is broadcast along the other grid axis
+    * by default, where they all lie in one owner's block (:func:`summa_owners`:
+      ``BlockNonCyclic``, and ``BlockCyclic`` on 2x4 or 4x2 grids and the like),
+      that panel (a slice of a contiguous run, else a gather of the owner's
+      rows: 2.04x the ideal memory against 3.14x gathered, 3-6% slower, for
+      64-blocks at n=2048) is broadcast along the other grid axis
       at each step (:func:`rooted_broadcast`) in a rolled loop: the memory of
       one travelling block and one panel beyond the local blocks. Where
       ``lp.overlap`` (GPU, TPU) the next block's ``ppermute`` is issued before
@@ -407,14 +427,26 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
         acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
         return ring_allgather(moving, acc, step, n_ring, m_axis)
 
-    owner = jnp.asarray(table[:, 0] // len_o, dtype=jnp.int32)
-    offset = jnp.asarray(table[:, 0] % len_o, dtype=jnp.int32)
+    found = summa_owners(table, n_other, len_o)
+    assert found is not None
+    owner_np, local_np = found
+    owner = jnp.asarray(owner_np, dtype=jnp.int32)
     idx = lax.axis_index(m_axis)
     perm = [(i, (i - 1) % n_ring) for i in range(n_ring)]  # rank r holds block (r + s) mod n at step s
+    runs = bool(np.all(local_np == local_np[:, :1] + np.arange(len_t))) and bool(np.all(local_np[:, 0] + len_t <= len_o))
+    if runs:  # one contiguous run of the owner's block per travelling block: a slice
+        offset = jnp.asarray(local_np[:, 0], dtype=jnp.int32)
+
+        def panel_of(q: jax.Array) -> jax.Array:
+            return lax.dynamic_slice_in_dim(other, offset[q], len_t, axis=k_other)
+    else:  # rows spread through the owner's block (block-cyclic K): a gather, zeros for padding
+        local = jnp.asarray(np.where(local_np >= 0, local_np, len_o), dtype=jnp.int32)
+
+        def panel_of(q: jax.Array) -> jax.Array:
+            return jnp.take(other, local[q], axis=k_other, mode="fill", fill_value=0)
 
     def product(blk: jax.Array, q: jax.Array) -> jax.Array:
-        panel = lax.dynamic_slice_in_dim(other, offset[q], len_t, axis=k_other)
-        return meet(blk, rooted_broadcast(panel, o_axis, n_other, owner[q]))
+        return meet(blk, rooted_broadcast(panel_of(q), o_axis, n_other, owner[q]))
 
     acc = product(moving, idx)
     if n_ring == 1:
