@@ -129,7 +129,6 @@ def main() -> int:
         for fn in runners.values():  # compile, warm up
             fn()
             fn()
-        names = list(runners)
         times, _ = time_interleaved(runners, args.reps, 0, before=waiter)
         for pass_, mult in (("fwd", 1), ("fwd+bwd", 3)):
             d, x = np.array(times[("dmatmul", pass_)]), np.array(times[("xla", pass_)])

@@ -14,6 +14,9 @@ the devices in the plan's shardings, each variant compiled on a plan of its own:
   dmatmul         the planned Matmul as shipped (``_kernels.summa``: the same ring,
                   the other operand's matching panel broadcast at each step, rolled)
   gather-both     all-gather both operands, one GEMM (what a partitioner may do)
+  gemms-only      the shipped kernel's GEMMs and sums with no communication at all
+                  (each rank's own blocks, wrong numbers, not checked): the ceiling
+                  of any kernel with this schedule of GEMMs on this machine
   xla             ``jit(jnp.dot)`` with the same in/out shardings
   numpy           ``a @ b`` in this process (all cores)
 
@@ -73,6 +76,37 @@ def psum_summa(lp, a, b, unroll=1):
     return acc + lp.mm(pa, pb)
 
 
+def gemms_only(lp, a, b):
+    """The GEMMs and sums of ``_kernels.summa``'s per-step route, with nothing
+    sent: step ``s`` multiplies the rank's own travelling block by the rows of
+    its own other block at the offset of block ``(r + s) mod n`` (the same
+    shapes, none of the numbers)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from dmatmul.backends.jax import _kernels
+
+    sched, ax = lp.summa, lp.axes
+    a, b = _kernels._pad_to_extents(lp, a, b)
+    rows, cols = lax.axis_size("r"), lax.axis_size("c")
+    ring, _ = _kernels.summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]])
+    moving, m_axis, k_t, other, k_o, n_ring = (
+        (a, "c", ax["aK"], b, ax["bK"], cols) if ring == "a" else (b, "r", ax["bK"], a, ax["aK"], rows)
+    )
+    len_t, len_o = moving.shape[k_t], other.shape[k_o]
+    n_other = rows * cols // n_ring
+    table, _ = _kernels.summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
+    found = _kernels.summa_owners(table, n_other, len_o)
+    offsets = jnp.asarray(found[1][:, 0] if found else np.zeros(n_ring, int), dtype=jnp.int32)
+    idx = lax.axis_index(m_axis)
+    acc = None
+    for s in range(n_ring):
+        panel = lax.dynamic_slice_in_dim(other, jnp.minimum(offsets[(idx + s) % n_ring], len_o - len_t), len_t, axis=k_o)
+        p = lp.mm(moving, panel) if ring == "a" else lp.mm(panel, moving)
+        acc = p if acc is None else acc + p
+    return acc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[2048])
@@ -103,6 +137,7 @@ def main() -> int:
         "psum-unrolled": functools.partial(psum_summa, unroll=True),
         "gathered": functools.partial(_kernels.summa, gather=True),
         "dmatmul": None,
+        "gemms-only": gemms_only,
     }
     only = set(filter(None, args.only.split(",")))
     waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
@@ -155,6 +190,8 @@ def main() -> int:
                     runners["gather-both"] = lambda g=g, xa=xa, xb=xb: jax.block_until_ready(g(xa, xb))
                     peak["gather-both"] = compiled_peak_bytes(g, xa, xb)
                 for key, fn in runners.items():
+                    if key == "gemms-only":
+                        continue  # the ceiling: no numbers to check
                     err = float(np.abs(np.asarray(fn()) - ref).max() / np.abs(ref).max())
                     assert err < 1e-4, (key, err)
                 runners = {"numpy": lambda: a @ b, **runners}
@@ -175,13 +212,16 @@ def main() -> int:
                           + (f" {peak[k] / 2**20:8.1f} {peak[k] / ideal:6.2f}" if k in peak else ""))
                 sys.stdout.flush()
                 summary.append((n, f"{shape[0]}x{shape[1]} {layout}", t))
-    print("\nsummary: paired ratios of dmatmul's shipped SUMMA (> 1: dmatmul faster)")
-    print(f"{'n':>5s} {'grid':10s} {'x psum':>7s} {'x xla':>7s} {'x numpy':>8s}")
+    print("\nsummary: paired ratios of dmatmul's shipped SUMMA (> 1: dmatmul faster); the GEMMs alone "
+          "(gemms-only) against numpy, and dmatmul against them")
+    print(f"{'n':>5s} {'grid':10s} {'x psum':>7s} {'x xla':>7s} {'x numpy':>8s} {'gemms x numpy':>13s} {'x gemms':>8s}")
     for n, g, t in summary:
         if "dmatmul" in t:
             d = t["dmatmul"]
+            ceiling = (f" {np.median(t['numpy'] / t['gemms-only']):12.2f}x {np.median(t['gemms-only'] / d):7.2f}x"
+                       if "gemms-only" in t else "")
             print(f"{n:5d} {g:10s} {np.median(t['psum'] / d):6.2f}x {np.median(t['xla'] / d):6.2f}x "
-                  f"{np.median(t['numpy'] / d):7.2f}x")
+                  f"{np.median(t['numpy'] / d):7.2f}x" + ceiling)
     return 0
 
 

@@ -117,8 +117,8 @@ class LocalProblem:
     summa: SummaSchedule | None = None
     # whether a ring's next transfer may be issued beside the GEMM it does not feed (GPU, TPU:
     # XLA overlaps them). False on CPU, where XLA's collectives are synchronous, so nothing
-    # overlaps anyway: SUMMA then orders the transfer after the step's GEMM and sum, and the
-    # next block never shares the memory of the step's product (peak one block lower)
+    # overlaps anyway: each SUMMA step then receives its block and multiplies it, so the block
+    # sent and the step's product never coexist (peak one block lower)
     overlap: bool = True
 
     @property
@@ -386,9 +386,10 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
       at each step (:func:`rooted_broadcast`) in a rolled loop: the memory of
       one travelling block and one panel beyond the local blocks. Where
       ``lp.overlap`` (GPU, TPU) the next block's ``ppermute`` is issued before
-      the step's GEMM; on CPU, whose collectives are synchronous, it follows the
-      step's GEMM and sum, so the product and the next block never coexist
-      (peak memory 1.44x the ideal on 2x4 and 4x2 grids against 1.56x);
+      the step's GEMM, which does not need it; on CPU, whose collectives are
+      synchronous, each step receives its block and then multiplies it, so the
+      block sent and the step's product never coexist (peak memory 1.44x the
+      ideal on 2x4 and 4x2 grids against 1.56x);
     * else (or ``gather=True``) the other operand is all-gathered once, laid
       out as contiguous panels (:func:`_gathered_panels`), and the ring is
       unrolled (``ring_allgather``).
@@ -398,7 +399,7 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     this moves each byte once: measured on 8 simulated CPU devices
     (``benchmarks/summa.py``, paired) 1.09-1.18x the psum kernel at n=2048 and
     1.02-1.07x at n=4096; the gathered route was as fast but holds R (or C)
-    times a local block (peak memory 2.0x the ideal against 1.56x).
+    times a local block (peak memory 2.0x the ideal against 1.44x).
     """
     sched, ax = lp.summa, lp.axes
     assert sched is not None
@@ -406,7 +407,7 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     rows, cols = lax.axis_size("r"), lax.axis_size("c")
     ring, gathered = summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]], ring)
     if gather is not None:
-        gathered = gather or gathered  # the per-step panel needs the contiguous case
+        gathered = gather or gathered  # the per-step panel needs one owner per travelling block
     if ring == "a":  # a's blocks ride the grid row; b's panels come down the grid column
         moving, m_axis, k_moving, other, k_other, n_ring, o_axis = a, "c", ax["aK"], b, ax["bK"], cols, "r"
     else:
@@ -454,8 +455,8 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
 
     if not lp.overlap:
         def after(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-            # the barrier makes this transfer wait for the previous step's product and sum
-            acc, blk = lax.optimization_barrier(carry)
+            # the step's GEMM needs what arrives, so the block sent dies before the product is made
+            acc, blk = carry
             blk = lax.ppermute(blk, m_axis, perm)
             return acc + product(blk, (idx + s) % n_ring), blk
 
