@@ -397,9 +397,10 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     Against the textbook SUMMA (one masked ``psum`` per K panel, an all-reduce
     of mostly zeros: twice the bytes of a broadcast, and the reduction's reads)
     this moves each byte once: measured on 8 simulated CPU devices
-    (``benchmarks/summa.py``, paired) 1.09-1.18x the psum kernel at n=2048 and
-    1.02-1.07x at n=4096; the gathered route was as fast but holds R (or C)
-    times a local block (peak memory 2.0x the ideal against 1.44x).
+    (``benchmarks/summa.py``, paired) 1.02-1.13x the psum kernel at n=2048 and
+    1.09-1.11x at n=4096; the gathered route was 7-14% faster at n=2048, 2-8%
+    slower at n=4096, and holds R (or C) times a local block (peak memory 2.0x
+    the ideal against 1.44x).
     """
     sched, ax = lp.summa, lp.axes
     assert sched is not None
