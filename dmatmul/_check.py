@@ -256,7 +256,12 @@ def _draw_grid(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -> Proces
     return ProcessGrid(shape, layout=draw.choice(("row", "col")))
 
 
-def _draw_distribution(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -> Distribution:
+def _draw_distribution(draw: Chooser, nranks: int, earlier: list[ProcessGrid],
+                       cyclic: list[BlockCyclic] | None = None) -> Distribution:
+    """One operand's distribution; a block-cyclic one takes the block sizes of an
+    earlier block-cyclic operand (in ``cyclic``) half the time, as ScaLAPACK codes
+    use one block size for every matrix (the K blocks of A and B then match, as
+    SUMMA's per-step panel needs)."""
     kind = draw.choice(_KINDS)
     if kind == "Slab.X":
         return Slab.X
@@ -271,7 +276,14 @@ def _draw_distribution(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -
         first = (draw.integer(0, grid.shape[0] - 1), draw.integer(0, grid.shape[1] - 1))
     if kind == "BlockNonCyclic":
         return BlockNonCyclic(grid, first)
-    return BlockCyclic(grid, (draw.choice(_BLOCK_SIZES), draw.choice(_BLOCK_SIZES)), first)
+    if cyclic and draw.boolean():
+        blocks = draw.choice(cyclic).block_sizes
+    else:
+        blocks = (draw.choice(_BLOCK_SIZES), draw.choice(_BLOCK_SIZES))
+    d = BlockCyclic(grid, blocks, first)
+    if cyclic is not None:
+        cyclic.append(d)
+    return d
 
 
 def _fitting_algorithms(
@@ -313,7 +325,8 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     m, n, k = _draw_dim(draw, 40), _draw_dim(draw, 40), _draw_dim(draw, 12)
     ta, tb = draw.boolean(), draw.boolean()
     earlier: list[ProcessGrid] = []
-    da, db, dd = (_draw_distribution(draw, nranks, earlier) for _ in range(3))  # in this order: a, b, result
+    cyclic: list[BlockCyclic] = []
+    da, db, dd = (_draw_distribution(draw, nranks, earlier, cyclic) for _ in range(3))  # in this order: a, b, result
     dists = (da, db, dd)
     alphas = (1.0, 0.5, -1.5, 0.0) + ((0.5 - 0.25j, 1j) if is_complex else (2.25,))
     betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())

@@ -542,6 +542,34 @@ def test_summa_on_a_shared_block_cyclic_grid():
     check_handover_data(c_order)
 
 
+def test_2d_translations_are_costed_as_summa_on_the_result_grid():
+    """Modelled as the JAX backend models SUMMA: op(A)'s panels received along
+    grid rows, op(B)'s along grid columns, once each; a replicated result adds
+    dmatmul's host-staged allgather, an operand on another grid cuBLASMp's
+    re-layout (the general path)."""
+    m, n, k, itemsize = 13, 11, 7, 4
+    g = dm.ProcessGrid((2, 3), layout="col")
+    d = dm.BlockCyclic(g, (2, 2))
+    rows, cols = 2, 3
+    panels = ((cols - 1) / cols * (m / rows) * k + (rows - 1) / rows * k * (n / cols)) * itemsize
+    tr = T.translate(problem(m, n, k, 6, (d, d, d), orders=("F", "F", None)))
+    assert tr.path == "SUMMA" and tr.cost.kernel.algorithm == "summa" and tr.cost.moves == ()
+    assert tr.cost.nbytes == pytest.approx(panels) and tr.cost.messages == rows + cols
+    assert tr.cost.flops == pytest.approx(2 * m * n * k / 6) and tr.cost.time > 0
+
+    gathered = T.translate(problem(m, n, k, 6, (d, d, R), orders=("F", "F", None)))
+    (move,) = gathered.cost.moves
+    assert move.collective == "all-gather (host-staged)"
+    assert move.nbytes == pytest.approx(3 * 5 / 6 * m * n * itemsize)
+    assert gathered.cost.time > tr.cost.time
+
+    other = dm.BlockCyclic(dm.ProcessGrid((2, 3), layout="row"), (2, 2))
+    general = T.translate(problem(m, n, k, 6, (other, d, d), orders=("F", "F", None)))
+    assert general.path == "general"
+    assert [mv.operand for mv in general.cost.moves] == ["a"] and general.cost.moves[0].collective == "all-to-all"
+    assert general.cost.time > tr.cost.time
+
+
 def test_block_non_cyclic_2d_and_first_process():
     g = dm.ProcessGrid((2, 2))
     d = dm.BlockNonCyclic(g)

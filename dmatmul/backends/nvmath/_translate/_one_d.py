@@ -19,7 +19,7 @@ from ._epilog import finish, pick
 from ._orient import AxisOp, build_frame, copy_weights
 from ._types import KERNELS, MODEL, PATHS, DimPlan, NvDistribution, Problem, Role, Translation
 
-__all__ = ["one_rank", "one_d"]
+__all__ = ["one_rank", "one_d", "model_plan"]
 
 #: one rank: one local GEMM
 _LOCAL = next(k for k in KERNELS if (k.a, k.b, k.d) == ("R", "R", "R"))
@@ -31,15 +31,18 @@ def _needs_message(p: Problem) -> str:
     return _plan.needs_message(p.algorithm, p.given(), p.transposes, KERNELS, backend="nvmath")
 
 
-def _plan_of(p: Problem, kernel: _plan.Kernel, gather_from: Role | None) -> _plan.Plan:
-    """The planner's Plan of ``kernel`` (and of dmatmul's allgather of a
-    replicated result computed in role ``gather_from``)."""
-    sizes = p.sizes()
+def model_plan(
+    p: Problem, kernel: _plan.Kernel, gather_from: Role | None, *, grid: tuple[int, int] | None = None,
+    moves: tuple[_plan.Move, ...] = (),
+) -> _plan.Plan:
+    """The planner's Plan of ``kernel`` (on ``grid``: SUMMA's process grid), after
+    ``moves``, and of dmatmul's allgather of a replicated result computed in role
+    ``gather_from``."""
+    sizes = dataclasses.replace(p.sizes(), grid=grid)
     nbytes, messages, flops = _plan.kernel_cost(sizes, kernel)
-    moves: tuple[_plan.Move, ...] = ()
     if gather_from is not None:  # host-staged: device->host, MPI, host->device
         mv = _plan.move(sizes, "d", gather_from, "R")
-        moves = (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
+        moves += (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
     plan = _plan.Plan(kernel, moves, nbytes, messages, flops, time=0.0)
     return dataclasses.replace(plan, time=MODEL.time(messages=plan.messages, nbytes=plan.nbytes, flops=flops))
 
@@ -108,7 +111,7 @@ def one_rank(p: Problem) -> Translation:
     return finish(
         p, algorithm="local", path="local GEMM", engine="cublasmp", frame=frame, roles=("R", "R", "R"),
         kernel=("R", "R", "R"), dims=dims, result=result, result_shape=shape, computed=Replicated(),
-        gather=False, notes=notes, cost=_plan_of(p, _LOCAL, None),
+        gather=False, notes=notes, cost=model_plan(p, _LOCAL, None),
     )
 
 
@@ -149,7 +152,7 @@ def _candidate(
     return finish(
         p, algorithm=kernel.algorithm, path=path, engine=engine, frame=frame, roles=given,
         kernel=kroles, dims=dims, result=result, result_shape=shape, computed=p.role_dist("d", kd),
-        gather=gather, notes=(), cost=_plan_of(p, kernel, kd if gather else None),
+        gather=gather, notes=(), cost=model_plan(p, kernel, kd if gather else None),
     )
 
 

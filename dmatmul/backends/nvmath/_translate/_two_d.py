@@ -9,9 +9,11 @@ allgathered by dmatmul.
 
 from __future__ import annotations
 
+from .... import _plan
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilog import finish
+from ._one_d import model_plan
 from ._orient import AxisOp, Frame, build_frame, copy_weights
 from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
 
@@ -144,8 +146,18 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     if any(nvd.first_process != (0, 0) for nvd in nv.values() if nvd is not None):
         notes.append("first_process != (0, 0): nvmath 1.0 may accept it only on cuBLASMp's general/local paths")
     computed = dists["c"] if not gather else nvd_user.as_dmatmul()
+    # modelled as SUMMA on the result's grid; on the general path each operand on another grid is
+    # first re-laid by cuBLASMp (an all-to-all's worth of bytes)
+    sizes = p.sizes()
+    home = (nvd_user.grid_shape, nvd_user.grid_layout)
+    moves = tuple(
+        _plan.move(sizes, op, "G", "G")
+        for op in ("a", "b") if path != "SUMMA" and (nv[op].grid_shape, nv[op].grid_layout) != home  # type: ignore[union-attr]
+    )
+    summa = next(k for k in _plan.KERNELS if k.algorithm == "summa")
+    cost = model_plan(p, summa, "G" if gather else None, grid=nvd_user.grid_shape, moves=moves)
     return finish(
         p, algorithm="summa", path=path, engine="cublasmp", frame=frame, roles=tuple(roles),  # type: ignore[arg-type]
         kernel=None, dims=dims, result=result, result_shape=shape, computed=computed, gather=gather,
-        notes=tuple(notes), cost=None,
+        notes=tuple(notes), cost=cost,
     )
