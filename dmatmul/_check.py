@@ -257,12 +257,12 @@ def _draw_grid(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -> Proces
 
 
 def _draw_distribution(draw: Chooser, nranks: int, earlier: list[ProcessGrid],
-                       cyclic: list[BlockCyclic] | None = None) -> Distribution:
-    """One operand's distribution; a block-cyclic one takes the block sizes of an
-    earlier block-cyclic operand (in ``cyclic``) half the time, as ScaLAPACK codes
-    use one block size for every matrix (the K blocks of A and B then match, as
-    SUMMA's per-step panel needs)."""
-    kind = draw.choice(_KINDS)
+                       cyclic: list[BlockCyclic] | None = None, kinds: Sequence[str] = _KINDS) -> Distribution:
+    """One operand's distribution, of one of ``kinds``; a block-cyclic one takes
+    the block sizes of an earlier block-cyclic operand (in ``cyclic``) half the
+    time, as ScaLAPACK codes use one block size for every matrix (the K blocks
+    of A and B then match, as SUMMA's per-step panel needs)."""
+    kind = draw.choice(kinds)
     if kind == "Slab.X":
         return Slab.X
     if kind == "Slab.Y":
@@ -310,7 +310,8 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     """One random product on ``nranks`` ranks over the whole layout space.
 
     a, b and the result each get a distribution of any kind, drawn
-    independently; grid distributions get row- or column-major grids of any
+    independently (one case in four, of the grid kinds only); grid
+    distributions get row- or column-major grids of any
     2-D factorization of ``nranks``, an operand's grid being another's or its
     own; block sizes from 1 to larger than the matrix, any first process.
     Sizes 1..40 (uneven, prime, smaller than the rank count), K = 0 about once
@@ -326,7 +327,10 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     ta, tb = draw.boolean(), draw.boolean()
     earlier: list[ProcessGrid] = []
     cyclic: list[BlockCyclic] = []
-    da, db, dd = (_draw_distribution(draw, nranks, earlier, cyclic) for _ in range(3))  # in this order: a, b, result
+    # one case in four: every operand on a grid, as a ScaLAPACK code has them (else 2-D-only
+    # products are rare among three independent draws)
+    kinds = ("BlockNonCyclic", "BlockCyclic") if _rarely(draw, 4) else _KINDS
+    da, db, dd = (_draw_distribution(draw, nranks, earlier, cyclic, kinds) for _ in range(3))  # a, b, result
     dists = (da, db, dd)
     alphas = (1.0, 0.5, -1.5, 0.0) + ((0.5 - 0.25j, 1j) if is_complex else (2.25,))
     betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())

@@ -53,7 +53,8 @@ def test_summa_on_block_cyclic_grids(shape, layout, blocks):
 
 
 @pytest.mark.parametrize("shape, layout, blocks", [
-    ((2, 4), "row", (4, 4)), ((4, 2), "col", (3, 3)), ((2, 2), "row", (2, 2)), ((2, 4), "col", None), ((4, 2), "row", (3, 5)),
+    ((2, 4), "row", (4, 4)), ((4, 2), "col", (3, 3)), ((2, 2), "row", (2, 2)), ((2, 4), "col", None),
+    ((4, 2), "row", (3, 5)),
 ])
 def test_summa_padding_never_meets_an_infinity(shape, layout, blocks):
     """Padding (uneven K) reads as zeros and meets only zeros: a row of infinities

@@ -150,10 +150,8 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     # first re-laid by cuBLASMp (an all-to-all's worth of bytes)
     sizes = p.sizes()
     home = (nvd_user.grid_shape, nvd_user.grid_layout)
-    moves = tuple(
-        _plan.move(sizes, op, "G", "G")
-        for op in ("a", "b") if path != "SUMMA" and (nv[op].grid_shape, nv[op].grid_layout) != home  # type: ignore[union-attr]
-    )
+    elsewhere = [op for op in ("a", "b") if (nv[op].grid_shape, nv[op].grid_layout) != home]  # type: ignore[union-attr]
+    moves = tuple(_plan.move(sizes, op, "G", "G") for op in elsewhere if path != "SUMMA")
     summa = next(k for k in _plan.KERNELS if k.algorithm == "summa")
     cost = model_plan(p, summa, "G" if gather else None, grid=nvd_user.grid_shape, moves=moves)
     return finish(
