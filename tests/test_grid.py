@@ -170,13 +170,23 @@ def test_grid_size_must_match_the_devices():
 )
 @settings(max_examples=25, deadline=None)
 def test_generated_grid_products(rows, layout, mb, nb, kb, m, n, k, ta, tb, data):
+    """Random block-cyclic products; SUMMA's transfers in the CPU order or (drawn)
+    in the overlapped order GPUs and TPUs run, so both sit in a generated matrix."""
+    import dataclasses
+
+    from dmatmul.backends.jax import _kernels
+
     grid = dm.ProcessGrid((rows, 8 // rows), layout=layout)
     fp = (data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, 8 // rows - 1)))
     da = dm.BlockCyclic(grid, (mb, kb), first_process=fp)
     db = dm.BlockCyclic(grid, (kb, nb))
     dd = data.draw(st.sampled_from([dm.BlockCyclic(grid, (mb, nb), first_process=fp), dm.Slab.X, dm.Slab.Y]))
     a, b, c = operands(m * n * k, m, n, k, ta, tb)
-    got = dm.matmul(a, b, c, distribution=(da, db, dd), beta=1.0, transpose_a=ta, transpose_b=tb, devices=8)
+    shipped, overlap = _kernels.summa, data.draw(st.booleans())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_kernels, "summa", lambda lp, x, y: shipped(dataclasses.replace(lp, overlap=overlap), x, y))
+        mp.setattr(dm.backends.get("jax"), "_plans", {})  # no plan compiled with the other order
+        got = dm.matmul(a, b, c, distribution=(da, db, dd), beta=1.0, transpose_a=ta, transpose_b=tb, devices=8)
     assert_close(got, reference(a, b, c, beta=1.0, transpose_a=ta, transpose_b=tb), "float32")
 
 
