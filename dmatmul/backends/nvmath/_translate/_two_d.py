@@ -4,7 +4,8 @@ nvmath as its BlockCyclic data (block sizes must agree per dimension, as
 cuBLASMp requires); a Replicated operand is cut to the reference grid. SUMMA
 runs when a, b and the result share one 2-D grid in nvmath's frame, else
 cuBLASMp's general path; a Replicated result is computed on the grid and
-allgathered by dmatmul.
+allgathered by dmatmul. Costed as SUMMA on the result's grid (plus the
+re-layouts of the general path and the allgather).
 """
 
 from __future__ import annotations

@@ -312,7 +312,7 @@ class Translation:
     gather: bool
     options: tuple[tuple[str, Any], ...] = (("inplace", False),)
     notes: tuple[str, ...] = ()
-    cost: _plan.Plan | None = None  # the modelled call (None: 2-D grids, not modelled)
+    cost: _plan.Plan | None = None  # the modelled call (2-D grids: SUMMA on the result's grid)
 
     # -- lookups ------------------------------------------------------------
     def dim(self, name: str) -> DimPlan:
