@@ -265,9 +265,33 @@ def test_redistribution_holds_little_beside_its_blocks(src, dst):
         assert temps <= 5 * block, f"{src!r} -> {dst!r}: {temps / block:.1f} blocks"
 
 
+RUNS = [dm.Slab.X, dm.Slab.Y, dm.BlockNonCyclic(GRID), dm.BlockNonCyclic(dm.ProcessGrid((4, 2), layout="col"))]
+
+
+@pytest.mark.parametrize("src, dst", [(s, d) for s, d in itertools.product(RUNS, RUNS) if s != d])
+def test_moves_between_runs_are_slices(src, dst):
+    """Where every chunk is one run of rows and columns on both sides (slabs,
+    BlockNonCyclic), it is cut and placed by slices: no index arrays, the
+    temporaries at most 1.5 blocks (the result and half a block in flight)."""
+    from dmatmul.backends.jax import _redistribute
+
+    n = 256
+    for geom, a, b in _redistribute._steps(src, dst, tuple(jax.devices()[:8]), (n, n)):
+        if a == b or a.maps == b.maps:
+            continue
+        f = _redistribute._jitted("move", geom, a, b)
+        x = np.arange(n * n, dtype=np.float32).reshape(n, n)
+        got = f(_layout.host_to_device(x, a, geom))
+        np.testing.assert_array_equal(_layout.device_to_host(got, b), x)
+        arr = jax.device_put(np.zeros(a.shape, np.float32), geom.sharding(a))
+        temps = f.lower(arr).compile().memory_analysis().temp_size_in_bytes
+        block = 4 * max(int(np.prod(a.block)), int(np.prod(b.block)))
+        assert temps <= 1.5 * block + 64, f"{src!r} -> {dst!r}: {temps / block:.2f} blocks"  # + a few scalars
+
+
 def test_transposed_summa_moves_its_operand_in_little_memory():
     """op(A) = A.T on a 2x4 grid needs A re-laid first: the whole product's peak
-    stays within 2x the kernel's ideal (5.3x with the padded all_to_all)."""
+    stays within 1.5x the kernel's ideal (5.3x with the padded all_to_all)."""
     from dmatmul._matmul import plan_of
 
     a, b, _ = operands(7, 512, 512, 512, True, False)
@@ -277,7 +301,7 @@ def test_transposed_summa_moves_its_operand_in_little_memory():
     assert "moves:" in mm.explain()
     assert_close(mm.execute(), reference(a, b, transpose_a=True), "float32")
     plan = plan_of(mm)
-    assert plan.compiled_memory()["peak"] <= 2.0 * plan.ideal_memory_bytes()
+    assert plan.compiled_memory()["peak"] <= 1.5 * plan.ideal_memory_bytes()
 
 
 def test_redistribute_bad_arguments():
