@@ -89,15 +89,10 @@ def gemms_only(lp, a, b):
     sched, ax = lp.summa, lp.axes
     a, b = _kernels._pad_to_extents(lp, a, b)
     rows, cols = lax.axis_size("r"), lax.axis_size("c")
-    ring, _ = _kernels.summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]])
-    moving, m_axis, k_t, other, k_o, n_ring = (
-        (a, "c", ax["aK"], b, ax["bK"], cols) if ring == "a" else (b, "r", ax["bK"], a, ax["aK"], rows)
-    )
-    len_t, len_o = moving.shape[k_t], other.shape[k_o]
-    n_other = rows * cols // n_ring
-    table, _ = _kernels.summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
-    found = _kernels.summa_owners(table, n_other, len_o)
-    offsets = jnp.asarray(found[1][:, 0] if found else np.zeros(n_ring, int), dtype=jnp.int32)
+    route = _kernels.summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]])
+    ring, n_ring, len_t, len_o = route.ring, route.n_ring, route.len_t, route.len_o
+    moving, m_axis, other, k_o = (a, "c", b, ax["bK"]) if ring == "a" else (b, "r", a, ax["aK"])
+    offsets = jnp.asarray(route.owners[1][:, 0] if route.owners else np.zeros(n_ring, int), dtype=jnp.int32)
     idx = lax.axis_index(m_axis)
     acc = None
     for s in range(n_ring):

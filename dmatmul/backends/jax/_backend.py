@@ -617,9 +617,10 @@ class JaxPlan:
             assert sched is not None
             rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]
             ta, tb = self.spec.transpose_a, self.spec.transpose_b
-            ring, gathered = _kernels.summa_route(
+            route = _kernels.summa_route(
                 sched, rows, cols, self.kernel["a"].block[0 if ta else 1], self.kernel["b"].block[1 if tb else 0]
             )
+            ring, gathered = route.ring, route.gathered
             moving, along, steps, other, down = (
                 ("op(A)", "grid rows", cols, "op(B)", "grid columns") if ring == "a"
                 else ("op(B)", "grid columns", rows, "op(A)", "grid rows")

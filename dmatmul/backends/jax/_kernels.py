@@ -43,6 +43,7 @@ __all__ = [
     "ring_reduce_scatter",
     "rooted_broadcast",
     "summa",
+    "SummaRoute",
     "summa_owners",
     "summa_route",
     "summa_tables",
@@ -303,24 +304,47 @@ def summa_owners(table: np.ndarray, n_other: int, len_o: int) -> tuple[np.ndarra
     return np.array(owners, np.int64), local
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class SummaRoute:
+    """How :func:`summa` runs (:func:`summa_route`): ``ring`` "a" (op(A)'s blocks
+    ride the grid row, ``n_ring`` = columns) or "b" (op(B)'s ride the grid column);
+    the other operand's ``n_other`` owners along the other axis; the local K
+    lengths of the travelling (``len_t``) and the other (``len_o``) operand;
+    :func:`summa_tables`' ``table`` and ``contiguous``; and ``owners``
+    (:func:`summa_owners`), None where the other operand is all-gathered once."""
+
+    ring: str
+    n_ring: int
+    n_other: int
+    len_t: int
+    len_o: int
+    table: np.ndarray
+    contiguous: bool
+    owners: tuple[np.ndarray, np.ndarray] | None
+
+    @property
+    def gathered(self) -> bool:
+        return self.owners is None
+
+
 def summa_route(
     sched: SummaSchedule, rows: int, cols: int, len_ka: int, len_kb: int, ring: str | None = None
-) -> tuple[str, bool]:
-    """How :func:`summa` runs: which operand rides the ring (``"a"`` along the grid
-    row, ``"b"`` along the grid column: the longer grid axis unless ``ring`` says)
-    and whether the other operand is all-gathered once (True) or its matching
-    panel broadcast at each step (False: where every travelling block meets rows
-    of one owner, :func:`summa_owners`). ``len_ka`` and ``len_kb`` are the local
-    K lengths of op(A) and op(B) (their blocks; the kernel pads them to what the
-    panels read, ``sched.extent_*``, as here)."""
+) -> SummaRoute:
+    """Which operand rides the ring (``"a"`` along the grid row, ``"b"`` along the
+    grid column: the longer grid axis unless ``ring`` says) and whether the other
+    operand is all-gathered once or its matching panel broadcast at each step
+    (where every travelling block meets rows of one owner, :func:`summa_owners`).
+    ``len_ka`` and ``len_kb`` are the local K lengths of op(A) and op(B) (their
+    blocks; the kernel pads them to what the panels read, ``sched.extent_*``, as
+    here)."""
     len_ka, len_kb = max(len_ka, sched.extent_a), max(len_kb, sched.extent_b)
     if ring is None:
         ring = "a" if cols >= rows else "b"
     n_ring = cols if ring == "a" else rows
     len_t, len_o = (len_ka, len_kb) if ring == "a" else (len_kb, len_ka)
     n_other = rows * cols // n_ring
-    table, _ = summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
-    return ring, summa_owners(table, n_other, len_o) is None
+    table, contiguous = summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
+    return SummaRoute(ring, n_ring, n_other, len_t, len_o, table, contiguous, summa_owners(table, n_other, len_o))
 
 
 def _gathered_panels(
@@ -371,7 +395,7 @@ def rooted_broadcast(x: jax.Array, axis: str, n: int, root: jax.Array) -> jax.Ar
     return x
 
 
-def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None, gather: bool | None = None) -> jax.Array:
+def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None, gather: bool = False) -> jax.Array:
     """SUMMA on the ("r", "c") mesh as a ring: the operand split along the longer
     grid axis travels (op(A)'s K blocks around the grid row "c", or op(B)'s around
     the grid column "r"; ``ring`` "a" or "b" to choose), one ``ppermute`` per
@@ -406,22 +430,18 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     assert sched is not None
     a, b = _pad_to_extents(lp, a, b)
     rows, cols = lax.axis_size("r"), lax.axis_size("c")
-    ring, gathered = summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]], ring)
-    if gather is not None:
-        gathered = gather or gathered  # the per-step panel needs one owner per travelling block
+    route = summa_route(sched, rows, cols, a.shape[ax["aK"]], b.shape[ax["bK"]], ring)
+    ring, n_ring, n_other, len_t, len_o = route.ring, route.n_ring, route.n_other, route.len_t, route.len_o
     if ring == "a":  # a's blocks ride the grid row; b's panels come down the grid column
-        moving, m_axis, k_moving, other, k_other, n_ring, o_axis = a, "c", ax["aK"], b, ax["bK"], cols, "r"
+        moving, m_axis, other, k_other, o_axis = a, "c", b, ax["bK"], "r"
     else:
-        moving, m_axis, k_moving, other, k_other, n_ring, o_axis = b, "r", ax["bK"], a, ax["aK"], rows, "c"
-    len_t, len_o = moving.shape[k_moving], other.shape[k_other]
-    n_other = rows * cols // n_ring
-    table, contiguous = summa_tables(sched, ring, n_ring, n_other, len_t, len_o)
+        moving, m_axis, other, k_other, o_axis = b, "r", a, ax["aK"], "c"
 
     def meet(blk: jax.Array, panel: jax.Array) -> jax.Array:
         return lp.mm(blk, panel) if ring == "a" else lp.mm(panel, blk)
 
-    if gathered:
-        panels, index = _gathered_panels(other, k_other, o_axis, table, contiguous, len_t, len_o)
+    if route.owners is None or gather:  # the per-step panel needs one owner per travelling block
+        panels, index = _gathered_panels(other, k_other, o_axis, route.table, route.contiguous, len_t, len_o)
 
         def step(acc: jax.Array, blk: jax.Array, q: jax.Array) -> jax.Array:
             return acc + meet(blk, lax.dynamic_index_in_dim(panels, index[q], 0, keepdims=False))
@@ -429,9 +449,7 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
         acc = varying_zeros((a.shape[ax["aM"]], b.shape[ax["bN"]]), lp.acc_dtype, ("r", "c"))
         return ring_allgather(moving, acc, step, n_ring, m_axis)
 
-    found = summa_owners(table, n_other, len_o)
-    assert found is not None
-    owner_np, local_np = found
+    owner_np, local_np = route.owners
     owner = jnp.asarray(owner_np, dtype=jnp.int32)
     idx = lax.axis_index(m_axis)
     perm = [(i, (i - 1) % n_ring) for i in range(n_ring)]  # rank r holds block (r + s) mod n at step s
