@@ -138,13 +138,21 @@ class Geometry:
         if grid is None or grid.ndim != 2:
             mesh = Mesh(np.array(devices, dtype=object), ("x",), axis_types=(AxisType.Auto,))
             return Geometry(mesh, "x", None)
-        rows, cols = grid.shape
-        arr = np.empty((rows, cols), dtype=object)
-        for i in range(rows):
-            for j in range(cols):
-                arr[i, j] = devices[grid.rank((i, j))]
+        arr = np.empty(grid.shape, dtype=object)
+        arr.flat[:] = [devices[r] for r in Geometry.mesh_ranks_of(grid)]
         mesh = Mesh(arr, ("r", "c"), axis_types=(AxisType.Auto, AxisType.Auto))
         return Geometry(mesh, ("r", "c") if grid.layout == "row" else ("c", "r"), grid)
+
+    @staticmethod
+    def mesh_ranks_of(grid: ProcessGrid) -> list[int]:
+        """The rank at each position of a grid's mesh, in mesh (row-major) order."""
+        rows, cols = grid.shape
+        return [grid.rank((i, j)) for i in range(rows) for j in range(cols)]
+
+    @property
+    def mesh_ranks(self) -> list[int]:
+        """The rank of each device of the mesh, in mesh (row-major) order."""
+        return list(range(self.nranks)) if self.grid is None else Geometry.mesh_ranks_of(self.grid)
 
     @property
     def nranks(self) -> int:
@@ -267,7 +275,7 @@ def _exchange(src: Placement, dst: Placement, geom: Geometry) -> Exchange:
     """The elements each pair of devices shares between ``src`` and ``dst``, as
     the rounds of ``ppermute`` of :func:`redistribute`."""
     p = geom.nranks
-    rank = [int(r) for r in _mesh_ranks(geom)]  # rank of the device at mesh position f
+    rank = geom.mesh_ranks  # rank of the device at mesh position f
     src_idx = [src.local_sources(geom, rank[f]) for f in range(p)]
     dst_idx = [dst.local_sources(geom, rank[f]) for f in range(p)]
 
@@ -354,14 +362,6 @@ def _runs(rows: np.ndarray, cols: np.ndarray) -> tuple[jax.Array, jax.Array] | N
             return None
         starts.append(jnp.asarray(np.where(part, t[:, 0], 0), dtype=jnp.int32))
     return starts[0], starts[1]
-
-
-def _mesh_ranks(geom: Geometry) -> np.ndarray:
-    """The rank of each device of the mesh, in mesh (row-major) order."""
-    if geom.grid is None or geom.grid.ndim != 2:
-        return np.arange(geom.nranks)
-    rows, cols = geom.grid.shape
-    return np.array([geom.grid.rank((i, j)) for i in range(rows) for j in range(cols)])
 
 
 @functools.lru_cache(maxsize=256)
