@@ -9,6 +9,8 @@ checked against numpy.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -183,4 +185,132 @@ def test_an_even_result_stays_sharded_and_unexplained():
         assert "returned replicated" not in mm.explain()
         assert _collectives(mm, a, b) == {"all-reduce": 0, "all-gather": 0}
     assert d.sharding.spec[0] is not None and not d.sharding.is_fully_replicated
+    assert_close(np.asarray(d), reference(A, B), "float32")
+
+
+# --------------------------------------------------------------------------- #
+# inside the user's trace: jit, grad, jit(grad), on every kind of user mesh
+# --------------------------------------------------------------------------- #
+def _user_mesh(kind: str, order: str, shape=(2, 4)):
+    """A user's mesh: Explicit or Auto axes, its devices in JAX's order or reversed
+    (as topology-aware meshes of real clusters are not in id order)."""
+    devices = jax.devices()[:8]
+    devices = devices if order == "natural" else devices[::-1]
+    types = (AxisType.Explicit,) * 2 if kind == "explicit" else (AxisType.Auto,) * 2
+    return jax.sharding.Mesh(np.array(devices).reshape(shape), AXES, axis_types=types)
+
+
+_TRIPLES = [
+    (X, Y, X), (Y, X, Y), (X, R, R), (R, Y, Y),
+    (X, Y, dm.BlockNonCyclic(GRID_ROW)), (Y, X, dm.BlockNonCyclic(GRID_COL)),
+    (dm.BlockNonCyclic(GRID_ROW), dm.BlockNonCyclic(GRID_ROW), dm.BlockNonCyclic(GRID_ROW)),
+    (dm.BlockCyclic(GRID_ROW, (2, 3)), X, dm.BlockCyclic(GRID_COL, (3, 2))),
+    (dm.BlockNonCyclic(GRID_COL), Y, X),
+]
+_SPECS = [P(AXES, None), P(None, AXES), P("data", "model"), P("model", "data"), P(), P("data", None)]
+
+
+def _trace_cases():
+    """Every (mesh kind, set_mesh, device order) with distributions, operand
+    placements and sizes drawn independently (a fixed seed: the same cases in
+    every run); sizes prime or uneven where the placement allows it."""
+    rng = np.random.default_rng(1414)
+    cases = []
+    for kind in ("explicit", "auto"):
+        for context in (False, True):
+            for order in ("natural", "reversed"):
+                for _ in range(3):
+                    dists = _TRIPLES[int(rng.integers(len(_TRIPLES)))]
+                    sa, sb = (_SPECS[int(i)] for i in rng.integers(len(_SPECS), size=2))
+                    m, k, n = (int(rng.choice(choices)) for choices in ((8, 16, 24), (7, 12, 13), (8, 24, 40)))
+                    cases.append(pytest.param(kind, context, order, dists, sa, sb, (m, k, n),
+                                              id=f"{kind}-{'set_mesh' if context else 'plain'}-{order}-{len(cases)}"))
+    return cases
+
+
+def _fits(spec, shape, mesh):
+    """Whether JAX can hold ``shape`` placed by ``spec`` (Explicit shardings must split evenly)."""
+    for part, size in zip(tuple(spec) + (None, None), shape):
+        names = () if part is None else (part,) if isinstance(part, str) else part
+        if size % int(np.prod([mesh.shape[n] for n in names] or [1])):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("kind, context, order, dists, sa, sb, mkn", _trace_cases())
+def test_inside_the_users_jit_and_grad(kind, context, order, dists, sa, sb, mkn):
+    """dm.matmul inside the user's jit and grad on the user's mesh: Explicit or
+    Auto axes, with and without jax.set_mesh, devices in any order. The values
+    match numpy, and a jitted result is typed on (and lives on) the user's mesh."""
+    m, k, n = mkn
+    mesh = _user_mesh(kind, order)
+    rng = np.random.default_rng(m * 100 + k)
+    a_np = rng.standard_normal((m, k)).astype(np.float32)
+    b_np = rng.standard_normal((k, n)).astype(np.float32)
+    g_np = rng.standard_normal((m, n)).astype(np.float32)
+    a = put(a_np, mesh, sa if _fits(sa, a_np.shape, mesh) else P())
+    b = put(b_np, mesh, sb if _fits(sb, b_np.shape, mesh) else P())
+    g = put(g_np, mesh, P())
+
+    def product(x, y):
+        return dm.matmul(x, y, distribution=dists)
+
+    def loss(x, y, w):
+        return jnp.sum(product(x, y) * w)
+
+    with jax.set_mesh(mesh) if context else contextlib.nullcontext():
+        d = jax.jit(product)(a, b)
+        assert isinstance(d.sharding, NamedSharding) and d.sharding.mesh == mesh, d.sharding
+        assert_close(np.asarray(d), reference(a_np, b_np), "float32")
+        if kind == "explicit" and not context:
+            return  # JAX itself refuses grad of a sum on an Explicit mesh outside jax.set_mesh
+        for grad in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
+            ga, gb = grad(a, b, g)
+            assert_close(np.asarray(ga), g_np.astype(np.float64) @ b_np.T.astype(np.float64), "float32")
+            assert_close(np.asarray(gb), a_np.T.astype(np.float64) @ g_np.astype(np.float64), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("order", ["natural", "reversed"])
+def test_inside_jit_a_laid_out_operand_does_not_move(kind, order):
+    """Traced operands already laid out as their distributions say (same blocks on
+    the same devices, in the user's device order) cross into dmatmul's kernel with
+    no collective at all; with distribution=None the layouts are read off the
+    Explicit types (an Auto type says nothing: the cost model picks)."""
+    mesh = _user_mesh(kind, order)
+    a, b = put(A, mesh, P(AXES, None)), put(B, mesh, P())
+    explained = []
+
+    def product(x, y):
+        with dm.Matmul(x, y, distribution=None if kind == "explicit" else (X, R, X), algorithm="local") as mm:
+            explained.append(mm.explain())
+            return mm.execute()
+
+    text = jax.jit(product).lower(a, b).compile().as_text()
+    moves = [op for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
+             if f" {op}(" in text or f" {op}-start(" in text]
+    assert moves == [], moves
+    assert "a       Slab.X" in explained[0] and "b       Replicated()" in explained[0], explained[0]
+    d = jax.jit(product)(a, b)
+    assert d.sharding.mesh == mesh and d.sharding.spec == P(AXES, None), d.sharding
+    assert_close(np.asarray(d), reference(A, B), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_a_result_the_users_mesh_cannot_lay_out_is_gathered_in_the_plan(kind):
+    """BlockNonCyclic on a 4x2 row-major grid is a sharding of dmatmul's own mesh
+    but of no (2, 4) mesh: the result comes back replicated on the user's mesh,
+    gathered by a move of the plan that explain() names, not after it."""
+    mesh = mesh_of(kind)
+    a, b = put(A, mesh, P(AXES, None)), put(B, mesh, P(None, AXES))
+    dist_d = dm.BlockNonCyclic(dm.ProcessGrid((4, 2)))
+    with dm.Matmul(a, b, distribution=(X, Y, dist_d)) as mm:
+        d = mm.execute()
+        text = mm.explain()
+    assert "returned replicated on every device" in text and "no sharding of the operands' mesh" in text, text
+    assert " -> R by all-gather" in text, text
+    assert d.sharding == NamedSharding(mesh, P()), d.sharding
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    d = jax.jit(lambda x, y: dm.matmul(x, y, distribution=(X, Y, dist_d)))(a, b)
+    assert d.sharding.mesh == mesh and d.sharding.is_fully_replicated, d.sharding
     assert_close(np.asarray(d), reference(A, B), "float32")

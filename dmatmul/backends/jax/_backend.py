@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ... import _cost, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
@@ -52,21 +52,81 @@ def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
     return max(grids, key=lambda g: (grids.count(g), -order.index(g)))
 
 
-def user_mesh(operands: Operands) -> Mesh | None:
+def _traced(operands: Operands) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
+
+
+def _type_mesh(x: Any) -> AbstractMesh | None:
+    """The mesh in a traced value's type (a committed array's, Explicit axes
+    or Auto), None where its type names none."""
+    if not isinstance(x, jax.core.Tracer):
+        return None
+    mesh = jax.typeof(x).sharding.mesh
+    return mesh if isinstance(mesh, AbstractMesh) and not mesh.empty and mesh.size > 1 else None
+
+
+def _context_mesh() -> Mesh | None:
+    """The concrete mesh of ``jax.set_mesh``, also inside a trace (where the
+    public ``jax.sharding.get_mesh`` refuses to say); None where there is none
+    (or this JAX keeps it elsewhere)."""
+    try:
+        from jax._src.mesh import get_concrete_mesh
+        mesh = get_concrete_mesh()
+    except (ImportError, AttributeError):  # pragma: no cover - a JAX without it: the abstract route
+        return None
+    return mesh if isinstance(mesh, Mesh) and not mesh.empty and mesh.size > 1 else None
+
+
+def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
     """The mesh a user placed the ``jax.Array`` operands on (one process), or
-    the mesh of ``jax.set_mesh``; None when there is none of several devices."""
+    the mesh of ``jax.set_mesh``; None when there is none of several devices.
+
+    Inside a trace (``jit``, ``grad``...) the operands' types or the context
+    may name only an *abstract* mesh (no devices): the traced computation's
+    own devices, in its own order, then stand for the ranks
+    (:meth:`JaxPlan._traced_function`)."""
     for x in (operands.a, operands.b, operands.c):
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             sharding = x.sharding
             if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.size > 1:
                 return sharding.mesh
-    try:
-        mesh = jax.sharding.get_mesh()
-    except ValueError:  # inside jit/grad: no concrete mesh to read
-        return None
-    if isinstance(mesh, Mesh) and not mesh.empty and mesh.size > 1:
+    if _traced(operands):
+        typed = next((m for m in map(_type_mesh, (operands.a, operands.b, operands.c)) if m is not None), None)
+        context = jax.sharding.get_abstract_mesh()
+        mesh = typed if typed is not None else context if not context.empty and context.size > 1 else None
+        concrete = _context_mesh()
+        if mesh is not None and concrete is not None and concrete.shape_tuple == mesh.shape_tuple:
+            return concrete
         return mesh
+    try:
+        context_mesh = jax.sharding.get_mesh()
+    except ValueError:  # no concrete mesh to read
+        return None
+    if isinstance(context_mesh, Mesh) and not context_mesh.empty and context_mesh.size > 1:
+        return context_mesh
     return None
+
+
+def _auto_typed(x: jax.Array) -> jax.Array:
+    """``x`` typed with Auto axes on its own mesh where its type has Explicit
+    ones (as ``jax.sharding.auto_axes`` does, without needing ``jax.set_mesh``):
+    a change of type only, its layout stays."""
+    mesh = jax.typeof(x).sharding.mesh
+    if mesh.empty or not mesh.explicit_axes:
+        return x
+    with jax.sharding.use_abstract_mesh(mesh.update_axis_types({n: AxisType.Auto for n in mesh.explicit_axes})):
+        return jax.sharding.reshard(x, PartitionSpec(*[None] * x.ndim))
+
+
+def plan_devices(spec: Spec, mesh: Mesh | AbstractMesh | None) -> tuple[jax.Device, ...]:
+    """The ranks of a one-process product: a user mesh's devices in mesh order;
+    for an abstract (traced) mesh the first as many local devices, which stand
+    for the trace's own (only their number and platform are used)."""
+    if isinstance(mesh, Mesh):
+        return tuple(mesh.devices.flat)
+    if mesh is not None:
+        return _layout.resolve_devices(mesh.size)
+    return _layout.resolve_devices(spec.devices)
 
 
 def _mesh_axes(mesh: Any) -> tuple[str, ...]:
@@ -92,13 +152,11 @@ def _infer_distribution(x: Any, devices: tuple[jax.Device, ...], name: str = "a"
     is uneven, as JAX and nvmath split uneven sizes differently) raises a
     ValueError naming the operand and its sharding.
     """
-    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+    laid = _layout_of(x, devices)
+    if laid is None:
         return None
-    sharding = x.sharding
-    if not isinstance(sharding, NamedSharding) or tuple(sharding.mesh.devices.flat) != devices:
-        return None
-    mesh = sharding.mesh
-    parts = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+    spec, mesh = laid
+    parts = tuple(spec) + (None,) * (2 - len(spec))
     rows, cols = _spec_axes(parts[0], mesh), _spec_axes(parts[1], mesh)
     every = _mesh_axes(mesh)
     size = lambda axes: int(np.prod([mesh.shape[n] for n in axes]))  # noqa: E731
@@ -123,14 +181,35 @@ def _infer_distribution(x: Any, devices: tuple[jax.Device, ...], name: str = "a"
                "differently)")
     if why:
         raise ValueError(
-            f"{name}: its sharding {sharding.spec} on mesh {dict(mesh.shape)} is not one of dmatmul's "
+            f"{name}: its sharding {spec} on mesh {dict(mesh.shape)} is not one of dmatmul's "
             f"distributions: {why}; pass distribution= explicitly (dmatmul then re-lays {name}), or "
             "shard it over every mesh axis, e.g. PartitionSpec(mesh.axis_names, None) for Slab.X"
         )
     return dist
 
 
-def _sharding_of(dist: Distribution, mesh: Mesh, shape: tuple[int, int]) -> NamedSharding | None:
+def _layout_of(x: Any, devices: tuple[jax.Device, ...]) -> tuple[PartitionSpec, Mesh | AbstractMesh] | None:
+    """The PartitionSpec and mesh that place ``x`` over ``devices`` (rank r =
+    ``devices[r]``): a jax.Array's NamedSharding on a mesh whose devices in mesh
+    order are ``devices``, or the sharding in a traced value's type where every
+    axis that splits is Explicit (its positions in mesh order are the ranks);
+    None where nothing says (one device, Auto axes in a trace, another sharding)."""
+    if isinstance(x, jax.core.Tracer):
+        sharding = jax.typeof(x).sharding
+        mesh = sharding.mesh
+        split = [n for n, size in mesh.shape.items() if size > 1]
+        if mesh.empty or mesh.size != len(devices) or any(n not in mesh.explicit_axes for n in split):
+            return None
+        return sharding.spec, mesh
+    if not isinstance(x, jax.Array):
+        return None
+    sharding = x.sharding
+    if not isinstance(sharding, NamedSharding) or tuple(sharding.mesh.devices.flat) != devices:
+        return None
+    return sharding.spec, sharding.mesh
+
+
+def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int, int]) -> NamedSharding | None:
     """The inverse of :func:`_infer_distribution`: ``dist`` as a NamedSharding on
     ``mesh`` (ranks in mesh order), or None where no NamedSharding says it."""
     every = _mesh_axes(mesh)
@@ -208,10 +287,10 @@ class JaxPlan:
         # the ranks, and the result goes back onto it
         self.user_mesh = user_mesh(operands) if spec.family == "jax" and not spec.spmd and spec.devices is None \
             else None
-        if self.user_mesh is not None:
-            self.devices = tuple(self.user_mesh.devices.flat)
-        else:
-            self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else _layout.resolve_devices(spec.devices)
+        # inside a user's trace on a mesh: the product runs on dmatmul's meshes made abstract, so the trace's
+        # own devices (in their order) are the ranks, and its result is typed on the user's mesh
+        self.traced = self.user_mesh is not None and _traced(operands)
+        self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, self.user_mesh)
         self.nranks = p = len(self.devices)
         self.model = _cost.model_for(self.devices[0].platform, p)
         info = spec.dtype_info
@@ -235,6 +314,14 @@ class JaxPlan:
         if self.replicated_result is not None:
             pd = Replicated()
         self.planned = (pa, pb, pd)
+        if self.traced and grid is not None and isinstance(self.user_mesh, Mesh):
+            # inside a trace every sharding lists the trace's devices in the trace's order: the grid's mesh
+            # takes them position by position (the rank at each position being the grid's), as an abstract
+            # mesh does
+            flat, devices = tuple(self.user_mesh.devices.flat), list(self.devices)
+            for f, r in enumerate(_layout.Geometry.mesh_ranks_of(grid)):
+                devices[r] = flat[f]
+            self.devices = tuple(devices)
         self.geom = _layout.Geometry.create(self.devices, grid)
         if grid is not None:
             rows, cols = grid.shape  # the product's grid is 2-D
@@ -310,6 +397,9 @@ class JaxPlan:
         dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
         if dist.grid is not None and dist.grid.ndim == 2 and dist.grid != grid:
             return "it is on another grid than the product's"
+        mesh = self.user_mesh  # (0, 0): the layout alone; whether it splits evenly is judged below
+        if mesh is not None and _sharding_of(dist, mesh, (0, 0)) is None:
+            return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
         geom = _layout.Geometry.create(self.devices, grid)
         if _layout.placement_of(dist, geom, shape, (None, None)).identity:
             return None
@@ -410,7 +500,7 @@ class JaxPlan:
         fn = self._function("padded")
         args = [jax.ShapeDtypeStruct(self.given[op].shape, jnp.dtype(self.spec.dtype), sharding=self.sharding(op))
                 for op in "ab"]
-        with contextlib.nullcontext() if self.spec.spmd else jax.set_mesh(self.geom.mesh):
+        with self._own_context():
             stats = fn.lower(*args, None, None).compile().memory_analysis()
         out = {
             "arguments": float(stats.argument_size_in_bytes),
@@ -426,9 +516,10 @@ class JaxPlan:
         """Where ``operand`` ("a", "b", "d") lives as given (padded space)."""
         return self.geom.sharding(self.given[operand])
 
-    def _core(self) -> Any:
-        """``(a, b, c, bias) -> d`` on padded global arrays in their given placements."""
-        geom, given, kern_pl, ep = self.geom, self.given, self.kernel, self.epilogue
+    def _core(self, geom: _layout.Geometry) -> Any:
+        """``(a, b, c, bias) -> d`` on padded global arrays in their given placements
+        on ``geom`` (the plan's, or the same made abstract inside a user's trace)."""
+        given, kern_pl, ep = self.given, self.kernel, self.epilogue
         fused = kern_pl["d"] == given["d"]
         body = _kernels.body(self.local, ep if fused else None)
         redistribute = _layout.redistribute
@@ -468,9 +559,11 @@ class JaxPlan:
         """The jitted function for padded operands ("padded") or global jax.Arrays ("jax")."""
         if kind in self._compiled:
             return self._compiled[kind]
-        core, given = self._core(), self.given
+        core, given = self._core(self.geom), self.given
         if kind == "padded":
             fn = jax.jit(core, out_shardings=self.sharding("d"))
+        elif kind == "traced":
+            fn = self._traced_function()
         else:
             out = self.sharding("d") if _layout.expressible(given["d"]) else self.geom.replicated()
             wsc = jax.lax.with_sharding_constraint
@@ -487,6 +580,53 @@ class JaxPlan:
             fn = jax.jit(device, out_shardings=out)
         self._compiled[kind] = fn
         return fn
+
+    def _traced_function(self) -> Any:
+        """Global operands inside a user's trace on ``self.user_mesh``: the
+        product on this plan's mesh (made abstract where the trace names no
+        devices: the trace's own devices, in its order, are then the ranks, and
+        no device list of dmatmul's clashes with the trace's), under that mesh
+        as the context (not the user's ``jax.set_mesh``, whose axis names the
+        kernels do not use), and the result typed on the user's mesh with the
+        sharding its distribution implies (a result ``_replicated_result`` names:
+        replicated there). Operands typed with Explicit axes are first retyped
+        as Auto on their own mesh (no data moves): the layouts are then XLA's to
+        match, as for any Auto operand."""
+        user = self.user_mesh
+        assert user is not None
+        geom, given = (self.geom if isinstance(user, Mesh) else self.geom.abstract()), self.given
+        core, wsc = self._core(geom), jax.lax.with_sharding_constraint
+        spec = self.spec
+        on_user = {
+            op: (lambda t: t.spec if t is not None else PartitionSpec())(_sharding_of(dist, user, shape))
+            for op, dist, shape in zip("abd", self.planned, (spec.a_shape, spec.b_shape, (spec.m, spec.n)))
+        }
+        explicit = any(size > 1 and n in user.abstract_mesh.explicit_axes for n, size in user.shape.items())
+
+        def enter(x: jax.Array, op: str) -> jax.Array:
+            """An operand typed on the user's mesh with Auto axes: pinned there as its
+            distribution says (so its cotangent is too: JAX names a gradient by the mesh
+            of its type); with Explicit ones: retyped Auto."""
+            if jax.typeof(x).sharding.mesh.explicit_axes:
+                return _auto_typed(x)
+            return x if explicit else wsc(x, NamedSharding(user, on_user[op]))
+
+        def traced(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+            a, b, c = enter(a, "a"), enter(b, "b"), None if c is None else enter(c, "d")
+            bias = None if bias is None else _auto_typed(bias)
+            with jax.sharding.use_abstract_mesh(geom.mesh.abstract_mesh):
+                a = wsc(_layout.pad(a, given["a"]), geom.sharding(given["a"]))
+                b = wsc(_layout.pad(b, given["b"]), geom.sharding(given["b"]))
+                if c is not None:
+                    c = wsc(_layout.pad(c, given["d"]), geom.sharding(given["d"]))
+                if bias is not None:
+                    bias = self._padded_bias(bias)
+                d = _layout.unpad(core(a, b, c, bias), given["d"])
+            if explicit:
+                return jax.sharding.reshard(d, NamedSharding(user, on_user["d"]))
+            return wsc(d, NamedSharding(user, on_user["d"]))
+
+        return jax.jit(traced)
 
     # -- execution ---------------------------------------------------------------
     def _device_operand(self, x: Any, operand: str) -> jax.Array:
@@ -505,14 +645,29 @@ class JaxPlan:
         return jax.device_put(x, self.sharding(operand) if expressible else self.geom.replicated())
 
     def execute(self, operands: Operands) -> Any:
-        # dmatmul's own mesh is the context of its computations, also under the user's jax.set_mesh
-        # one process: dmatmul's mesh is the context (the user's jax.set_mesh would clash with it); not inside
-        # jit/grad, where set_mesh is refused, nor across processes, whose local steps use this rank's device
-        traced = any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
         with _x64(self.spec.dtype):
-            with contextlib.nullcontext() if traced or self.spec.spmd else jax.set_mesh(self.geom.mesh):
+            if self.traced:
+                return self._execute_traced(operands)
+            with contextlib.nullcontext() if _traced(operands) else self._own_context():
                 d = self._execute(operands)
             return d if self.user_mesh is None else self._to_user_mesh(d)
+
+    def _own_context(self) -> contextlib.AbstractContextManager[Any]:
+        """One process: dmatmul's own mesh as the context of its computations, also
+        under the user's ``jax.set_mesh`` (whose mesh would clash with it); not across
+        processes, whose local steps use this rank's device (nor inside a trace, where
+        ``set_mesh`` is refused: :meth:`_traced_function`)."""
+        if self.spec.spmd:
+            return contextlib.nullcontext()
+        assert isinstance(self.geom.mesh, Mesh)  # the plan's own geometry: made abstract only inside a trace
+        return jax.set_mesh(self.geom.mesh)
+
+    def _execute_traced(self, operands: Operands) -> Any:
+        """Inside a user's trace on a mesh (:meth:`_traced_function`)."""
+        spec = self.spec
+        c = jnp.asarray(operands.c) if spec.use_c else None
+        bias = jnp.asarray(operands.bias) if spec.has_bias else None
+        return self._function("traced")(jnp.asarray(operands.a), jnp.asarray(operands.b), c, bias)
 
     def _execute(self, operands: Operands) -> Any:
         spec, given, geom = self.spec, self.given, self.geom
@@ -713,8 +868,8 @@ class JaxBackend:
         key: Any = spec
         if spec.family == "jax" and not spec.spmd:
             mesh = user_mesh(operands) if spec.devices is None else None
-            devices = tuple(mesh.devices.flat) if mesh is not None else _layout.resolve_devices(spec.devices)
-            key = (spec, mesh)
+            devices = plan_devices(spec, mesh)
+            key = (spec, mesh, mesh is not None and _traced(operands))
             if spec.distributions is None:
                 key += (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"))
         plan = self._plans.get(key)

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..._dimmap import DimMap
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
@@ -126,7 +126,7 @@ def process_devices(nprocs: int) -> tuple[jax.Device, ...]:
 class Geometry:
     """The mesh of one product and the axis that enumerates ranks."""
 
-    mesh: Mesh
+    mesh: Mesh | AbstractMesh
     rank_axis: str | tuple[str, str]
     grid: ProcessGrid | None
 
@@ -143,6 +143,11 @@ class Geometry:
         mesh = Mesh(arr, ("r", "c"), axis_types=(AxisType.Auto, AxisType.Auto))
         return Geometry(mesh, ("r", "c") if grid.layout == "row" else ("c", "r"), grid)
 
+    def abstract(self) -> Geometry:
+        """The same mesh without its devices: inside a user's ``jit`` (or
+        ``grad``) the devices, and their order, are the traced computation's."""
+        return dataclasses.replace(self, mesh=self.mesh.abstract_mesh) if isinstance(self.mesh, Mesh) else self
+
     @staticmethod
     def mesh_ranks_of(grid: ProcessGrid) -> list[int]:
         """The rank at each position of a grid's mesh, in mesh (row-major) order."""
@@ -156,7 +161,7 @@ class Geometry:
 
     @property
     def nranks(self) -> int:
-        return int(self.mesh.devices.size)
+        return int(self.mesh.size)
 
     def coord(self, rank: int, axis: AxisName) -> int:
         """The index along mesh ``axis`` of the device of ``rank``."""
