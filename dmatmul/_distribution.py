@@ -302,12 +302,32 @@ class Distribution:
         # blame the fewest ranks: the global shape that fits the most blocks, near the first guess
         best = (self._best_extent(0, shapes, guess[0], p), self._best_extent(1, shapes, guess[1], p))
         bad = self._misfits(shapes, best, p) or self._misfits(shapes, guess, p)
-        rank = bad[0]
-        want = self.shape(rank, best, p)
+        raise self._misfit_error(shapes, best, bad, "implied by the other blocks")
+
+    def check_blocks(self, local_shapes: Sequence[tuple[int, int]], global_shape: tuple[int, int], why: str) -> None:
+        """Raise :class:`DistributionError` naming the first rank whose block
+        (``local_shapes[r]``) does not fit a global shape known otherwise (``why``
+        says how).
+
+        >>> Slab.X.check_blocks([(3, 7), (2, 7), (3, 7), (2, 7)], (11, 7), "from a")
+        Traceback (most recent call last):
+        ...
+        dmatmul._errors.DistributionError: the block of rank 1 has shape (2, 7) but Slab.X over 4 ranks gives it (3, 7) for the global shape (11, 7) from a
+        """
+        shapes = [tuple(int(x) for x in s) for s in local_shapes]
+        bad = self._misfits(shapes, global_shape, self.nranks(len(shapes)))
+        if bad:
+            raise self._misfit_error(shapes, global_shape, bad, why)
+
+    def _misfit_error(
+        self, shapes: list[tuple[int, ...]], global_shape: tuple[int, int], bad: list[int], why: str
+    ) -> DistributionError:
+        rank, p = bad[0], len(shapes)
+        want = self.shape(rank, global_shape, p)
         others = f" (ranks {', '.join(map(str, bad))} do not fit)" if len(bad) > 1 else ""
-        raise DistributionError(
+        return DistributionError(
             f"the block of rank {rank} has shape {shapes[rank]} but {self!r} over {p} ranks gives it {want} "
-            f"for the global shape {best} implied by the other blocks{others}"
+            f"for the global shape {global_shape} {why}{others}"
         )
 
     def _misfits(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, int], p: int) -> list[int]:

@@ -292,19 +292,23 @@ def _validate(ops: Operands, **options: Any) -> Spec:
     assert dists is not None
 
     def infer() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]:
-        out: list[tuple[int, int] | None] = []
-        for i, (name, dist) in enumerate(zip(("a", "b", "c"), dists + (dists[2],))):
-            locals_ = [g[i] for g in gathered]
-            if name == "c" and locals_[0] is None:
-                out.append(None)
-                continue
+        out: list[tuple[int, int]] = []
+        for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
             try:
-                out.append(dist.global_shape(locals_))
+                out.append(dist.global_shape([g[i] for g in gathered]))
             except DistributionError as e:
                 raise DistributionError(f"{name}: {e} (this is rank {rt.rank})") from None
-        a_shape, b_shape, c_shape = out
-        assert a_shape is not None and b_shape is not None  # only c may be absent
-        return a_shape, b_shape, c_shape
+        a_shape, b_shape = out
+        if gathered[0][2] is None:  # no c (every rank agreed on that)
+            return a_shape, b_shape, None
+        # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
+        m = a_shape[1] if chk.transpose_a else a_shape[0]
+        n = b_shape[0] if chk.transpose_b else b_shape[1]
+        try:
+            dists[2].check_blocks([g[2] for g in gathered], (m, n), "of the result (M, N), from a and b")
+        except DistributionError as e:
+            raise DistributionError(f"c: {e} (this is rank {rt.rank})") from None
+        return a_shape, b_shape, (m, n)
 
     a_shape, b_shape, c_shape = infer()
     return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size)
@@ -448,8 +452,37 @@ class Matmul:
         alpha: complex | None = None,
         beta: complex | None = None,
     ) -> None:
-        """Replace operands (same shapes, dtypes, families and distributions) or scalars."""
-        self._live("reset_operands")
+        """Replace operands (same shapes, dtypes, families and distributions) or scalars.
+
+        Under several processes every rank calls it (with its own blocks): a
+        mistake on one rank raises on every rank, and ranks whose alpha or beta
+        would differ raise, naming them, before any collective of a product."""
+
+        def check() -> tuple[Operands, Spec]:
+            self._live("reset_operands")
+            return self._reset(a, b, c, bias, alpha, beta)
+
+        rt = _runtime.active()
+        if rt is None or rt.size == 1:
+            new, spec = check()
+        else:
+            (new, spec), shared = _runtime.agree_and_share(
+                check, lambda got: (("alpha", got[1].alpha), ("beta", got[1].beta)), "Matmul.reset_operands"
+            )
+            for i, (field, _) in enumerate(shared[0]):
+                message = _runtime.disagreement([call[i][1] for call in shared], field)
+                if message is not None:
+                    raise ValueError(f"Matmul.reset_operands: {message} (this is rank {rt.rank})")
+        self._operands = new
+        if spec != self._spec:
+            if self._plan is not None:
+                self._plan.free()
+            self._spec, self._plan = spec, None  # scalars are compiled in: re-plan
+
+    def _reset(
+        self, a: Any, b: Any, c: Any, bias: Any, alpha: complex | None, beta: complex | None
+    ) -> tuple[Operands, Spec]:
+        """The operands and spec :meth:`reset_operands` makes (nothing changed yet)."""
         new = dataclasses.replace(self._operands)
         for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
             if value is None:
@@ -472,7 +505,7 @@ class Matmul:
                 raise ValueError(
                     f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}"
                 )
-            setattr(new, name, value)
+            setattr(new, name, native_order(value))
         spec = self._spec
         if alpha is not None or beta is not None:
             spec = dataclasses.replace(
@@ -481,11 +514,7 @@ class Matmul:
                 beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
             )
             spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
-        self._operands = new
-        if spec != self._spec:
-            if self._plan is not None:
-                self._plan.free()
-            self._spec, self._plan = spec, None  # scalars are compiled in: re-plan
+        return new, spec
 
     def free(self) -> None:
         """Release the plan's resources. Idempotent."""

@@ -44,12 +44,24 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
         rank = None
     else:
         assert rt is not None
-        xm = _runtime.agree(check, "dm.redistribute")
-        shapes = rt.comm.allgather((int(xm.shape[0]), int(xm.shape[1])))
+        # one allgather carries every rank's verdict, its call and its block's shape: a mistake or a
+        # difference on one rank raises on every rank before any rank sends a byte
+        xm, shared = _runtime.agree_and_share(
+            check, lambda xm: ((("src", src), ("dst", dst), ("dtype", str(xm.dtype))), tuple(xm.shape)),
+            "dm.redistribute",
+        )
+        calls = [call for call, _ in shared]
+        for i, (field, _) in enumerate(calls[0]):
+            message = _runtime.disagreement([call[i][1] for call in calls], field)
+            if message is not None:
+                raise ValueError(
+                    f"dm.redistribute: {message} (this is rank {rt.rank}); every rank must make the same call, "
+                    "only the local blocks differ"
+                )
         try:
-            shape = src.global_shape(shapes)
+            shape = src.global_shape([s for _, s in shared])
         except DistributionError as e:
-            raise DistributionError(f"x: {e}") from None
+            raise DistributionError(f"x: {e} (this is rank {rt.rank})") from None
         rank = rt.rank
 
     backend = _backends.for_redistribute()

@@ -250,7 +250,16 @@ def disagreement(values: list[Any], field: str) -> str | None:
 
 
 def _same(x: Any, y: Any) -> bool:
+    """Equal values of one type; a NaN (alpha, beta) is the same as itself.
+
+    >>> _same(float("nan"), float("nan")), _same(1.0, 1), _same(complex(1, float("nan")), complex(1, 0))
+    (True, False, False)
+    """
+    if type(x) is not type(y):
+        return False
     try:
-        return bool(x == y) and type(x) is type(y)
+        if bool(x == y):
+            return True
     except Exception:  # noqa: BLE001 - incomparable values differ
         return False
+    return isinstance(x, (float, complex)) and repr(x) == repr(y)  # NaN != NaN, yet both ranks pass it

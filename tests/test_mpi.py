@@ -106,7 +106,9 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
     proc = launch(4, "tests/mpi/disagree.py", timeout=300)
     assert proc.returncode == 0, output(proc)
     for scenario in ("result-distribution", "alpha", "beta", "epilog", "transpose-on-square",
-                     "grid-instead-of-slab", "dtype", "one-extra-row", "init-on-another-comm", "still-in-step"):
+                     "grid-instead-of-slab", "dtype", "one-extra-row", "c-one-row-short", "init-on-another-comm",
+                     "redistribute-dst", "redistribute-src", "redistribute-dtype", "reset-one-row-short",
+                     "reset-alpha", "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)
 
 

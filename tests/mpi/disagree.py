@@ -77,9 +77,28 @@ expect(
     lambda: dm.matmul(np.vstack([la, la[:1]]) if odd else la, lb, distribution=(X, Y, X)),
 )
 expect(
+    "c-one-row-short", dm.DistributionError, ["c:", "block of rank 1", "(2, 12)", "(3, 12)"],
+    lambda: dm.matmul(la, lb, lc[:-1] if odd else lc, beta=1.0, distribution=(X, Y, X)),
+)
+expect(
     "init-on-another-comm", ValueError, ["another communicator", "dm.finalize()"],
     lambda: dm.init(rt.comm.Split(me % 2, me)),
 )
+R = dm.Replicated()
+expect("redistribute-dst", ValueError, ["dst", "rank 1 passes Slab.Y"],
+       lambda: dm.redistribute(la, X, Y if odd else R))
+expect("redistribute-src", ValueError, ["src", "rank 1 passes Slab.Y"],
+       lambda: dm.redistribute(la, Y if odd else X, X))
+expect("redistribute-dtype", ValueError, ["dtype", "rank 1 passes 'float64'"],
+       lambda: dm.redistribute(la.astype(np.float64) if odd else la, X, Y))
+with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
+    mm.execute()
+    expect("reset-one-row-short", ValueError, ["reset_operands", "a must match", "(2, 12)"],
+           lambda: mm.reset_operands(a=la[:-1] if odd else la))
+    expect("reset-alpha", ValueError, ["alpha", "rank 1 passes 2.0"],
+           lambda: mm.reset_operands(alpha=2.0 if odd else 1.0))
+    if not np.allclose(mm.execute(), dm.split(a @ b, X)[me], atol=1e-4):  # the plan is untouched
+        problems.append(f"rank {me}: the plan changed after refused resets")
 
 # still in step, and products that are right on every rank
 d = dm.matmul(la, lb, distribution=(X, Y, X))
@@ -95,6 +114,9 @@ d = dm.matmul(np.zeros((dists[0].shape(me, (M, 0))), np.float32), np.zeros(dists
               cd, beta=2.0, distribution=dists)
 if d.shape != cd.shape or not np.allclose(d, 2 * cd) or not d.flags.writeable:
     problems.append(f"rank {me}: K = 0: got {d!r}, want 2*c")
+d = dm.matmul(la, lb, lc, beta=float("nan"), distribution=(X, Y, X))  # every rank passes NaN: no disagreement
+if d.shape != lc.shape or not np.isnan(d).all():
+    problems.append(f"rank {me}: beta=nan on every rank: got {d!r}")
 if dm.init(rt.comm) is not rt and dm.init(rt.comm) != rt:
     problems.append(f"rank {me}: dm.init(the same comm) did not return the runtime")
 all_problems = rt.comm.allgather(problems)
