@@ -206,6 +206,19 @@ def test_redistribute_every_pair_element_by_element(src, dst):
     np.testing.assert_array_equal(dm.redistribute(x, src, dst, devices=8), x)
 
 
+@pytest.mark.parametrize("shape", [(0, 10), (13, 0), (0, 0)])
+def test_redistribute_a_matrix_with_no_elements(shape):
+    """Every pair of layouts, numpy and jax: the empty matrix back, in its family
+    and dtype, a jax.Array on the devices asked for."""
+    for src, dst in itertools.product(LAYOUTS, LAYOUTS):
+        x = np.zeros(shape, np.float32)
+        got = dm.redistribute(x, src, dst, devices=8)
+        assert isinstance(got, np.ndarray) and got.shape == shape and got.dtype == x.dtype, (src, dst, got)
+        got = dm.redistribute(jnp.asarray(x), src, dst, devices=8)
+        assert isinstance(got, jax.Array) and got.shape == shape and got.dtype == x.dtype, (src, dst, got)
+        assert got.sharding.device_set == set(jax.devices()[:8]), (src, dst, got.sharding)
+
+
 @pytest.mark.parametrize("src, dst", [(s, d) for s, d in itertools.product(MIXED, MIXED) if s != d])
 def test_redistribution_puts_each_block_on_its_device(src, dst):
     """Each device ends with exactly its block under dst (zeros in the padding)."""

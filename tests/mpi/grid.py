@@ -51,6 +51,13 @@ for src, dst in itertools.product(layouts, layouts):
     got = dm.redistribute(dm.split(x, src)[me], src, dst)
     if not np.array_equal(got, dm.split(x, dst)[me]):
         failures.append(f"rank {me}: redistribute {src} -> {dst}")
+for shape in ((0, 10), (13, 0)):  # nothing to move: each rank gets its empty block, in x's dtype
+    x = np.zeros(shape, np.float64)
+    for src, dst in itertools.product(layouts, layouts):
+        got = dm.redistribute(dm.split(x, src)[me], src, dst)
+        want = dm.split(x, dst)[me]
+        if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
+            failures.append(f"rank {me}: redistribute {shape} {src} -> {dst}: got {got!r}, want {want.shape}")
 
 everyone = rt.comm.allgather(failures)
 if me == 0:

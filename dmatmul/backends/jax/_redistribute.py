@@ -48,6 +48,8 @@ def redistribute(
     ``rank`` None: one process, ``x`` is the global matrix (numpy or jax); else
     ``x`` is this rank's block and this rank's block of ``dst`` comes back.
     """
+    if 0 in shape:  # nothing to move: the empty block (or matrix) dst gives, in x's family and dtype
+        return _empty(x, dst, shape=shape, family=family, devices=devices, rank=rank)
     steps = _steps(src, dst, devices, shape)
     geom, first, _ = steps[0]
     if rank is not None:
@@ -69,3 +71,20 @@ def redistribute(
     if family == "numpy":
         return _layout.device_to_host(arr, last)
     return _jitted("unpad", geom, last, last)(arr)
+
+
+def _empty(
+    x: Any, dst: Distribution, *, shape: tuple[int, int], family: str, devices: tuple[jax.Device, ...],
+    rank: int | None,
+) -> Any:
+    """:func:`redistribute` of a matrix with no elements."""
+    dtype = x.dtype
+    if rank is not None:
+        block = np.zeros(dst.shape(rank, shape, len(devices)), dtype)
+        return jax.device_put(block, devices[rank]) if family == "jax" else block
+    if family == "numpy":
+        return np.zeros(shape, dtype)
+    geom = _layout.Geometry.create(devices, dst.grid if dst.grid is not None and dst.grid.ndim == 2 else None)
+    placement = _layout.placement_of(dst, geom, shape, (None, None))
+    sharding = geom.sharding(placement) if _layout.expressible(placement) else geom.replicated()
+    return jax.device_put(np.zeros(shape, dtype), sharding)
