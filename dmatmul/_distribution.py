@@ -527,7 +527,13 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
     """The global matrix from every rank's block (the inverse of :func:`split`).
 
     ``blocks[r]`` is rank ``r``'s block; ``len(blocks)`` is the number of ranks.
-    For :class:`Replicated` the blocks must agree; rank 0's is returned.
+    For :class:`Replicated` the blocks must agree (a ValueError names the
+    first rank that differs); rank 0's is returned.
+
+    >>> join([np.ones((1, 2)), np.zeros((1, 2))], Replicated(), (1, 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: join: Replicated() blocks must agree, but rank 1's differs from rank 0's
     """
     d = _check_distribution(d)
     shape = _global_shape(global_shape)
@@ -545,5 +551,10 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
                 f"under {d!r} for global shape {shape}, got {block.shape}"
             )
         out[np.ix_(rows, cols)] = block
+    if isinstance(d, Replicated):
+        differs = next((r for r, b in enumerate(arrays) if not np.array_equal(b, arrays[0], equal_nan=b.dtype.kind in "fc")), None)
+        if differs is not None:
+            raise ValueError(f"join: Replicated() blocks must agree, but rank {differs}'s differs from rank 0's")
+        out[...] = arrays[0]
     return out
 

@@ -175,6 +175,11 @@ def _check_local(
             ops.bias = np.asarray(ops.bias)
         if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:
             raise TypeError(f"bias must have a floating dtype, got {np.dtype(ops.bias.dtype).name}")
+        if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
+            raise TypeError(
+                f"bias is complex ({np.dtype(ops.bias.dtype).name}) but a and b are real ({dtype}): its imaginary "
+                "part would be lost; pass a real bias, or complex a and b"
+            )
         ops.bias = native_order(ops.bias)
         bias_length = int(np.prod(ops.bias.shape))
     alpha_v = _scalar(alpha, "alpha", dtype)

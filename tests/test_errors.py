@@ -61,6 +61,11 @@ CASES = [
     (dict(a=ones(4, 3), b=ones(3, 5), distribution="row"), TypeError, ["distribution", "str"]),
     (dict(a=ones(4, 3), b=ones(3, 5), devices=0), ValueError, ["devices", ">= 1", "0"]),
     (dict(a=ones(4, 3), b=ones(3, 5), precision="fast"), ValueError, ["precision", "'highest'", "'fast'"]),
+    (
+        dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=np.array([5j, 0, 0, 0], np.complex64)),
+        TypeError,
+        ["bias is complex", "complex64", "float32", "imaginary part"],
+    ),
 ]
 
 
@@ -139,6 +144,23 @@ def test_big_endian_operands_are_accepted_and_left_as_they_are():
     d = dm.matmul(a, b, distribution=dm.Slab.X, devices=2)
     np.testing.assert_allclose(d, a.astype(np.float32) @ b.astype(np.float32))
     assert a.dtype == np.dtype(">f4") and a[2, 3] == 11
+    with dm.Matmul(a.astype(np.float32), b, distribution=dm.Slab.X, devices=2) as mm:  # and in reset_operands
+        mm.reset_operands(a=a[::-1].copy())
+        np.testing.assert_allclose(mm.execute(), a[::-1].astype(np.float32) @ b.astype(np.float32))
+
+
+def test_devices_may_be_a_numpy_integer():
+    pytest.importorskip("jax")
+    a, b = ones(4, 3), ones(3, 5)
+    np.testing.assert_allclose(dm.matmul(a, b, distribution=dm.Slab.X, devices=np.int64(2)), a @ b)
+    np.testing.assert_array_equal(dm.redistribute(a, dm.Slab.X, dm.Slab.Y, devices=np.int32(2)), a)
+
+
+def test_join_of_replicated_blocks_checks_they_agree():
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(dm.join([x, x.copy(), x.copy()], dm.Replicated(), (2, 3)), x)
+    with pytest.raises(ValueError, match="rank 2's differs from rank 0's"):
+        dm.join([x, x, x + 1], dm.Replicated(), (2, 3))
 
 
 @pytest.mark.parametrize("precision", [None, "default", "high", "highest"])

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from typing import Any, Union
 
 import jax
@@ -83,7 +84,8 @@ def resolve_devices(devices: Any) -> tuple[jax.Device, ...]:
     local = jax.local_devices()
     if devices is None:
         return tuple(local)
-    if isinstance(devices, int):
+    if isinstance(devices, numbers.Integral):  # numpy integers too
+        devices = int(devices)
         if devices > len(local):
             hint = (
                 f"; on CPU start JAX with jax.config.update('jax_num_cpu_devices', {devices}) "
