@@ -14,7 +14,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -262,15 +262,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer no smaller than ``least`` (argparse then
+    says which option and what was given, with the usage line)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {least}"  # argparse names the type in its message
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dmatmul", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backends found, devices, MPI").set_defaults(func=cmd_info)
     demo = sub.add_parser("demo", help="every algorithm on simulated CPU devices, checked against numpy")
-    demo.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
-    demo.add_argument("-m", type=int, default=1001, help="rows of the result (default 1001: uneven)")
-    demo.add_argument("-n", type=int, default=768, help="columns of the result (default 768)")
-    demo.add_argument("-k", type=int, default=517, help="inner dimension (default 517: prime-ish, uneven)")
+    demo.add_argument("--devices", type=at_least(1), default=8, help="simulated CPU devices (default 8)")
+    demo.add_argument("-m", type=at_least(0), default=1001, help="rows of the result (default 1001: uneven)")
+    demo.add_argument("-n", type=at_least(0), default=768, help="columns of the result (default 768)")
+    demo.add_argument("-k", type=at_least(0), default=517, help="inner dimension (default 517: prime-ish, uneven)")
     demo.set_defaults(func=cmd_demo)
     check = sub.add_parser(
         "check", help="random products over every layout, dtype and option, checked against numpy",
@@ -279,14 +296,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "epilogs, named algorithms), checked against numpy: a table by layout family, exit status 1 on any "
         "failure. Under mpiexec -n P each rank passes its own blocks.",
     )
-    check.add_argument("--cases", type=int, default=None, help="products per backend (default 50; --quick: 12)")
-    check.add_argument("--seed", type=int, default=0, help="seed of the cases and data (default 0)")
+    check.add_argument("--cases", type=at_least(1), default=None, help="products per backend (default 50; --quick: 12)")
+    check.add_argument("--seed", type=at_least(0), default=0, help="seed of the cases and data (default 0)")
     check.add_argument("--backend", choices=("auto", "jax", "nvmath", "all-found"), default="auto",
                        help="auto: nvmath where it runs, else jax; all-found: every backend that runs here")
-    check.add_argument("--devices", type=int, default=8,
+    check.add_argument("--devices", type=at_least(1), default=8,
                        help="devices in one process; on CPU, the simulated devices JAX makes (default 8)")
     check.add_argument("--quick", action="store_true", help="fewer cases")
-    check.add_argument("--case", type=int, default=None, help="run only case number CASE of the seed")
+    check.add_argument("--case", type=at_least(0), default=None, help="run only case number CASE of the seed")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     check.set_defaults(func=cmd_check)
     from . import _bench

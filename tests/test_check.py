@@ -258,3 +258,25 @@ def test_dmatmul_check_fails_on_a_broken_kernel():
     proc = _check_cli("--cases", "20", "--seed", "1", patch=patch)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert "max error" in proc.stdout and "reproduce one: dmatmul check --seed 1" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["demo", "--devices", "0"], ["argument --devices", ">= 1", "got 0"]),
+    (["demo", "-m", "-3"], ["argument -m", ">= 0", "got -3"]),
+    (["demo", "-k", "x"], ["argument -k", "expected an integer", "'x'"]),
+    (["check", "--cases", "-1"], ["argument --cases", ">= 1", "got -1"]),
+    (["check", "--case", "-5"], ["argument --case", ">= 0", "got -5"]),
+    (["check", "--seed", "-1"], ["argument --seed", ">= 0"]),
+    (["check", "--devices", "0"], ["argument --devices", ">= 1"]),
+    (["bench", "--reps", "0"], ["argument --reps", ">= 1"]),
+])
+def test_commands_refuse_bad_counts_with_a_usage_error(argv, words, capsys):
+    """Before any work (and before JAX starts): argparse's exit status 2, naming the option."""
+    from dmatmul import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err

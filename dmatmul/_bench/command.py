@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _cost
+from ..cli import at_least
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
@@ -67,8 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "G=BlockNonCyclic on the squarest 2-D grid",
     )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions of every implementation")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs after the compiling first call")
+    p.add_argument("--reps", type=at_least(1), default=5, help="timed repetitions of every implementation")
+    p.add_argument("--warmup", type=at_least(0), default=1, help="untimed runs after the compiling first call")
     p.add_argument(
         "--algorithms", type=_names, default=None,
         help="dmatmul algorithms to time (default: auto and every named one that fits)",
