@@ -9,6 +9,7 @@ is refused exactly as it would be there.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,13 @@ class EmptyPlan:
         else:
             rows, cols = np.arange(spec.m), np.arange(spec.n)
         xp = array_module(operands.family)
+        if operands.family == "jax" and not spec.spmd:  # where a product with elements would put it
+            import jax
+
+            from .backends.jax._backend import place_result
+
+            with jax.enable_x64(True) if spec.dtype in ("float64", "complex128") else contextlib.nullcontext():
+                return place_result(self._compute(xp, operands, rows, cols), spec, operands)
         if operands.family == "jax" and spec.dtype in ("float64", "complex128"):
             import jax
 

@@ -314,3 +314,20 @@ def test_a_result_the_users_mesh_cannot_lay_out_is_gathered_in_the_plan(kind):
     d = jax.jit(lambda x, y: dm.matmul(x, y, distribution=(X, Y, dist_d)))(a, b)
     assert d.sharding.mesh == mesh and d.sharding.is_fully_replicated, d.sharding
     assert_close(np.asarray(d), reference(A, B), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("m, k", [(16, 0), (0, 12)])
+def test_an_empty_product_comes_back_on_the_users_mesh(kind, m, k):
+    """K = 0 (beta*C) or M = 0: no product runs, yet the result lands where one
+    would: on the user's mesh with the sharding its distribution implies."""
+    mesh = mesh_of(kind)
+    a = put(np.ones((m, k), np.float32), mesh, P(AXES, None) if m else P())
+    b = put(np.ones((k, 24), np.float32), mesh, P(None, AXES) if k else P())
+    c = put(C[:m], mesh, P(AXES, None) if m else P())
+    d = dm.matmul(a, b, c, beta=2.0, distribution=(X, Y, X))
+    assert d.shape == (m, 24) and d.sharding == NamedSharding(mesh, P(AXES, None)), d.sharding
+    np.testing.assert_allclose(np.asarray(d), 2 * C[:m], rtol=1e-6)
+    d = dm.matmul(jnp.ones((m, k), np.float32), jnp.ones((k, 24), np.float32), distribution=(X, Y, X), devices=8)
+    assert d.sharding.device_set == set(jax.devices()[:8]), d.sharding
+    assert d.sharding.spec == (P("x", None) if m else P()), d.sharding  # no rows: nothing to split

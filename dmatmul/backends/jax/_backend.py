@@ -233,6 +233,25 @@ def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int
     return None
 
 
+def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
+    """One process: an empty product's result (computed on the default device)
+    where a product with elements would put it: on the user's mesh (or the
+    devices asked for) with the NamedSharding its distribution implies, else
+    replicated there; inside a trace, as it is."""
+    if _traced(operands):
+        return d
+    mesh = user_mesh(operands) if spec.devices is None else None
+    dist = spec.distributions[2] if spec.distributions is not None else Replicated()
+    shape = (spec.m, spec.n)
+    if isinstance(mesh, Mesh):
+        sharding = _sharding_of(dist, mesh, shape)
+        return jax.device_put(d, sharding if sharding is not None else NamedSharding(mesh, PartitionSpec()))
+    devices = _layout.resolve_devices(spec.devices)
+    geom = _layout.Geometry.create(devices, dist.grid if dist.grid is not None and dist.grid.ndim == 2 else None)
+    placement = _layout.placement_of(dist, geom, shape, (None, None))
+    return jax.device_put(d, geom.sharding(placement) if _layout.expressible(placement) else geom.replicated())
+
+
 def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSchedule:
     """SUMMA's panels from op(A)'s K map (over grid columns) and op(B)'s (over
     grid rows): runs of consecutive k held by one grid column of A and one grid
