@@ -200,6 +200,12 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     if isinstance(axis, tuple) and not axis:
         raise ValueError(f"{name}: axis_name=() names no mesh axis; pass a mesh axis name or a tuple of them")
     names = axis if isinstance(axis, tuple) else (axis,)
+    if any(isinstance(n, (int, np.integer)) or n is None for n in names):  # JAX would read an int as a position
+        raise TypeError(
+            f"{name}: axis_name must be a mesh axis name (e.g. 'model') or a tuple of them, got {axis_name!r}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name}: axis_name={axis!r} names a mesh axis twice; name each axis of the ring once")
     try:
         p = int(lax.axis_size(axis))
     except NameError as e:

@@ -389,6 +389,11 @@ def test_axis_name_must_be_a_shard_map_axis():
         dmj.allgather_matmul(jnp.ones((4, 3)), jnp.ones((3, 2)), axis_name="model")  # outside shard_map
     with pytest.raises(ValueError, match=r"names no mesh axis"):
         trace("allgather_matmul", (4, 3), (3, 2), axis=())
+    with pytest.raises(ValueError, match=r"axis_name=\('model', 'model'\) names a mesh axis twice"):
+        trace("matmul_reduce_scatter", (8, 3), (3, 2), axis=("model", "model"))
+    for bad in (0, None, ("model", 1)):
+        with pytest.raises(TypeError, match=r"axis_name must be a mesh axis name .* got"):
+            trace("allgather_matmul", (4, 3), (3, 2), axis=bad)
 
 
 def test_options_are_keyword_only():
