@@ -9,7 +9,7 @@ is refused exactly as it would be there.
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,14 +33,15 @@ class EmptyProduct:
     def plan(self, spec: Spec, operands: Operands) -> EmptyPlan:
         if spec.distributions is not None:
             check_fit(spec.distributions, self.backend.ranks(spec), spmd=spec.spmd)
-        return EmptyPlan(spec)
+        return EmptyPlan(spec, getattr(self.backend, "place", None))
 
 
 class EmptyPlan:
     algorithm = "local"
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, place: Callable[[Any, Spec, Operands], Any] | None = None) -> None:
         self.spec = spec
+        self.place = place  # the backend's ``place``, where it has one
 
     def execute(self, operands: Operands) -> Any:
         spec = self.spec
@@ -51,19 +52,16 @@ class EmptyPlan:
         else:
             rows, cols = np.arange(spec.m), np.arange(spec.n)
         xp = array_module(operands.family)
-        if operands.family == "jax" and not spec.spmd:  # where a product with elements would put it
-            import jax
-
-            from .backends.jax._backend import place_result
-
-            with jax.enable_x64(True) if spec.dtype in ("float64", "complex128") else contextlib.nullcontext():
-                return place_result(self._compute(xp, operands, rows, cols), spec, operands)
         if operands.family == "jax" and spec.dtype in ("float64", "complex128"):
             import jax
 
             with jax.enable_x64(True):
-                return self._compute(xp, operands, rows, cols)
-        return self._compute(xp, operands, rows, cols)
+                return self._place(self._compute(xp, operands, rows, cols), operands)
+        return self._place(self._compute(xp, operands, rows, cols), operands)
+
+    def _place(self, result: Any, operands: Operands) -> Any:
+        """One process: the result where the backend would put one with elements."""
+        return result if self.place is None or self.spec.spmd else self.place(result, self.spec, operands)
 
     def _compute(self, xp: Any, operands: Operands, rows: Any, cols: Any) -> Any:
         spec = self.spec

@@ -64,6 +64,9 @@ class Backend(Protocol):
       ``stop()`` undoes what ``start`` did (:func:`dmatmul.finalize`).
     * ``redistribute(...)`` (only backends whose row says ``redistributes``):
       a matrix from one distribution to another, for :func:`dmatmul.redistribute`.
+    * ``place(result, spec, operands)`` (optional): where the result of an
+      empty product (K, M or N = 0: computed without the backend) goes, in one
+      process (the JAX backend: a jax.Array on the user's mesh).
     """
 
     name: str

@@ -852,6 +852,10 @@ class JaxBackend:
     def __init__(self) -> None:
         self._plans: dict[Any, JaxPlan] = {}
 
+    def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
+        """An empty product's result, one process (:func:`place_result`)."""
+        return place_result(result, spec, operands) if operands.family == "jax" else result
+
     def ranks(self, spec: Spec) -> int:
         """One device per process under mpiexec; else the devices ``devices=`` picks."""
         return spec.nprocs if spec.spmd else len(_layout.resolve_devices(spec.devices))
