@@ -42,7 +42,7 @@ from ._reference import error_ratio, random_matrix, reference
 
 __all__ = [
     "Chooser", "NumpyChooser", "Case", "Outcome", "Refusal", "draw_case", "run_case", "combine", "report",
-    "LAYOUT_FAMILIES", "NRANKS",
+    "LAYOUT_FAMILIES", "NRANKS", "OnMesh", "PLACEMENTS", "CALLS",
 ]
 
 #: the rank counts the matrix covers in one process (each has its own grid shapes)
@@ -106,6 +106,63 @@ class Refusal:
         return isinstance(e, self.types) and all(re.search(w, text) for w in self.words)
 
 
+#: how a jax.Array operand is placed on a user's mesh (:class:`OnMesh`), simplest first
+PLACEMENTS = ("none", "rows", "cols", "grid")
+#: how dm.matmul is called on such operands
+CALLS = ("eager", "jit", "jit under set_mesh")
+
+
+@dataclasses.dataclass(frozen=True)
+class OnMesh:
+    """jax.Array operands placed on a mesh of the user's (one process), and how
+    ``dm.matmul`` is called on them: eagerly, inside ``jax.jit``, or inside
+    ``jax.jit`` under ``jax.set_mesh``. The mesh has ``shape`` (axes "data",
+    "model"), Explicit axes (``jax.make_mesh``'s default) or Auto ones, its
+    devices in id order or reversed; ``placements`` say how a, b and c are
+    placed (:data:`PLACEMENTS`: unsplit, rows or columns over every axis, rows
+    over the first and columns over the rest; unsplit where it would not
+    split evenly). The result must come back on that mesh."""
+
+    shape: tuple[int, ...]
+    explicit: bool
+    reversed: bool
+    call: str
+    placements: tuple[str, str, str]
+
+    def describe(self) -> str:
+        kind = "Explicit" if self.explicit else "Auto"
+        order = ", devices reversed" if self.reversed else ""
+        mesh = "x".join(map(str, self.shape))
+        return f"{self.call}: a, b, c on an {kind} {mesh} mesh{order}, placed {'/'.join(self.placements)}"
+
+    def build(self, devices: Sequence[Any]) -> Any:
+        """The mesh, on ``devices`` (JAX's, at least ``prod(shape)``)."""
+        from jax.sharding import AxisType, Mesh
+
+        devs = list(devices)[: math.prod(self.shape)]
+        devs = devs[::-1] if self.reversed else devs
+        kind = AxisType.Explicit if self.explicit else AxisType.Auto
+        names = ("data", "model")[: len(self.shape)]
+        return Mesh(np.array(devs, dtype=object).reshape(self.shape), names, axis_types=(kind,) * len(names))
+
+    @staticmethod
+    def put(x: Any, mesh: Any, placement: str) -> Any:
+        """``x`` on ``mesh`` as ``placement`` says (unsplit where that would not split evenly)."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        names = tuple(mesh.axis_names)
+        spec = {
+            "none": (None, None), "rows": (names, None), "cols": (None, names),
+            "grid": (names[0], names[1:] or None) if len(names) > 1 else (names, None),
+        }[placement]
+        for part, size in zip(spec, x.shape):
+            axes = () if part is None else (part,) if isinstance(part, str) else part
+            if size % math.prod(mesh.shape[a] for a in axes):
+                spec = (None, None)
+        return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One product: ``epilog(alpha * op(A) @ op(B) + beta * C [+ bias])`` on
@@ -127,6 +184,7 @@ class Case:
     algorithm: AlgorithmName = "auto"
     family: str = "numpy"
     precision: PrecisionName | None = None
+    on_mesh: OnMesh | None = None  # jax operands on a user's mesh (ignored under mpiexec)
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -215,6 +273,8 @@ class Case:
         line = f"dm.matmul({', '.join(args + kw)})"
         if mpi:
             line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
+        elif self.on_mesh is not None:
+            line += f"  # {self.on_mesh.describe()} (no devices=)"
         return line
 
 
@@ -349,9 +409,17 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
             algorithm = draw.choice(ALGORITHMS)
     family = draw.choice(tuple(families))
     precision = draw.choice(PRECISIONS)
+    on_mesh = None
+    if family == "jax" and nranks > 1 and _rarely(draw, 3):  # the user's own mesh, eager or traced
+        shapes = [(nranks,)] + [s for s in _factorizations(nranks) if min(s) > 1]
+        on_mesh = OnMesh(
+            shape=draw.choice(shapes), explicit=not draw.boolean(), reversed=draw.boolean(),
+            call=draw.choice(CALLS), placements=(draw.choice(PLACEMENTS), draw.choice(PLACEMENTS),
+                                                 draw.choice(PLACEMENTS)),
+        )
     return Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
                 distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
-                algorithm=algorithm, family=family, precision=precision)
+                algorithm=algorithm, family=family, precision=precision, on_mesh=on_mesh)
 
 
 # --------------------------------------------------------------------------- #
@@ -427,6 +495,8 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         want_shape = (case.m, case.n)
         kwargs = {"devices": case.nranks if devices is None else devices}
     x64: Any = contextlib.nullcontext()
+    on = None if mpi else case.on_mesh
+    mesh: Any = None
     if case.family == "jax":
         import jax
         import jax.numpy as jnp
@@ -436,14 +506,29 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         with x64:
             a, b = jnp.asarray(a), jnp.asarray(b)
             c = None if c is None else jnp.asarray(c)
+            if on is not None:  # placed on the user's mesh, whose devices are then the ranks
+                mesh = on.build(jax.devices())
+                a, b = on.put(a, mesh, on.placements[0]), on.put(b, mesh, on.placements[1])
+                c = None if c is None else on.put(c, mesh, on.placements[2])
+                kwargs = {}
     before = [_snapshot(x) for x in (a, b, c, bias)]
     required, allowed = case.refusals()
+
+    def call(a: Any, b: Any, c: Any) -> Any:
+        return matmul(a, b, c, distribution=case.distributions, alpha=case.alpha, beta=case.beta,
+                      transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog, bias=bias,
+                      backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
+                      algorithm=case.algorithm, precision=case.precision, **kwargs)
+
     try:
         with x64:
-            d = matmul(a, b, c, distribution=case.distributions, alpha=case.alpha, beta=case.beta,
-                       transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog, bias=bias,
-                       backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
-                       algorithm=case.algorithm, precision=case.precision, **kwargs)
+            if on is None or on.call == "eager":
+                d = call(a, b, c)
+            else:
+                import jax
+
+                with jax.set_mesh(mesh) if on.call == "jit under set_mesh" else contextlib.nullcontext():
+                    d = jax.jit(call)(a, b, c)
     except Exception as e:  # noqa: BLE001 - every exception is classified
         if any(r.matches(e) for r in required + allowed):
             return outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")
@@ -462,6 +547,8 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         return outcome(status="failed", ratio=math.nan, message="; ".join(problems))
     if fam == "numpy" and not d.flags.writeable:
         problems.append("numpy result is read-only")
+    if mesh is not None and getattr(d.sharding, "mesh", None) != mesh:
+        problems.append(f"result not on the operands' mesh: {d.sharding}")
     if np.dtype(d.dtype).name != case.dtype:
         problems.append(f"result dtype {np.dtype(d.dtype).name}, expected {case.dtype}")
     ratio = math.nan

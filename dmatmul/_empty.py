@@ -32,7 +32,7 @@ class EmptyProduct:
 
     def plan(self, spec: Spec, operands: Operands) -> EmptyPlan:
         if spec.distributions is not None:
-            check_fit(spec.distributions, self.backend.ranks(spec), spmd=spec.spmd)
+            check_fit(spec.distributions, self.backend.ranks(spec, operands), spmd=spec.spmd)
         return EmptyPlan(spec, getattr(self.backend, "place", None))
 
 

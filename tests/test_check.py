@@ -65,6 +65,10 @@ def test_the_generator_covers_the_whole_layout_space():
         seen["algorithm"].add(case.algorithm)
         seen["array family"].add(case.family)
         seen["precision"].add(case.precision)
+        on = case.on_mesh
+        if on is not None:
+            seen["on a user's mesh"].add((on.call, on.explicit, on.reversed, len(on.shape)))
+            seen["placements"].update(on.placements)
         required, allowed = case.refusals()
         seen["refusals"].update(r.why.split()[0] for r in required + allowed)
     kinds = {"Slab.X", "Slab.Y", "Replicated()", "BlockNonCyclic", "BlockCyclic"}
@@ -89,6 +93,11 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["array family"] == {"numpy", "jax"}
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm"}
+    assert seen["on a user's mesh"] == {
+        (call, explicit, rev, dims) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
+        for dims in (1, 2)
+    }
+    assert seen["placements"] == set(ck.PLACEMENTS)
 
 
 def test_every_family_is_common_enough():
@@ -280,3 +289,28 @@ def test_commands_refuse_bad_counts_with_a_usage_error(argv, words, capsys):
     err = capsys.readouterr().err
     for w in words:
         assert w in err, err
+
+
+def test_a_broken_traced_path_fails_the_check(monkeypatch):
+    """The cases on a user's Explicit mesh called inside jax.jit fail when the
+    operands' Explicit types are not retyped (the bug the generator now covers),
+    and pass again when they are."""
+    pytest.importorskip("jax")
+    from dmatmul.backends.jax import _backend
+
+    cases = []
+    for i in range(3000):
+        ch = ck.NumpyChooser([4242, i])
+        case = ck.draw_case(ch, ch.choice(ck.NRANKS))
+        on = case.on_mesh
+        if on is not None and on.explicit and on.call == "jit" and min(case.m, case.n, case.k) > 0 \
+                and case.algorithm == "auto" and not any(case.refusals()):
+            cases.append(case)
+        if len(cases) == 3:
+            break
+    monkeypatch.setattr(_backend, "_auto_typed", lambda x: x)
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    assert [ck.run_case(c).status for c in cases] == ["failed"] * 3
+    monkeypatch.undo()
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    assert [ck.run_case(c).status for c in cases] == ["passed"] * 3

@@ -57,7 +57,8 @@ class Backend(Protocol):
     """What a backend provides.
 
     * ``plan(spec, operands)``: a :class:`BackendPlan` for a validated product.
-    * ``ranks(spec)``: how many ranks a product of ``spec`` spans here.
+    * ``ranks(spec, operands)``: how many ranks a product of ``spec`` on
+      ``operands`` spans here.
     * ``start(runtime)``: bring the backend's own process group up under a
       multi-process launch (called once, before its first product); returns
       the runtime, with this process's device filled in where it has one.
@@ -73,7 +74,7 @@ class Backend(Protocol):
 
     def plan(self, spec: Spec, operands: Operands) -> BackendPlan: ...
 
-    def ranks(self, spec: Spec) -> int: ...
+    def ranks(self, spec: Spec, operands: Operands) -> int: ...
 
     def start(self, runtime: Runtime) -> Runtime: ...
 

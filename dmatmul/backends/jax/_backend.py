@@ -237,15 +237,30 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     """One process: an empty product's result (computed on the default device)
     where a product with elements would put it: on the user's mesh (or the
     devices asked for) with the NamedSharding its distribution implies, else
-    replicated there; inside a trace, as it is."""
-    if _traced(operands):
-        return d
+    replicated there (also when it has no elements at all: nothing to split, and
+    JAX misreads zero-size shards); inside a trace, typed so on the trace's mesh."""
     mesh = user_mesh(operands) if spec.devices is None else None
     dist = spec.distributions[2] if spec.distributions is not None else Replicated()
     shape = (spec.m, spec.n)
+    if 0 in shape:
+        dist = Replicated()
+    if _traced(operands):
+        if mesh is None:
+            return d
+        if isinstance(mesh, AbstractMesh):
+            # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
+            # devices. Their sums keep them, adding nothing: with K = 0 both are empty (sums 0); else the
+            # result is (M or N = 0)
+            for x in (operands.a, operands.b):
+                d = d + jnp.sum(jnp.asarray(x)).astype(d.dtype)
+        found = _sharding_of(dist, mesh, shape)
+        sharding = found if found is not None else NamedSharding(mesh, PartitionSpec())
+        if any(size > 1 and n in mesh.abstract_mesh.explicit_axes for n, size in mesh.shape.items()):
+            return jax.sharding.reshard(d, sharding)
+        return jax.lax.with_sharding_constraint(d, sharding)
     if isinstance(mesh, Mesh):
-        sharding = _sharding_of(dist, mesh, shape)
-        return jax.device_put(d, sharding if sharding is not None else NamedSharding(mesh, PartitionSpec()))
+        found = _sharding_of(dist, mesh, shape)
+        return jax.device_put(d, found if found is not None else NamedSharding(mesh, PartitionSpec()))
     devices = _layout.resolve_devices(spec.devices)
     geom = _layout.Geometry.create(devices, dist.grid if dist.grid is not None and dist.grid.ndim == 2 else None)
     placement = _layout.placement_of(dist, geom, shape, (None, None))
@@ -856,9 +871,13 @@ class JaxBackend:
         """An empty product's result, one process (:func:`place_result`)."""
         return place_result(result, spec, operands) if operands.family == "jax" else result
 
-    def ranks(self, spec: Spec) -> int:
-        """One device per process under mpiexec; else the devices ``devices=`` picks."""
-        return spec.nprocs if spec.spmd else len(_layout.resolve_devices(spec.devices))
+    def ranks(self, spec: Spec, operands: Operands) -> int:
+        """One device per process under mpiexec; else the devices of the operands'
+        mesh, or those ``devices=`` picks (as :class:`JaxPlan` takes them)."""
+        if spec.spmd:
+            return spec.nprocs
+        mesh = user_mesh(operands) if spec.family == "jax" and spec.devices is None else None
+        return len(plan_devices(spec, mesh))
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
         """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""

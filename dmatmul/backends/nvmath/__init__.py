@@ -112,7 +112,7 @@ class _LazyBackend:
             self._impl = NvmathBackend()
         return self._impl.plan(spec, operands)
 
-    def ranks(self, spec: Any) -> int:
+    def ranks(self, spec: Any, operands: Any) -> int:
         """One GPU per process: the processes under mpiexec, else one."""
         return spec.nprocs if spec.spmd else 1
 
