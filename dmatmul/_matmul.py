@@ -284,14 +284,7 @@ def _validate(ops: Operands, **options: Any) -> Spec:
     chk, shared = _runtime.agree_and_share(
         lambda: _check_local(ops, spmd=True, **options), lambda chk: (chk.call(), chk.shapes)
     )
-    calls = [call for call, _ in shared]
-    for i, (field, _) in enumerate(calls[0]):
-        message = _runtime.disagreement([call[i][1] for call in calls], field)
-        if message is not None:
-            raise ValueError(
-                f"dmatmul: {message} (this is rank {rt.rank}); every rank must make the same call, "
-                "only the local blocks differ"
-            )
+    _runtime.require_same_call([call for call, _ in shared], "dmatmul")
     gathered = [shapes for _, shapes in shared]
     dists = chk.distributions
     assert dists is not None
@@ -474,10 +467,7 @@ class Matmul:
             (new, spec), shared = _runtime.agree_and_share(
                 check, lambda got: (("alpha", got[1].alpha), ("beta", got[1].beta)), "Matmul.reset_operands"
             )
-            for i, (field, _) in enumerate(shared[0]):
-                message = _runtime.disagreement([call[i][1] for call in shared], field)
-                if message is not None:
-                    raise ValueError(f"Matmul.reset_operands: {message} (this is rank {rt.rank})")
+            _runtime.require_same_call(shared, "Matmul.reset_operands")
         self._operands = new
         if spec != self._spec:
             if self._plan is not None:

@@ -50,14 +50,7 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
             check, lambda xm: ((("src", src), ("dst", dst), ("dtype", str(xm.dtype))), tuple(xm.shape)),
             "dm.redistribute",
         )
-        calls = [call for call, _ in shared]
-        for i, (field, _) in enumerate(calls[0]):
-            message = _runtime.disagreement([call[i][1] for call in calls], field)
-            if message is not None:
-                raise ValueError(
-                    f"dm.redistribute: {message} (this is rank {rt.rank}); every rank must make the same call, "
-                    "only the local blocks differ"
-                )
+        _runtime.require_same_call([call for call, _ in shared], "dm.redistribute")
         try:
             shape = src.global_shape([s for _, s in shared])
         except DistributionError as e:

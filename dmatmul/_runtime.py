@@ -225,6 +225,19 @@ def agree_and_share(
     raise exc_type(f"{what} failed on rank {first_rank}{also} (this is rank {state.rank}): {message}")
 
 
+def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str) -> None:
+    """Every rank's ``(field, value)`` pairs of one call (``calls[r]``, gathered):
+    raise a ValueError, on every rank alike, naming the first field on which
+    ranks differ and the ranks."""
+    state = _state
+    for i, (field, _) in enumerate(calls[0]):
+        message = disagreement([call[i][1] for call in calls], field)
+        if message is not None:
+            here = f" (this is rank {state.rank})" if state is not None else ""
+            raise ValueError(f"{what}: {message}{here}; every rank must make the same call, only the local "
+                             "blocks differ")
+
+
 def disagreement(values: list[Any], field: str) -> str | None:
     """A message naming the ranks that differ on ``field``, or None if all agree.
 
