@@ -118,6 +118,17 @@ def _auto_typed(x: jax.Array) -> jax.Array:
         return jax.sharding.reshard(x, PartitionSpec(*[None] * x.ndim))
 
 
+def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
+    """The user's mesh a one-process product on jax.Arrays runs on (:func:`user_mesh`),
+    unless ``devices=`` says otherwise; None under mpiexec and for other arrays."""
+    return user_mesh(operands) if spec.family == "jax" and not spec.spmd and spec.devices is None else None
+
+
+def _explicit(mesh: Mesh | AbstractMesh) -> bool:
+    """Whether a mesh axis that splits anything is Explicit (JAX then types shardings)."""
+    return any(size > 1 and n in mesh.abstract_mesh.explicit_axes for n, size in mesh.shape.items())
+
+
 def plan_devices(spec: Spec, mesh: Mesh | AbstractMesh | None) -> tuple[jax.Device, ...]:
     """The ranks of a one-process product: a user mesh's devices in mesh order;
     for an abstract (traced) mesh the first as many local devices, which stand
@@ -239,7 +250,7 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     devices asked for) with the NamedSharding its distribution implies, else
     replicated there (also when it has no elements at all: nothing to split, and
     JAX misreads zero-size shards); inside a trace, typed so on the trace's mesh."""
-    mesh = user_mesh(operands) if spec.devices is None else None
+    mesh = mesh_of(spec, operands)
     dist = spec.distributions[2] if spec.distributions is not None else Replicated()
     shape = (spec.m, spec.n)
     if 0 in shape:
@@ -255,7 +266,7 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
                 d = d + jnp.sum(jnp.asarray(x)).astype(d.dtype)
         found = _sharding_of(dist, mesh, shape)
         sharding = found if found is not None else NamedSharding(mesh, PartitionSpec())
-        if any(size > 1 and n in mesh.abstract_mesh.explicit_axes for n, size in mesh.shape.items()):
+        if _explicit(mesh):
             return jax.sharding.reshard(d, sharding)
         return jax.lax.with_sharding_constraint(d, sharding)
     if isinstance(mesh, Mesh):
@@ -319,10 +330,9 @@ class JaxPlan:
         self.spec = spec
         # the user's mesh (jax.Array operands placed on one, or jax.set_mesh): its devices in mesh order are
         # the ranks, and the result goes back onto it
-        self.user_mesh = user_mesh(operands) if spec.family == "jax" and not spec.spmd and spec.devices is None \
-            else None
-        # inside a user's trace on a mesh: the product runs on dmatmul's meshes made abstract, so the trace's
-        # own devices (in their order) are the ranks, and its result is typed on the user's mesh
+        self.user_mesh = mesh_of(spec, operands)
+        # inside a user's trace on a mesh: the trace's devices, in its order, are the ranks, and the result is
+        # typed on the user's mesh (:meth:`_traced_function`)
         self.traced = self.user_mesh is not None and _traced(operands)
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, self.user_mesh)
         self.nranks = p = len(self.devices)
@@ -635,7 +645,7 @@ class JaxPlan:
             op: (lambda t: t.spec if t is not None else PartitionSpec())(_sharding_of(dist, user, shape))
             for op, dist, shape in zip("abd", self.planned, (spec.a_shape, spec.b_shape, (spec.m, spec.n)))
         }
-        explicit = any(size > 1 and n in user.abstract_mesh.explicit_axes for n, size in user.shape.items())
+        explicit = _explicit(user)
 
         def enter(x: jax.Array, op: str) -> jax.Array:
             """An operand typed on the user's mesh with Auto axes: pinned there as its
@@ -874,10 +884,7 @@ class JaxBackend:
     def ranks(self, spec: Spec, operands: Operands) -> int:
         """One device per process under mpiexec; else the devices of the operands'
         mesh, or those ``devices=`` picks (as :class:`JaxPlan` takes them)."""
-        if spec.spmd:
-            return spec.nprocs
-        mesh = user_mesh(operands) if spec.family == "jax" and spec.devices is None else None
-        return len(plan_devices(spec, mesh))
+        return spec.nprocs if spec.spmd else len(plan_devices(spec, mesh_of(spec, operands)))
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
         """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""
@@ -909,7 +916,7 @@ class JaxBackend:
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         key: Any = spec
         if spec.family == "jax" and not spec.spmd:
-            mesh = user_mesh(operands) if spec.devices is None else None
+            mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (spec, mesh, mesh is not None and _traced(operands))
             if spec.distributions is None:
