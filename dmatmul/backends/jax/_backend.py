@@ -244,6 +244,21 @@ def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int
     return None
 
 
+def _on_mesh(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int, int]) -> NamedSharding:
+    """Where a ``shape`` result laid out as ``dist`` goes on ``mesh``: the
+    NamedSharding ``dist`` implies (:func:`_sharding_of`), else replicated."""
+    found = _sharding_of(dist, mesh, shape)
+    return found if found is not None else NamedSharding(mesh, PartitionSpec())
+
+
+def _typed_on(d: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """Traceable: ``d`` typed on ``sharding`` (a reshard on Explicit axes, a
+    sharding constraint on Auto ones)."""
+    if _explicit(sharding.mesh):
+        return jax.sharding.reshard(d, sharding)
+    return jax.lax.with_sharding_constraint(d, sharding)
+
+
 def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     """One process: an empty product's result (computed on the default device)
     where a product with elements would put it: on the user's mesh (or the
@@ -264,14 +279,9 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
             # result is (M or N = 0)
             for x in (operands.a, operands.b):
                 d = d + jnp.sum(jnp.asarray(x)).astype(d.dtype)
-        found = _sharding_of(dist, mesh, shape)
-        sharding = found if found is not None else NamedSharding(mesh, PartitionSpec())
-        if _explicit(mesh):
-            return jax.sharding.reshard(d, sharding)
-        return jax.lax.with_sharding_constraint(d, sharding)
+        return _typed_on(d, _on_mesh(dist, mesh, shape))
     if isinstance(mesh, Mesh):
-        found = _sharding_of(dist, mesh, shape)
-        return jax.device_put(d, found if found is not None else NamedSharding(mesh, PartitionSpec()))
+        return jax.device_put(d, _on_mesh(dist, mesh, shape))
     devices = _layout.resolve_devices(spec.devices)
     geom = _layout.Geometry.create(devices, dist.grid if dist.grid is not None and dist.grid.ndim == 2 else None)
     placement = _layout.placement_of(dist, geom, shape, (None, None))
@@ -642,7 +652,7 @@ class JaxPlan:
         core, wsc = self._core(geom), jax.lax.with_sharding_constraint
         spec = self.spec
         on_user = {
-            op: (lambda t: t.spec if t is not None else PartitionSpec())(_sharding_of(dist, user, shape))
+            op: _on_mesh(dist, user, shape)
             for op, dist, shape in zip("abd", self.planned, (spec.a_shape, spec.b_shape, (spec.m, spec.n)))
         }
         explicit = _explicit(user)
@@ -653,7 +663,7 @@ class JaxPlan:
             of its type); with Explicit ones: retyped Auto."""
             if jax.typeof(x).sharding.mesh.explicit_axes:
                 return _auto_typed(x)
-            return x if explicit else wsc(x, NamedSharding(user, on_user[op]))
+            return x if explicit else wsc(x, on_user[op])
 
         def traced(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
             a, b, c = enter(a, "a"), enter(b, "b"), None if c is None else enter(c, "d")
@@ -666,9 +676,7 @@ class JaxPlan:
                 if bias is not None:
                     bias = self._padded_bias(bias)
                 d = _layout.unpad(core(a, b, c, bias), given["d"])
-            if explicit:
-                return jax.sharding.reshard(d, NamedSharding(user, on_user["d"]))
-            return wsc(d, NamedSharding(user, on_user["d"]))
+            return _typed_on(d, on_user["d"])
 
         return jax.jit(traced)
 
@@ -739,8 +747,7 @@ class JaxPlan:
         """The result on the user's mesh: the NamedSharding its distribution implies
         (the same blocks on the same devices), else replicated there."""
         assert self.user_mesh is not None
-        target = _sharding_of(self.distributions[2], self.user_mesh, (self.spec.m, self.spec.n))
-        return jax.device_put(d, target if target is not None else NamedSharding(self.user_mesh, PartitionSpec()))
+        return jax.device_put(d, _on_mesh(self.distributions[2], self.user_mesh, (self.spec.m, self.spec.n)))
 
     def _execute_local_blocks(self, operands: Operands, c: Any, bias: Any) -> Any:
         """Several processes: this rank's blocks in, this rank's result block out."""
