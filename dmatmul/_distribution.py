@@ -125,7 +125,8 @@ class ProcessGrid:
     ``layout="row"`` numbers the ranks row-major (``rank = r*cols + c``, the
     last grid axis fastest); ``"col"`` column-major (``rank = r + c*rows``), as
     ScaLAPACK's ``'C'`` order and nvmath's ``ProcessGrid.Layout.COL_MAJOR``.
-    The layout may be left out for a 1-D grid.
+    The layout may be left out for a 1-D grid; where at most one axis is
+    longer than 1 the two orders agree, and such grids compare equal.
 
     >>> g = ProcessGrid((2, 4))
     >>> g.coords(6), g.rank((1, 2))
@@ -150,8 +151,11 @@ class ProcessGrid:
                 f"ProcessGrid layout must be 'row' (rank = r*cols + c) or 'col' "
                 f"(rank = r + c*rows), got {layout!r}"
             )
-        if len(dims) == 1:
-            layout = "row"  # the two orders agree on a 1-D grid: keep one value
+        if sum(d > 1 for d in dims) <= 1:
+            # the two orders number the ranks alike where at most one axis is
+            # longer than 1 (a 1-D grid, (4, 1), (1, 4)): keep one value, so
+            # that equal grids compare and hash equal (as nvmath's do)
+            layout = "row"
         object.__setattr__(self, "shape", dims)
         object.__setattr__(self, "layout", layout)
 

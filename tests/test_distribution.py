@@ -210,6 +210,22 @@ def test_equal_distributions_hash_equal():
     assert dm.ProcessGrid((2, 2)) != dm.ProcessGrid((2, 2), layout="col")
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+def test_grids_are_equal_exactly_when_they_number_ranks_alike(shape):
+    # (4, 1) row and (4, 1) col put every rank at the same coordinates: they
+    # are one grid, and so are the distributions on them (plan-cache keys and
+    # the ranks' agreement check compare them)
+    row, col = dm.ProcessGrid(shape), dm.ProcessGrid(shape, layout="col")
+    alike = all(row.coords(r) == col.coords(r) for r in range(row.size))
+    assert (row == col) == alike
+    if alike:
+        assert hash(row) == hash(col) and repr(row) == repr(col)
+    if len(shape) == 2:
+        on = [dm.BlockCyclic(g, (2, 3), first_process=(shape[0] - 1, 0)) for g in (row, col)]
+        assert (on[0] == on[1]) == alike and (hash(on[0]) == hash(on[1])) == alike
+
+
 def test_distributions_are_immutable():
     with pytest.raises(AttributeError):
         dm.Slab.X.dim = 1  # type: ignore[misc]
