@@ -90,8 +90,16 @@ def ensure(backend: str) -> Runtime:
 
 
 def world_size() -> int | None:
-    """Number of processes of the active multi-process run, or None in one process."""
-    return None if _state is None else _state.size
+    """Number of processes of the multi-process run, or None in one process.
+
+    Before the runtime starts, the launcher's count is the answer (the size
+    :func:`active` would start), so a distribution's shapes are the same
+    before and after ``dm.init()`` or the first product.
+    """
+    if _state is not None:
+        return _state.size
+    launched = launched_size()
+    return launched if launched > 1 else None
 
 
 def rank() -> int:

@@ -23,6 +23,11 @@ else:
 
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     assert dm.runtime() is None
+    # before anything starts, a distribution without a grid already spans the
+    # launched ranks (the same answer as after the first product), and asking
+    # starts nothing
+    before = dm.Slab.X.shape(rank, (11, 7)), [blk.shape for blk in dm.split(np.zeros((11, 7)), dm.Slab.Y)]
+    assert dm.runtime() is None
 
 a = np.arange(77, dtype=np.float64).reshape(11, 7)
 b = np.arange(35, dtype=np.float64).reshape(7, 5) / 10
@@ -32,6 +37,9 @@ d = dm.matmul(la, lb, distribution=dists)
 rt = dm.runtime()
 assert rt is not None and rt.size == size and rt.rank == rank, rt
 ok = np.allclose(d, dm.split(a @ b, dists[2])[rank])
+if sys.argv[1] == "implicit":
+    after = dm.Slab.X.shape(rank, (11, 7)), [blk.shape for blk in dm.split(np.zeros((11, 7)), dm.Slab.Y)]
+    ok = ok and before == after == ((11 // size + (rank < 11 % size), 7), [(11, 7 // size + (r < 7 % size)) for r in range(size)])
 ok = all(rt.comm.allgather(ok))
 if rank == 0:
     print(f"{sys.argv[1]}: {size} ranks, matches numpy: {ok}", flush=True)
