@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dmatmul as dm
 from dmatmul import _plan, backends
@@ -642,11 +643,23 @@ def simulate_cublasmp(tr, preps):
                 assert x.flags.f_contiguous, f"{h.operand} is not Fortran-ordered"
                 assert x.shape == bc(h.distribution).shape(r, h.global_shape)
 
+    # cuBLASMp takes one block size per dimension (M, N, K) in every matrix
+    # (nvmath infers them jointly): a grid axis of one process included
+    qa, qb, _ = tr.qualifiers
+    per_dim = {x: set() for x in "MNK"}
+    matrices = [(A, ("K", "M") if qa else ("M", "K")), (B, ("N", "K") if qb else ("K", "N")), (C, ("M", "N"))]
+    if tr.path != "GEMM+AR":
+        matrices.append((tr.result, ("M", "N")))
+    for h, dims in matrices:
+        if h is not None:
+            for dim, block in zip(dims, getattr(h, "distribution", h).block_sizes):
+                per_dim[dim].add(block)
+    assert all(len(v) == 1 for v in per_dim.values()), per_dim
+
     def glob(blocks, h):
         return dm.join([b.astype(np.complex128) for b in blocks], bc(h.distribution), h.global_shape)
 
     ga, gb = glob([pr.A for pr in preps], A), glob([pr.B for pr in preps], B)
-    qa, qb, _ = tr.qualifiers
     d = p.alpha * ((ga.T if qa else ga) @ (gb.T if qb else gb))
     if C is not None:
         d = d + p.beta * glob([pr.C for pr in preps], C)
@@ -762,6 +775,58 @@ def test_pipeline_2d():
         for orders in [("C", "C", "C"), ("F", "F", "F")]:
             run_simulated(8, 12, 6, 4, dists, False, False, orders=orders, use_c=True, beta=1.0, epilog="relu")
     run_simulated(9, 7, 6, 4, (f, dm.BlockCyclic(g, (3, 3), first_process=(1, 0)), f), False, False)
+
+
+@st.composite
+def grid_triples(draw):
+    """a, b and the result drawn apart on 4 ranks: grids with an axis of one process
+    ((4, 1), (1, 4)) next to 2x2, both orders, BlockNonCyclic or BlockCyclic, or Replicated."""
+    def dist():
+        kind = draw(st.sampled_from(["bnc", "bc", "bc", "rep"]))
+        if kind == "rep":
+            return R
+        grid = dm.ProcessGrid(draw(st.sampled_from([(4, 1), (1, 4), (2, 2)])), layout=draw(st.sampled_from(["row", "col"])))
+        fp = (draw(st.integers(0, grid.shape[0] - 1)), draw(st.integers(0, grid.shape[1] - 1)))
+        if kind == "bnc":
+            return dm.BlockNonCyclic(grid, fp)
+        return dm.BlockCyclic(grid, (draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4]))), fp)
+    dists = (dist(), dist(), dist())
+    if all(isinstance(d, dm.Replicated) for d in dists) or not any(
+            isinstance(d, (dm.BlockCyclic, dm.BlockNonCyclic)) and 1 not in d.grid.shape for d in dists):
+        dists = (dists[0], dists[1], dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2)))  # at least one 2-D grid
+    return dists, draw(st.booleans()), draw(st.booleans())
+
+
+def fixed_blocks(m, n, k, dists, ta, tb):
+    """Per dimension, the block sizes that axes of several processes fix (by hand)."""
+    out = {x: set() for x in "MNK"}
+    for op, d in zip("abc", dists):
+        if isinstance(d, dm.Replicated):
+            continue
+        dims = stored(op, ta, tb)
+        extent = {"M": m, "N": n, "K": k}
+        for axis, dim in enumerate(dims):
+            parts = d.grid.shape[axis]
+            if parts > 1:
+                out[dim].add(d.block_sizes[axis] if isinstance(d, dm.BlockCyclic) else extent[dim] // parts)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(grid_triples())
+def test_pipeline_2d_generated(case):
+    # each of a, b and the result on its own grid: the translation either runs
+    # (checked against numpy through the simulated cuBLASMp, which also
+    # requires one block size per dimension) or refuses exactly where axes of
+    # several processes fix two block sizes for one dimension
+    dists, ta, tb = case
+    m, n, k = 8, 16, 12
+    clash = [dim for dim, v in fixed_blocks(m, n, k, dists, ta, tb).items() if len(v) > 1]
+    if clash:
+        with pytest.raises(NotImplementedError, match=f"block sizes of ({'|'.join(clash)}) differ"):
+            T.translate(problem(m, n, k, 4, dists, ta, tb))
+        return
+    run_simulated(m, n, k, 4, dists, ta, tb, use_c=True, beta=0.5)
 
 
 def test_pipeline_extreme_sizes():

@@ -10,6 +10,8 @@ re-layouts of the general path and the allgather).
 
 from __future__ import annotations
 
+import dataclasses
+
 from .... import _plan
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
@@ -49,6 +51,43 @@ def _as_block_cyclic(p: Problem, operand: str, name: str, dist: Distribution) ->
     return NvDistribution(grid, layout, (blocks[0], blocks[1]), fp)  # type: ignore[arg-type]
 
 
+def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
+                   names: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Each operand's block size per dimension (M, K, N), one value per dimension, as cuBLASMp needs.
+
+    Along a grid axis of one process every block size places the data alike
+    (all of it on that process, in order), so such an axis takes the block
+    size the other operands fix for that dimension (as nvmath itself infers
+    block sizes). Only sizes fixed by axes of several processes must agree.
+
+    >>> from dmatmul import BlockNonCyclic, ProcessGrid
+    >>> p = Problem(8, 12, 16, 4, False, False, (BlockNonCyclic(ProcessGrid((4, 1))),
+    ...             BlockNonCyclic(ProcessGrid((1, 4))), BlockNonCyclic(ProcessGrid((4, 1)))), ("C", "C", None))
+    >>> nv = {op: _as_block_cyclic(p, op, op, d) for op, d in zip("abc", p.distributions)}
+    >>> _agreed_blocks(p, nv, {"a": "a", "b": "b", "c": "result"})  # b's N blocks of 3 win over the result's one block of 12
+    {'M': {'a': 2, 'result': 2}, 'K': {'a': 16, 'b': 16}, 'N': {'b': 3, 'result': 3}}
+    """
+    fixed: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
+    free: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
+    for op, nvd in nv.items():
+        if nvd is None:
+            continue
+        for axis, dim in enumerate(p.stored(op)):
+            (free if nvd.grid_shape[axis] == 1 else fixed)[dim][names[op]] = nvd.block_sizes[axis]
+    out: dict[str, dict[str, int]] = {}
+    for dim in "MKN":
+        values = set(fixed[dim].values())
+        if len(values) > 1:
+            raise NotImplementedError(
+                f"block sizes of {dim} differ: " + ", ".join(f"{k} has {v}" for k, v in fixed[dim].items())
+                + "; cuBLASMp needs one block size per dimension in every operand: give the distributions "
+                f"the same block size along {dim} (BlockCyclic with explicit block sizes)"
+            )
+        size = values.pop() if values else max(free[dim].values(), default=0)
+        out[dim] = {name: size for name in (*fixed[dim], *free[dim])}
+    return out
+
+
 def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     """SUMMA when a, b and the result share one 2-D grid in a frame, else the general path.
 
@@ -65,24 +104,16 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
             f"algorithm={p.algorithm!r} needs 1-D distributions (Slab.X, Slab.Y, Replicated(), or "
             f"BlockNonCyclic on a (P, 1)/(1, P) grid); given {p.given()}: use algorithm='summa' or 'auto'"
         )
-    nv: dict[str, NvDistribution | None] = {}
-    blocks: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
-    for op in ("a", "b", "c"):
-        d = dists[op]
-        if isinstance(d, Replicated):
-            nv[op] = None
-            continue
-        nvd = _as_block_cyclic(p, op, names[op], d)
-        nv[op] = nvd
-        for axis, dim in enumerate(p.stored(op)):
-            blocks[dim][names[op]] = nvd.block_sizes[axis]
-    for dim, per in blocks.items():
-        if len(set(per.values())) > 1:
-            raise NotImplementedError(
-                f"block sizes of {dim} differ: " + ", ".join(f"{k} has {v}" for k, v in per.items())
-                + "; cuBLASMp needs one block size per dimension in every operand: give the distributions "
-                f"the same block size along {dim}"
-            )
+    nv: dict[str, NvDistribution | None] = {
+        op: None if isinstance(dists[op], Replicated) else _as_block_cyclic(p, op, names[op], dists[op])
+        for op in ("a", "b", "c")
+    }
+    blocks = _agreed_blocks(p, nv, names)
+    for op, nvd in nv.items():  # a grid axis of one process takes its dimension's agreed block size
+        if nvd is not None:
+            stored = p.stored(op)
+            nv[op] = dataclasses.replace(nvd, block_sizes=(blocks[stored[0]].get(names[op], nvd.block_sizes[0]),
+                                                           blocks[stored[1]].get(names[op], nvd.block_sizes[1])))
     ref = next(nv[op] for op in ("c", "a", "b") if nv[op] is not None)
     assert ref is not None
     dims: dict[str, DimPlan] = {}
