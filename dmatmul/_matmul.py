@@ -41,6 +41,7 @@ from ._spec import (
     check_distribution,
     family,
     native_order,
+    refuse_masked,
 )
 
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ def _check_local(
     if ops.bias is not None:
         if not has_bias(epilog):
             raise ValueError(f"bias is given but epilog={epilog!r}: use epilog='bias', 'relu_bias' or 'gelu_bias'")
+        refuse_masked(ops.bias, "bias")
         if family(ops.bias) == "other":
             ops.bias = np.asarray(ops.bias)
         if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:

@@ -110,9 +110,19 @@ def family(x: Any) -> Family:
     return "other"
 
 
+def refuse_masked(x: Any, name: str) -> None:
+    """A numpy masked array is refused (as JAX does), whatever the path would read of it."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy masked array, which a product cannot honour: pass {name}.filled(<value>), "
+            f"or np.asarray({name}) to use the stored values"
+        )
+
+
 def as_matrix(x: Any, name: str) -> Any:
     """``x`` as a 2-D array of a supported dtype, in native byte order; else a
     TypeError/ValueError naming ``name``."""
+    refuse_masked(x, name)
     if family(x) == "other":
         if not hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
             raise TypeError(

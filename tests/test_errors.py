@@ -66,6 +66,14 @@ CASES = [
         TypeError,
         ["bias is complex", "complex64", "float32", "imaginary part"],
     ),
+    # masked arrays: refused alike on one device and several (one path read the mask's data silently)
+    (dict(a=np.ma.masked_array(ones(4, 3), mask=True), b=ones(3, 5), distribution=dm.Slab.X),
+     TypeError, ["a is a numpy masked array", "a.filled("]),
+    (dict(a=ones(4, 3), b=np.ma.masked_array(ones(3, 5)), devices=1), TypeError, ["b is a numpy masked array"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), c=np.ma.masked_array(ones(4, 5)), beta=1.0), TypeError,
+     ["c is a numpy masked array"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=np.ma.masked_array(ones(4))), TypeError,
+     ["bias is a numpy masked array"]),
 ]
 
 
