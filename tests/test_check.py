@@ -278,6 +278,9 @@ def test_dmatmul_check_fails_on_a_broken_kernel():
     (["check", "--seed", "-1"], ["argument --seed", ">= 0"]),
     (["check", "--devices", "0"], ["argument --devices", ">= 1"]),
     (["bench", "--reps", "0"], ["argument --reps", ">= 1"]),
+    (["bench", "--wait-idle", "-1"], ["argument --wait-idle", "(0, 1]", "-1"]),
+    (["bench", "--wait-idle", "lots"], ["argument --wait-idle", "'lots'"]),
+    (["bench", "--algorithms", "foo", "--costs"], ["argument --algorithms", "allgather", "'foo'"]),
 ])
 def test_commands_refuse_bad_counts_with_a_usage_error(argv, words, capsys):
     """Before any work (and before JAX starts): argparse's exit status 2, naming the option."""

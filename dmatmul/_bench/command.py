@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _cost
+from .._spec import ALGORITHMS
 from ..cli import at_least
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
@@ -47,6 +48,26 @@ def _names(text: str) -> list[str]:
     return [x for x in text.replace(" ", "").split(",") if x]
 
 
+def _algorithms(text: str) -> list[str]:
+    names = _names(text)
+    unknown = [a for a in names if a != "auto" and a not in ALGORITHMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated algorithms from auto, {', '.join(ALGORITHMS)}; got {text!r}"
+        )
+    return names
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {value}")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
@@ -71,7 +92,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reps", type=at_least(1), default=5, help="timed repetitions of every implementation")
     p.add_argument("--warmup", type=at_least(0), default=1, help="untimed runs after the compiling first call")
     p.add_argument(
-        "--algorithms", type=_names, default=None,
+        "--algorithms", type=_algorithms, default=None,
         help="dmatmul algorithms to time (default: auto and every named one that fits)",
     )
     p.add_argument("--peers", type=_names, default=",".join(PEERS), help="peers to time")
@@ -83,7 +104,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"{','.join(map(str, QUICK_DEVICES))}, 3 repetitions (unless given)",
     )
     p.add_argument(
-        "--wait-idle", type=float, default=None, metavar="FRACTION",
+        "--wait-idle", type=_fraction, default=None, metavar="FRACTION",
         help="on a shared machine: before every timed call, wait (up to 60 s) until other processes keep "
         "less than FRACTION of the CPUs busy (e.g. 0.15; Linux /proc/stat)",
     )
