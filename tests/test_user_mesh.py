@@ -196,7 +196,8 @@ def _user_mesh(kind: str, order: str, shape=(2, 4)):
     (as topology-aware meshes of real clusters are not in id order)."""
     devices = jax.devices()[:8]
     devices = devices if order == "natural" else devices[::-1]
-    types = (AxisType.Explicit,) * 2 if kind == "explicit" else (AxisType.Auto,) * 2
+    E, A = AxisType.Explicit, AxisType.Auto
+    types = {"explicit": (E, E), "auto": (A, A), "explicit-auto": (E, A), "auto-explicit": (A, E)}[kind]
     return jax.sharding.Mesh(np.array(devices).reshape(shape), AXES, axis_types=types)
 
 
@@ -216,10 +217,10 @@ def _trace_cases():
     every run); sizes prime or uneven where the placement allows it."""
     rng = np.random.default_rng(1414)
     cases = []
-    for kind in ("explicit", "auto"):
+    for kind in ("explicit", "auto", "explicit-auto", "auto-explicit"):
         for context in (False, True):
             for order in ("natural", "reversed"):
-                for _ in range(3):
+                for _ in range(3 if kind in ("explicit", "auto") else 1):
                     dists = _TRIPLES[int(rng.integers(len(_TRIPLES)))]
                     sa, sb = (_SPECS[int(i)] for i in rng.integers(len(_SPECS), size=2))
                     m, k, n = (int(rng.choice(choices)) for choices in ((8, 16, 24), (7, 12, 13), (8, 24, 40)))
@@ -262,7 +263,7 @@ def test_inside_the_users_jit_and_grad(kind, context, order, dists, sa, sb, mkn)
         d = jax.jit(product)(a, b)
         assert isinstance(d.sharding, NamedSharding) and d.sharding.mesh == mesh, d.sharding
         assert_close(np.asarray(d), reference(a_np, b_np), "float32")
-        if kind == "explicit" and not context:
+        if "explicit" in kind and not context:
             return  # JAX itself refuses grad of a sum on an Explicit mesh outside jax.set_mesh
         for grad in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
             ga, gb = grad(a, b, g)
@@ -333,3 +334,44 @@ def test_an_empty_product_comes_back_on_the_users_mesh(kind, m, k):
     d = dm.matmul(jnp.ones((m, k), np.float32), jnp.ones((k, 24), np.float32), distribution=(X, Y, X), devices=8)
     assert d.sharding.device_set == set(jax.devices()[:8]), d.sharding
     assert d.sharding.spec == (P("x", None) if m else P()), d.sharding
+
+
+# --------------------------------------------------------------------------- #
+# constants inside the user's trace, and eager transformations
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kind", ["explicit", "auto", "explicit-auto"])
+@pytest.mark.parametrize("order", ["natural", "reversed"])
+@pytest.mark.parametrize("context", [False, True])
+def test_constants_inside_the_users_jit(kind, order, context):
+    """dm.matmul (and a Matmul planned outside) called inside jax.jit on
+    closed-over operands: the trace's constants. The product is staged into the
+    trace (jax.set_mesh, which dmatmul uses outside a trace, is refused there),
+    and the result comes back on the operands' mesh; numpy constants give a
+    value of the trace, as jnp.dot's do."""
+    mesh = _user_mesh(kind, order)
+    dists = (X, R, dm.BlockNonCyclic(GRID_ROW))
+    a, b = put(A, mesh, P(AXES, None)), put(B, mesh, P())
+    want = reference(A, B)
+    with jax.set_mesh(mesh) if context else contextlib.nullcontext():
+        d = jax.jit(lambda: dm.matmul(a, b, distribution=dists))()
+        assert isinstance(d.sharding, NamedSharding) and d.sharding.mesh == mesh, d.sharding
+        assert_close(np.asarray(d), want, "float32")
+        with dm.Matmul(a, b, distribution=dists) as mm:
+            eager = mm.execute()
+            inside = jax.jit(mm.execute)()
+            assert inside.sharding.mesh == mesh and eager.sharding == inside.sharding, (eager.sharding, inside.sharding)
+            assert_close(np.asarray(inside), want, "float32")
+        d = jax.jit(lambda s: s * dm.matmul(A, B, distribution=(X, Y, X)))(jnp.float32(2))
+        assert_close(np.asarray(d), 2 * want, "float32")
+
+
+def test_eager_transformations_of_operands_committed_to_one_device():
+    """Eager jax.grad around dm.matmul: operands committed to one device (the
+    traced value's and the constant's) move onto the plan's devices; gradients
+    of constants-only products too."""
+    dev = jax.devices()[3]
+    a, b = jax.device_put(A, dev), jax.device_put(B, dev)
+    g = jax.grad(lambda x: jnp.sum(dm.matmul(x, b, distribution=(X, Y, X)) ** 2))(a)
+    assert_close(np.asarray(g), 2 * reference(A, B) @ B.T.astype(np.float64), "float32")
+    g = jax.grad(lambda s: jnp.sum(s * dm.matmul(A, B)))(1.0)
+    assert_close(np.asarray(g), reference(A, B).sum(), "float32")

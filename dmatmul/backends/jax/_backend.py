@@ -56,6 +56,22 @@ def _traced(operands: Operands) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
 
 
+def _in_trace() -> bool:
+    """Whether a JAX transformation (``jit``, ``grad``...) is tracing now, also
+    where no operand is one of its values (closed-over constants). JAX says so
+    only privately; without it, False (``jax.set_mesh`` then names the trace)."""
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # pragma: no cover - a JAX without it
+        return False
+    return not trace_state_clean()
+
+
+def _tracing(operands: Operands) -> bool:
+    """Whether the product runs inside a user's trace: on its values, or on constants of it."""
+    return _traced(operands) or _in_trace()
+
+
 def _type_mesh(x: Any) -> AbstractMesh | None:
     """The mesh in a traced value's type (a committed array's, Explicit axes
     or Auto), None where its type names none."""
@@ -90,7 +106,7 @@ def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
             sharding = x.sharding
             if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.size > 1:
                 return sharding.mesh
-    if _traced(operands):
+    if _tracing(operands):
         typed = next((m for m in map(_type_mesh, (operands.a, operands.b, operands.c)) if m is not None), None)
         context = jax.sharding.get_abstract_mesh()
         mesh = typed if typed is not None else context if not context.empty and context.size > 1 else None
@@ -121,7 +137,8 @@ def _auto_typed(x: jax.Array) -> jax.Array:
 def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
     """The user's mesh a one-process product on jax.Arrays runs on (:func:`user_mesh`),
     unless ``devices=`` says otherwise; None under mpiexec and for other arrays."""
-    return user_mesh(operands) if spec.family == "jax" and not spec.spmd and spec.devices is None else None
+    wanted = spec.family == "jax" or _in_trace()  # numpy constants inside a trace give one of its values
+    return user_mesh(operands) if wanted and not spec.spmd and spec.devices is None else None
 
 
 def _explicit(mesh: Mesh | AbstractMesh) -> bool:
@@ -253,10 +270,19 @@ def _on_mesh(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int, in
 
 def _typed_on(d: jax.Array, sharding: NamedSharding) -> jax.Array:
     """Traceable: ``d`` typed on ``sharding`` (a reshard on Explicit axes, a
-    sharding constraint on Auto ones)."""
-    if _explicit(sharding.mesh):
-        return jax.sharding.reshard(d, sharding)
-    return jax.lax.with_sharding_constraint(d, sharding)
+    sharding constraint on Auto ones). On a mesh of both kinds the type names
+    the Explicit axes only (as JAX types such an array), and the Auto ones are
+    left to XLA, as for any value there."""
+    mesh = sharding.mesh
+    if not _explicit(mesh):
+        return jax.lax.with_sharding_constraint(d, sharding)
+    explicit = set(mesh.abstract_mesh.explicit_axes)
+
+    def typed(entry: Any) -> Any:
+        names = tuple(n for n in (entry if isinstance(entry, tuple) else (entry,)) if n in explicit)
+        return None if not names else names[0] if len(names) == 1 else names
+
+    return jax.sharding.reshard(d, NamedSharding(mesh, PartitionSpec(*map(typed, sharding.spec))))
 
 
 def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
@@ -343,7 +369,8 @@ class JaxPlan:
         self.user_mesh = mesh_of(spec, operands)
         # inside a user's trace on a mesh: the trace's devices, in its order, are the ranks, and the result is
         # typed on the user's mesh (:meth:`_traced_function`)
-        self.traced = self.user_mesh is not None and _traced(operands)
+        self.traced = self.user_mesh is not None and _tracing(operands)
+        self._twin: JaxPlan | None = None  # this plan's traced form, for a call inside a trace on constants
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, self.user_mesh)
         self.nranks = p = len(self.devices)
         self.model = _cost.model_for(self.devices[0].platform, p)
@@ -685,21 +712,29 @@ class JaxPlan:
         """A jax.Array operand on this plan's devices (moved there only if it
         lives on other devices; an operand already laid out is used as it is)."""
         x = jnp.asarray(x)
+        expressible = operand != "bias" and _layout.expressible(self.given[operand])
+        target = self.sharding(operand) if expressible else self.geom.replicated()
         if isinstance(x, jax.core.Tracer):
-            return x
+            # where it is is not known here: under jit a placement (its devices the trace's), under eager
+            # grad or vjp a move of its value (committed to one device, say) onto the plan's devices
+            return jax.device_put(x, target)
         sharding = x.sharding
         on_ours = isinstance(sharding, NamedSharding) and sharding.mesh == self.geom.mesh
         if sharding.device_set == set(self.devices) and (on_ours or not isinstance(sharding, NamedSharding)):
             return x
         # on other devices, or on another mesh (the user's: its axis names mean nothing to the kernels):
         # re-laid device to device
-        expressible = operand != "bias" and _layout.expressible(self.given[operand])
-        return jax.device_put(x, self.sharding(operand) if expressible else self.geom.replicated())
+        return jax.device_put(x, target)
 
     def execute(self, operands: Operands) -> Any:
         with _x64(self.spec.dtype):
             if self.traced:
                 return self._execute_traced(operands)
+            if self.user_mesh is not None and _in_trace():
+                # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
+                if self._twin is None:
+                    self._twin = JaxPlan(self.spec, operands)
+                return self._twin.execute(operands)
             with contextlib.nullcontext() if _traced(operands) else self._own_context():
                 d = self._execute(operands)
             return d if self.user_mesh is None else self._to_user_mesh(d)
@@ -708,11 +743,17 @@ class JaxPlan:
         """One process: dmatmul's own mesh as the context of its computations, also
         under the user's ``jax.set_mesh`` (whose mesh would clash with it); not across
         processes, whose local steps use this rank's device (nor inside a trace, where
-        ``set_mesh`` is refused: :meth:`_traced_function`)."""
+        ``set_mesh`` is refused: :meth:`_traced_function`).
+
+        Constant operands inside a user's trace (closed-over arrays, a plan
+        executed in ``jit``, eager ``grad`` around constants) are staged into
+        that trace as the jax.Array path stages traced ones, under this mesh's
+        abstract mesh (``set_mesh`` is refused there)."""
         if self.spec.spmd:
             return contextlib.nullcontext()
-        assert isinstance(self.geom.mesh, Mesh)  # the plan's own geometry: made abstract only inside a trace
-        return jax.set_mesh(self.geom.mesh)
+        mesh = self.geom.mesh
+        assert isinstance(mesh, Mesh)  # the plan's own geometry: made abstract only inside a trace
+        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if _in_trace() else jax.set_mesh(mesh)
 
     def _execute_traced(self, operands: Operands) -> Any:
         """Inside a user's trace on a mesh (:meth:`_traced_function`)."""
@@ -727,7 +768,7 @@ class JaxPlan:
         bias = operands.bias if spec.has_bias else None
         if spec.spmd:
             return self._execute_local_blocks(operands, c, bias)
-        if operands.family == "numpy":
+        if operands.family == "numpy" and not _in_trace():  # (in a trace: staged there, as jax.Arrays are)
             fn = self._function("padded")
             a = _layout.host_to_device(operands.a, given["a"], geom)
             b = _layout.host_to_device(operands.b, given["b"], geom)
@@ -922,11 +963,11 @@ class JaxBackend:
 
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         key: Any = spec
-        if spec.family == "jax" and not spec.spmd:
+        if (spec.family == "jax" or _in_trace()) and not spec.spmd:
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
-            key = (spec, mesh, mesh is not None and _traced(operands))
-            if spec.distributions is None:
+            key = (spec, mesh, mesh is not None and _tracing(operands))
+            if spec.distributions is None and spec.family == "jax":
                 key += (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"))
         plan = self._plans.get(key)
         if plan is None:
