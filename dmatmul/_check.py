@@ -109,15 +109,17 @@ class Refusal:
 #: how a jax.Array operand is placed on a user's mesh (:class:`OnMesh`), simplest first
 PLACEMENTS = ("none", "rows", "cols", "grid")
 #: how dm.matmul is called on such operands
-CALLS = ("eager", "jit", "jit under set_mesh")
+CALLS = ("eager", "jit", "jit under set_mesh", "jit on constants")
 
 
 @dataclasses.dataclass(frozen=True)
 class OnMesh:
     """jax.Array operands placed on a mesh of the user's (one process), and how
     ``dm.matmul`` is called on them: eagerly, inside ``jax.jit``, or inside
-    ``jax.jit`` under ``jax.set_mesh``. The mesh has ``shape`` (axes "data",
-    "model"), Explicit axes (``jax.make_mesh``'s default) or Auto ones, its
+    ``jax.jit`` under ``jax.set_mesh``, or inside ``jax.jit`` on closed-over
+    operands (constants of the trace). The mesh has ``shape`` (axes "data",
+    "model"), Explicit axes (``jax.make_mesh``'s default) or Auto ones
+    (``mixed``: the first axis of one kind, the others of the other), its
     devices in id order or reversed; ``placements`` say how a, b and c are
     placed (:data:`PLACEMENTS`: unsplit, rows or columns over every axis, rows
     over the first and columns over the rest; unsplit where it would not
@@ -128,9 +130,12 @@ class OnMesh:
     reversed: bool
     call: str
     placements: tuple[str, str, str]
+    mixed: bool = False
 
     def describe(self) -> str:
         kind = "Explicit" if self.explicit else "Auto"
+        if self.mixed:
+            kind += f"-then-{'Auto' if self.explicit else 'Explicit'}"
         order = ", devices reversed" if self.reversed else ""
         mesh = "x".join(map(str, self.shape))
         return f"{self.call}: a, b, c on an {kind} {mesh} mesh{order}, placed {'/'.join(self.placements)}"
@@ -141,9 +146,10 @@ class OnMesh:
 
         devs = list(devices)[: math.prod(self.shape)]
         devs = devs[::-1] if self.reversed else devs
-        kind = AxisType.Explicit if self.explicit else AxisType.Auto
+        first, other = (AxisType.Explicit, AxisType.Auto) if self.explicit else (AxisType.Auto, AxisType.Explicit)
         names = ("data", "model")[: len(self.shape)]
-        return Mesh(np.array(devs, dtype=object).reshape(self.shape), names, axis_types=(kind,) * len(names))
+        types = (first,) + ((other if self.mixed else first),) * (len(names) - 1)
+        return Mesh(np.array(devs, dtype=object).reshape(self.shape), names, axis_types=types)
 
     @staticmethod
     def put(x: Any, mesh: Any, placement: str) -> Any:
@@ -412,10 +418,12 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     on_mesh = None
     if family == "jax" and nranks > 1 and _rarely(draw, 3):  # the user's own mesh, eager or traced
         shapes = [(nranks,)] + [s for s in _factorizations(nranks) if min(s) > 1]
+        shape = draw.choice(shapes)
         on_mesh = OnMesh(
-            shape=draw.choice(shapes), explicit=not draw.boolean(), reversed=draw.boolean(),
+            shape=shape, explicit=not draw.boolean(), reversed=draw.boolean(),
             call=draw.choice(CALLS), placements=(draw.choice(PLACEMENTS), draw.choice(PLACEMENTS),
                                                  draw.choice(PLACEMENTS)),
+            mixed=len(shape) > 1 and _rarely(draw, 3),
         )
     return Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
                 distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
@@ -528,7 +536,7 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
                 import jax
 
                 with jax.set_mesh(mesh) if on.call == "jit under set_mesh" else contextlib.nullcontext():
-                    d = jax.jit(call)(a, b, c)
+                    d = jax.jit(lambda: call(a, b, c))() if on.call == "jit on constants" else jax.jit(call)(a, b, c)
     except Exception as e:  # noqa: BLE001 - every exception is classified
         if any(r.matches(e) for r in required + allowed):
             return outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")

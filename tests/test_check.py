@@ -67,7 +67,7 @@ def test_the_generator_covers_the_whole_layout_space():
         seen["precision"].add(case.precision)
         on = case.on_mesh
         if on is not None:
-            seen["on a user's mesh"].add((on.call, on.explicit, on.reversed, len(on.shape)))
+            seen["on a user's mesh"].add((on.call, on.explicit, on.reversed, len(on.shape), on.mixed))
             seen["placements"].update(on.placements)
         required, allowed = case.refusals()
         seen["refusals"].update(r.why.split()[0] for r in required + allowed)
@@ -75,9 +75,8 @@ def test_the_generator_covers_the_whole_layout_space():
     for name in ("a", "b", "result"):
         assert seen[f"kind of {name}"] == kinds
     for p in ck.NRANKS:
-        want = {((r, p // r), layout) for r in range(1, p + 1) if p % r == 0 for layout in ("row", "col")}
-        if p == 1:
-            want = {((1, 1), "row"), ((1, 1), "col")}
+        grids = (dm.ProcessGrid((r, p // r), layout) for r in range(1, p + 1) if p % r == 0 for layout in ("row", "col"))
+        want = {(g.shape, g.layout) for g in grids}  # a (p, 1) grid is one grid in both orders
         assert seen[f"grids on {p}"] == want, p
     assert seen["first_process"] == {True, False}
     assert seen["block size 1"] == {True, False} and True in seen["block larger than the matrix"]
@@ -94,8 +93,8 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm"}
     assert seen["on a user's mesh"] == {
-        (call, explicit, rev, dims) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
-        for dims in (1, 2)
+        (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
+        for dims in (1, 2) for mixed in ((False, True) if dims == 2 else (False,))
     }
     assert seen["placements"] == set(ck.PLACEMENTS)
 
