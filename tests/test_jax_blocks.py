@@ -254,6 +254,27 @@ def test_global_result_is_the_numpy_product():
     np.testing.assert_allclose(g2, (x @ w1).T @ ones, rtol=1e-5, atol=1e-5)
 
 
+def test_reverse_mode_works_and_forward_mode_is_refused():
+    """What the README and the module docstring promise: grad, vjp and jacrev
+    (checked against numpy); jvp, linearize and jacfwd refused by JAX, as for
+    any custom_vjp function."""
+    mesh = make_mesh((8,), "auto")
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((16, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    f = jax.jit(jax.shard_map(lambda x, y: dmj.allgather_matmul(x, y, axis_name="model"), mesh=mesh,
+                              in_specs=(P("model"), P()), out_specs=P(), check_vma=False))
+    np.testing.assert_allclose(jax.jacrev(lambda y: f(x, y))(y), np.einsum("mk,ni->mnki", x, np.eye(4)),
+                               rtol=1e-5, atol=1e-5)
+    _, vjp = jax.vjp(f, x, y)
+    gx, gy = vjp(np.ones((16, 4), np.float32))
+    np.testing.assert_allclose(gx, np.ones((16, 4)) @ y.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gy, x.T @ np.ones((16, 4)), rtol=1e-5, atol=1e-5)
+    for forward in (lambda: jax.jvp(f, (x, y), (x, y)), lambda: jax.linearize(f, x, y)[1](x, y),
+                    lambda: jax.jacfwd(lambda y: f(x, y))(y)):
+        with pytest.raises(TypeError, match="custom_vjp"):
+            forward()
+
+
 # --------------------------------------------------------------------------- #
 # rings, not collectives
 # --------------------------------------------------------------------------- #
