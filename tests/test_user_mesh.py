@@ -375,3 +375,18 @@ def test_eager_transformations_of_operands_committed_to_one_device():
     assert_close(np.asarray(g), 2 * reference(A, B) @ B.T.astype(np.float64), "float32")
     g = jax.grad(lambda s: jnp.sum(s * dm.matmul(A, B)))(1.0)
     assert_close(np.asarray(g), reference(A, B).sum(), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("axis_names", [None, {"model"}])
+def test_inside_shard_map_points_to_the_building_blocks(kind, axis_names):
+    """Inside jax.shard_map the operands are blocks, not global matrices:
+    dm.matmul says so and names dmatmul.jax's building blocks (JAX's own
+    AssertionError escaped before)."""
+    mesh = mesh_of(kind)
+    rows = P(AXES, None) if axis_names is None else P("model", None)
+    a, b = put(A, mesh, rows), put(B, mesh, P())
+    kw = {} if axis_names is None else {"axis_names": axis_names}
+    f = jax.shard_map(lambda x, y: dm.matmul(x, y), mesh=mesh, in_specs=(rows, P()), out_specs=rows, **kw)
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"inside jax.shard_map .*dmatmul.jax.allgather_matmul"):
+        jax.jit(f)(a, b)

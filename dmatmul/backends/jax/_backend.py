@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -50,6 +51,15 @@ def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
         return None
     order = [dists[2].grid, dists[0].grid, dists[1].grid]
     return max(grids, key=lambda g: (grids.count(g), -order.index(g)))
+
+
+def _inside_shard_map(manual: Sequence[str]) -> str:
+    return (
+        f"dm.matmul was called inside jax.shard_map (manual mesh axes {tuple(manual)}), where a, b and c are "
+        "each device's blocks, not global matrices: inside shard_map use dmatmul.jax.allgather_matmul(x, y, "
+        "axis_name=...) or dmatmul.jax.matmul_reduce_scatter(...), the ring kernels as building blocks, or call "
+        "dm.matmul outside the shard_map on the global arrays"
+    )
 
 
 def _traced(operands: Operands) -> bool:
@@ -962,6 +972,9 @@ class JaxBackend:
             return _moves.redistribute(x, src, dst, shape=shape, family=family, devices=devs, rank=rank)
 
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
+        manual = jax.sharding.get_abstract_mesh().manual_axes
+        if manual:
+            raise ValueError(_inside_shard_map(manual))
         key: Any = spec
         if (spec.family == "jax" or _in_trace()) and not spec.spmd:
             mesh = mesh_of(spec, operands)
