@@ -88,12 +88,16 @@ def test_distribution_read_off_the_shardings(kind):
     "spec, words",
     [
         (P("data", None), ["a:", "P('data', None)", "replicates over mesh axis 'model'", "distribution="]),
-        (P(("model", "data"), None), ["a:", "not in mesh order", "distribution="]),
+        (P(("model", "data"), None), ["a:", "not in mesh order", "distribution=", "shard a over every mesh axis"]),
+        (P(None, "model"), ["b:", "replicates over mesh axis 'data'", "shard b over", "Slab.Y (columns)"]),
     ],
 )
 def test_a_sharding_that_is_no_distribution_is_named(spec, words):
     mesh = mesh_of("explicit")
-    a, b = put(A, mesh, spec), put(B, mesh, P(None, AXES))
+    if "b:" in words:
+        a, b = put(A, mesh, P(AXES, None)), put(B, mesh, spec)
+    else:
+        a, b = put(A, mesh, spec), put(B, mesh, P(None, AXES))
     with pytest.raises(ValueError) as info:
         dm.matmul(a, b)
     for w in words:

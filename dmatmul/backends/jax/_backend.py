@@ -221,7 +221,8 @@ def _infer_distribution(x: Any, devices: tuple[jax.Device, ...], name: str = "a"
         raise ValueError(
             f"{name}: its sharding {spec} on mesh {dict(mesh.shape)} is not one of dmatmul's "
             f"distributions: {why}; pass distribution= explicitly (dmatmul then re-lays {name}), or "
-            "shard it over every mesh axis, e.g. PartitionSpec(mesh.axis_names, None) for Slab.X"
+            f"shard {name} over every mesh axis in mesh order: PartitionSpec(mesh.axis_names, None) is Slab.X "
+            "(rows), PartitionSpec(None, mesh.axis_names) Slab.Y (columns), PartitionSpec() Replicated()"
         )
     return dist
 
