@@ -52,18 +52,20 @@ def test_summa_on_block_cyclic_grids(shape, layout, blocks):
     assert_close(got, reference(a, b, c, alpha=0.75, beta=-0.5, transpose_a=ta, transpose_b=tb), "float32")
 
 
-@pytest.mark.parametrize("shape, layout, blocks", [
-    ((2, 4), "row", (4, 4)), ((4, 2), "col", (3, 3)), ((2, 2), "row", (2, 2)), ((2, 4), "col", None),
-    ((4, 2), "row", (3, 5)),
+@pytest.mark.parametrize("shape, layout, blocks, k", [
+    ((2, 4), "row", (4, 4), 19), ((4, 2), "col", (3, 3), 19), ((2, 2), "row", (2, 2), 19),
+    ((2, 4), "col", None, 19), ((4, 2), "row", (3, 5), 19),
+    # K shorter than the grid: owners holding only padding (a slice would read a real row)
+    ((2, 2), "row", None, 1), ((3, 2), "row", None, 2), ((2, 4), "col", None, 3), ((4, 2), "row", (1, 1), 3),
 ])
-def test_summa_padding_never_meets_an_infinity(shape, layout, blocks):
+def test_summa_padding_never_meets_an_infinity(shape, layout, blocks, k):
     """Padding (uneven K) reads as zeros and meets only zeros: a row of infinities
     in B gives infinities where numpy has them and no NaN of 0 * inf elsewhere."""
     grid = dm.ProcessGrid(shape, layout=layout)
     d = dm.BlockCyclic(grid, blocks) if blocks else dm.BlockNonCyclic(grid)
-    a, b, _ = operands(5, 23, 17, 19, False, False)
+    a, b, _ = operands(5, 23, 17, k, False, False)
     b[0] = np.inf  # the first row of every block-cyclic run's owner
-    b[18, 3] = -np.inf  # the last k: the short block's owner
+    b[k - 1, 3] = -np.inf  # the last k: the short block's owner
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, in numpy as in the kernel
         want = a.astype(np.float64) @ b.astype(np.float64)
     got = np.asarray(dm.matmul(a, b, distribution=d, algorithm="summa", devices=grid.size))

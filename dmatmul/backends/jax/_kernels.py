@@ -453,7 +453,10 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     owner = jnp.asarray(owner_np, dtype=jnp.int32)
     idx = lax.axis_index(m_axis)
     perm = [(i, (i - 1) % n_ring) for i in range(n_ring)]  # rank r holds block (r + s) mod n at step s
-    runs = bool(np.all(local_np == local_np[:, :1] + np.arange(len_t)) and np.all(local_np[:, 0] + len_t <= len_o))
+    # a slice where every travelling block meets one contiguous run of its owner's block; an owner holding
+    # only padding (-1, K shorter than the grid) must read zeros, which a clamped slice would not
+    runs = bool(np.all(local_np >= 0) and np.all(local_np == local_np[:, :1] + np.arange(len_t))
+                and np.all(local_np[:, 0] + len_t <= len_o))
     if runs:  # one contiguous run of the owner's block per travelling block: a slice
         offset = jnp.asarray(local_np[:, 0], dtype=jnp.int32)
 
