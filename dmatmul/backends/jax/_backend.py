@@ -77,6 +77,10 @@ def _in_trace() -> bool:
     return not trace_state_clean()
 
 
+def _tracing_values(*xs: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in xs) or _in_trace()
+
+
 def _tracing(operands: Operands) -> bool:
     """Whether the product runs inside a user's trace: on its values, or on constants of it."""
     return _traced(operands) or _in_trace()
@@ -307,9 +311,7 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     shape = (spec.m, spec.n)
     if 0 in shape:
         dist = Replicated()
-    if _traced(operands):
-        if mesh is None:
-            return d
+    if _traced(operands) and mesh is not None:
         if isinstance(mesh, AbstractMesh):
             # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
             # devices. Their sums keep them, adding nothing: with K = 0 both are empty (sums 0); else the
@@ -322,7 +324,10 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     devices = _layout.resolve_devices(spec.devices)
     geom = _layout.Geometry.create(devices, dist.grid if dist.grid is not None and dist.grid.ndim == 2 else None)
     placement = _layout.placement_of(dist, geom, shape, (None, None))
-    return jax.device_put(d, geom.sharding(placement) if _layout.expressible(placement) else geom.replicated())
+    sharding = geom.sharding(placement) if _layout.expressible(placement) else geom.replicated()
+    if _traced(operands):  # a value of the trace (a constant's placement would not reach its output)
+        return jax.jit(lambda x: x, out_shardings=sharding)(d)
+    return jax.device_put(d, sharding)
 
 
 def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSchedule:
@@ -444,6 +449,10 @@ class JaxPlan:
             return _layout.placement_of(dist, self.geom, shapes[op], (shared[dims[0]], shared[dims[1]]))
 
         self.given = {op: placement(op, d) for op, d in zip("abd", self.planned)}
+        # the same layouts on the matrices as they are (no padding shared with the other operands): what a
+        # jax.Array in or out carries as its sharding, where one expresses it
+        self.unpadded = {op: _layout.placement_of(d, self.geom, shapes[op], (None, None))
+                         for op, d in zip("abd", self.planned)}
         if kern.algorithm == "summa":
             assert summa is not None
             self.kernel, schedule = summa
@@ -487,12 +496,10 @@ class JaxPlan:
         if self.spec.family != "jax" or self.spec.spmd or self.nranks == 1:
             return None
         dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
-        if dist.grid is not None and dist.grid.ndim == 2 and dist.grid != grid:
-            return "it is on another grid than the product's"
         mesh = self.user_mesh  # (0, 0): the layout alone; whether it splits evenly is judged below
         if mesh is not None and _sharding_of(dist, mesh, (0, 0)) is None:
             return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
-        geom = _layout.Geometry.create(self.devices, grid)
+        geom = self._result_geometry(grid)
         if _layout.placement_of(dist, geom, shape, (None, None)).identity:
             return None
         if isinstance(dist, Slab):
@@ -506,6 +513,24 @@ class JaxPlan:
         if dist.first_process != (0, 0):
             return f"its first block is on grid process {dist.first_process}, not (0, 0)"
         return f"{shape[0]}x{shape[1]} does not split evenly over the {rows}x{cols} grid"
+
+    def _result_geometry(self, grid: ProcessGrid | None) -> _layout.Geometry:
+        """The geometry whose mesh lays out the result as its distribution says: the
+        product's, or the result's own grid where it is on another one (the result
+        is then computed as Slab.X and re-laid onto that grid: :meth:`_to_result_grid`)."""
+        own = self.distributions[2].grid
+        return _layout.Geometry.create(self.devices, own if own is not None and own.ndim == 2 else grid)
+
+    def _to_result_grid(self, d: jax.Array) -> jax.Array:
+        """One process, no user mesh: a result on another grid than the product's,
+        computed as Slab.X, re-laid onto its own grid's mesh (the same devices)."""
+        if "d" not in self.foreign or self.replicated_result is not None:
+            return d
+        dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
+        geom = self._result_geometry(None)
+        if _tracing_values(d) and tuple(geom.mesh.devices.flat) != tuple(self.geom.mesh.devices.flat):
+            return d  # one trace lists its devices in one order: the result stays as computed (Slab.X) there
+        return jax.device_put(d, geom.sharding(_layout.placement_of(dist, geom, shape, (None, None))))
 
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
@@ -657,7 +682,7 @@ class JaxPlan:
         elif kind == "traced":
             fn = self._traced_function()
         else:
-            out = self.sharding("d") if _layout.expressible(given["d"]) else self.geom.replicated()
+            out = self.sharding("d") if _layout.expressible(self.unpadded["d"]) else self.geom.replicated()
             wsc = jax.lax.with_sharding_constraint
 
             def device(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
@@ -723,7 +748,7 @@ class JaxPlan:
         """A jax.Array operand on this plan's devices (moved there only if it
         lives on other devices; an operand already laid out is used as it is)."""
         x = jnp.asarray(x)
-        expressible = operand != "bias" and _layout.expressible(self.given[operand])
+        expressible = operand != "bias" and _layout.expressible(self.unpadded[operand])
         target = self.sharding(operand) if expressible else self.geom.replicated()
         if isinstance(x, jax.core.Tracer):
             # where it is is not known here: under jit a placement (its devices the trace's), under eager
@@ -748,7 +773,9 @@ class JaxPlan:
                 return self._twin.execute(operands)
             with contextlib.nullcontext() if _traced(operands) else self._own_context():
                 d = self._execute(operands)
-            return d if self.user_mesh is None else self._to_user_mesh(d)
+            if self.user_mesh is not None:
+                return self._to_user_mesh(d)
+            return self._to_result_grid(d) if self.spec.family == "jax" and not self.spec.spmd else d
 
     def _own_context(self) -> contextlib.AbstractContextManager[Any]:
         """One process: dmatmul's own mesh as the context of its computations, also
@@ -899,7 +926,9 @@ class JaxPlan:
             }[kern.algorithm]
             what += f"; roles a:{kern.a} b:{kern.b} result:{kern.d}"
         lines.append(f"kernel:     {what}")
-        foreign = [] if not self.spec.spmd else self._foreign_moves()  # one process: global operands, nothing moves
+        # one process: global operands, nothing moves, but a jax.Array result on another grid is re-laid onto it
+        foreign = [mv for mv in self._foreign_moves()
+                   if self.spec.spmd or (mv.operand == "d" and self.spec.family == "jax")]
         for mv in (*plan.moves, *foreign):
             lines.append(f"moves:      {mv.describe()}")
         padded = sorted(
