@@ -78,12 +78,12 @@ def _in_trace() -> bool:
 
 
 def _tracing_values(*xs: Any) -> bool:
+    """Whether a computation on ``xs`` runs inside a user's trace: on its values, or on constants of it."""
     return any(isinstance(x, jax.core.Tracer) for x in xs) or _in_trace()
 
 
 def _tracing(operands: Operands) -> bool:
-    """Whether the product runs inside a user's trace: on its values, or on constants of it."""
-    return _traced(operands) or _in_trace()
+    return _tracing_values(operands.a, operands.b, operands.c, operands.bias)
 
 
 def _type_mesh(x: Any) -> AbstractMesh | None:
