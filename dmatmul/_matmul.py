@@ -41,7 +41,7 @@ from ._spec import (
     check_distribution,
     family,
     native_order,
-    refuse_masked,
+    refuse_unusable,
 )
 
 if TYPE_CHECKING:
@@ -69,8 +69,14 @@ def _scalar(x: Any, name: str, dtype: str) -> complex:
     if isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
         if not dtype.startswith("complex"):
             raise TypeError(f"{name}={x!r} is complex but the operands are {dtype}: use a real {name}")
-        return complex(x)
-    return float(x)  # type: ignore[arg-type]
+        try:
+            return complex(x)
+        except OverflowError:
+            raise ValueError(f"{name}={x!r} does not fit a complex double") from None
+    try:
+        return float(x)  # type: ignore[arg-type]
+    except OverflowError:
+        raise ValueError(f"{name}={x!r} does not fit a double") from None
 
 
 def _distributions(distribution: Any) -> tuple[Distribution, Distribution, Distribution] | None:
@@ -172,7 +178,7 @@ def _check_local(
     if ops.bias is not None:
         if not has_bias(epilog):
             raise ValueError(f"bias is given but epilog={epilog!r}: use epilog='bias', 'relu_bias' or 'gelu_bias'")
-        refuse_masked(ops.bias, "bias")
+        refuse_unusable(ops.bias, "bias")
         if family(ops.bias) == "other":
             ops.bias = np.asarray(ops.bias)
         if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:
@@ -184,6 +190,11 @@ def _check_local(
             )
         ops.bias = native_order(ops.bias)
         bias_length = int(np.prod(ops.bias.shape))
+        if tuple(ops.bias.shape) not in ((bias_length,), (bias_length, 1)):  # per rank, before ranks compare
+            raise ValueError(
+                f"bias must be a vector of length M (one value per result row), shape (M,) or (M, 1), "
+                f"got shape {tuple(ops.bias.shape)}"
+            )
     alpha_v = _scalar(alpha, "alpha", dtype)
     beta_v = _scalar(beta, "beta", dtype)
     dists = _distributions(distribution)
@@ -487,6 +498,7 @@ class Matmul:
             old = getattr(self._operands, name)
             if old is None:
                 raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
+            refuse_unusable(value, name)
             if family(value) == "other":
                 value = np.asarray(value)
             jax = sys.modules.get("jax")

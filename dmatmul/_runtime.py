@@ -189,7 +189,8 @@ _AGREED_ERRORS = (TypeError, ValueError, RuntimeError, NotImplementedError)
 def agree(check: Callable[[], T], what: str = "dmatmul") -> T:
     """Run ``check()`` on every rank; if it raised on any rank, raise on all.
 
-    The failing rank re-raises its own error; the others raise the same type
+    The failing rank re-raises its own error (of any type); the others raise
+    the same type (RuntimeError for a type other than :data:`_AGREED_ERRORS`)
     with a message naming the failing rank and its error. In one process this
     is just ``check()``.
     """
@@ -212,7 +213,7 @@ def agree_and_share(
     failure: Exception | None = None
     try:
         result = check()  # unbound only when this rank failed, and then never read
-    except _AGREED_ERRORS as e:
+    except Exception as e:  # noqa: BLE001 - any error: a rank that left before the allgather would hang the rest
         failure = e
     report = None if failure is None else (type(failure).__name__, str(failure))
     payload = None if failure is not None else share(result)

@@ -110,19 +110,24 @@ def family(x: Any) -> Family:
     return "other"
 
 
-def refuse_masked(x: Any, name: str) -> None:
-    """A numpy masked array is refused (as JAX does), whatever the path would read of it."""
+def refuse_unusable(x: Any, name: str) -> None:
+    """Arrays no path may read, refused on this rank before the ranks compare
+    their calls: a numpy masked array (as JAX refuses it, whatever a path would
+    read of it) and a deleted jax.Array (whose first read would fail on this
+    rank alone, inside a collective)."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(
             f"{name} is a numpy masked array, which a product cannot honour: pass {name}.filled(<value>), "
             f"or np.asarray({name}) to use the stored values"
         )
+    if callable(getattr(x, "is_deleted", None)) and x.is_deleted():
+        raise ValueError(f"{name} is a deleted jax.Array (its buffers were freed or donated): pass a live array")
 
 
 def as_matrix(x: Any, name: str) -> Any:
     """``x`` as a 2-D array of a supported dtype, in native byte order; else a
     TypeError/ValueError naming ``name``."""
-    refuse_masked(x, name)
+    refuse_unusable(x, name)
     if family(x) == "other":
         if not hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
             raise TypeError(

@@ -66,6 +66,8 @@ CASES = [
         TypeError,
         ["bias is complex", "complex64", "float32", "imaginary part"],
     ),
+    (dict(a=ones(4, 3), b=ones(3, 5), alpha=10**400), ValueError, ["alpha=1000", "does not fit a double"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=ones(1, 4)), ValueError, ["bias", "(M,) or (M, 1)", "(1, 4)"]),
     # masked arrays: refused alike on one device and several (one path read the mask's data silently)
     (dict(a=np.ma.masked_array(ones(4, 3), mask=True), b=ones(3, 5), distribution=dm.Slab.X),
      TypeError, ["a is a numpy masked array", "a.filled("]),
@@ -186,3 +188,19 @@ def test_an_empty_product_still_checks_the_grid_against_the_devices():
     with pytest.raises(dm.DistributionError, match=r"distribution of a: .*4 ranks.*1 device in use"):
         dm.matmul(ones(4, 0), ones(0, 3), distribution=grid, devices=1)
     assert dm.matmul(ones(4, 0), ones(0, 3), distribution=grid, devices=4).shape == (4, 3)
+
+
+def test_a_deleted_jax_array_is_refused_before_any_work():
+    """Its first read would fail on one rank only, inside a collective: it is
+    refused where operands are checked (matmul, reset_operands, redistribute)."""
+    jnp = pytest.importorskip("jax.numpy")
+    a, b = jnp.ones((4, 3)), jnp.ones((3, 5))
+    with dm.Matmul(a, b, distribution=dm.Slab.X, devices=2) as mm:
+        mm.execute()
+        dead = jnp.ones((4, 3))
+        dead.delete()
+        for call in (lambda: dm.matmul(dead, b), lambda: mm.reset_operands(a=dead),
+                     lambda: dm.redistribute(dead, dm.Slab.X, dm.Slab.Y, devices=2)):
+            with pytest.raises(ValueError, match="is a deleted jax.Array"):
+                call()
+        assert np.array_equal(np.asarray(mm.execute()), np.full((4, 5), 3.0))  # the plan is untouched

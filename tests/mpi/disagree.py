@@ -91,6 +91,34 @@ expect("redistribute-src", ValueError, ["src", "rank 1 passes Slab.Y"],
        lambda: dm.redistribute(la, Y if odd else X, X))
 expect("redistribute-dtype", ValueError, ["dtype", "rank 1 passes 'float64'"],
        lambda: dm.redistribute(la.astype(np.float64) if odd else la, X, Y))
+bias = np.ones(M, np.float32)
+expect("bias-row-instead-of-vector", ValueError, ["bias", "got shape (1, 12)"],
+       call(epilog="bias", bias=bias[None, :]) if odd else call(epilog="bias", bias=bias))
+expect("alpha-overflows", ValueError, ["alpha", "does not fit a double"], call(alpha=10**400))
+
+
+class Unconvertible:
+    """An operand whose conversion raises an error of a type dmatmul does not expect."""
+
+    def __array__(self, *args, **kwargs):
+        raise KeyError("cannot convert")
+
+
+expect("operand-conversion-raises-keyerror", Exception, ["cannot convert"],
+       lambda: dm.matmul(Unconvertible() if odd else la, lb, distribution=(X, Y, X)))
+expect("redistribute-conversion-raises-keyerror", Exception, ["cannot convert"],
+       lambda: dm.redistribute(Unconvertible() if odd else la, X, Y))
+import jax.numpy as jnp  # noqa: E402 - the JAX backend runs these products anyway
+
+dead = jnp.asarray(la)
+if odd:
+    dead.delete()
+expect("deleted-jax-array", ValueError, ["a is a deleted jax.Array"],
+       lambda: dm.matmul(dead, lb, distribution=(X, Y, X)))
+with dm.Matmul(jnp.asarray(la), lb, distribution=(X, Y, X)) as mm:
+    mm.execute()
+    expect("reset-deleted-jax-array", ValueError, ["a is a deleted jax.Array"],
+           lambda: mm.reset_operands(a=dead if odd else jnp.asarray(la)))
 with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
     mm.execute()
     expect("reset-one-row-short", ValueError, ["reset_operands", "a must match", "(2, 12)"],
