@@ -111,7 +111,7 @@ def _cyclic_indices(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> 
     """Global ids held by ``iproc`` under a 1-D block-cyclic deal (local order)."""
     mydist = (nprocs + iproc - isrcproc) % nprocs
     starts = np.arange(mydist * nb, n, nprocs * nb)
-    ids = (starts[:, None] + np.arange(nb)[None, :]).ravel()
+    ids = (starts[:, None] + np.arange(min(nb, n))[None, :]).ravel()  # a block longer than n: n ids at most
     return ids[ids < n]
 
 

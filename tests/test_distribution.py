@@ -313,3 +313,12 @@ def test_global_shape_names_the_rank_that_does_not_fit():
     shapes[3] = (shapes[3][0], shapes[3][1] + 1)
     with pytest.raises(dm.DistributionError, match=r"rank 3 has shape"):
         bc.global_shape(shapes)
+
+
+def test_a_block_longer_than_the_matrix_costs_nothing():
+    """numroc allows any block size: one of 2**31 over 5 rows holds them all on the
+    first process, without building an index per position of the block."""
+    d = dm.BlockCyclic(dm.ProcessGrid((2, 1)), (2**31, 2**31))
+    assert d.shape(0, (5, 7)) == (5, 7) and d.shape(1, (5, 7)) == (0, 7)
+    rows, cols = d.global_indices(0, (5, 7))
+    assert rows.tolist() == list(range(5)) and cols.tolist() == list(range(7))
