@@ -66,15 +66,17 @@ def _traced(operands: Operands) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
 
 
+try:  # JAX says whether it is tracing only privately
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - a JAX without it
+    _trace_state_clean = None  # type: ignore[assignment]
+
+
 def _in_trace() -> bool:
     """Whether a JAX transformation (``jit``, ``grad``...) is tracing now, also
-    where no operand is one of its values (closed-over constants). JAX says so
-    only privately; without it, False (``jax.set_mesh`` then names the trace)."""
-    try:
-        from jax._src.core import trace_state_clean
-    except ImportError:  # pragma: no cover - a JAX without it
-        return False
-    return not trace_state_clean()
+    where no operand is one of its values (closed-over constants); without
+    JAX's private answer, False (``jax.set_mesh`` then names the trace)."""
+    return _trace_state_clean is not None and not _trace_state_clean()
 
 
 def _tracing_values(*xs: Any) -> bool:
