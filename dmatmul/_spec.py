@@ -120,7 +120,8 @@ def refuse_unusable(x: Any, name: str) -> None:
             f"{name} is a numpy masked array, which a product cannot honour: pass {name}.filled(<value>), "
             f"or np.asarray({name}) to use the stored values"
         )
-    if callable(getattr(x, "is_deleted", None)) and x.is_deleted():
+    jax = sys.modules.get("jax")  # (a jax.Array comes only from a loaded jax; a tracer has no buffers)
+    if jax is not None and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
         raise ValueError(f"{name} is a deleted jax.Array (its buffers were freed or donated): pass a live array")
 
 
