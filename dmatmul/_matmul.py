@@ -157,6 +157,14 @@ def _check_local(
     """Phase 1: everything one rank can check alone (types, dtypes, names)."""
     ops.a = as_matrix(ops.a, "a")
     ops.b = as_matrix(ops.b, "b")
+    if spmd:
+        for name, x in (("a", ops.a), ("b", ops.b), ("c", ops.c)):
+            if family(x) == "jax" and not getattr(x, "is_fully_addressable", True):
+                raise ValueError(
+                    f"{name} is a jax.Array that spans several processes; under mpiexec each rank passes its "
+                    f"local block of {name}: its part of dm.split(global_{name}, distribution), e.g. "
+                    f"{name}.addressable_shards[0].data for a Slab"
+                )
     dtype = np.dtype(ops.a.dtype).name
     if np.dtype(ops.b.dtype).name != dtype:
         raise TypeError(_mixed_dtypes(dtype, np.dtype(ops.b.dtype).name))

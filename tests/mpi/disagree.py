@@ -110,6 +110,14 @@ expect("redistribute-conversion-raises-keyerror", Exception, ["cannot convert"],
        lambda: dm.redistribute(Unconvertible() if odd else la, X, Y))
 import jax.numpy as jnp  # noqa: E402 - the JAX backend runs these products anyway
 
+import jax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+spanning = jax.make_array_from_process_local_data(
+    NamedSharding(jax.make_mesh((P,), ("ranks",), devices=jax.devices()), PartitionSpec("ranks")), la
+)
+expect("global-jax-array-instead-of-a-block", ValueError, ["a is a jax.Array that spans several processes"],
+       lambda: dm.matmul(spanning, lb, distribution=(X, Y, X)))
 dead = jnp.asarray(la)
 if odd:
     dead.delete()
