@@ -52,8 +52,9 @@ def _as_block_cyclic(p: Problem, operand: str, name: str, dist: Distribution) ->
 
 
 def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
-                   names: dict[str, str]) -> dict[str, dict[str, int]]:
-    """Each operand's block size per dimension (M, K, N), one value per dimension, as cuBLASMp needs.
+                   names: dict[str, str]) -> dict[str, int | None]:
+    """The one block size per dimension (M, K, N) that every operand takes, as
+    cuBLASMp needs (None where no operand but a Replicated one has the dimension).
 
     Along a grid axis of one process every block size places the data alike
     (all of it on that process, in order), so such an axis takes the block
@@ -65,7 +66,7 @@ def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
     ...             BlockNonCyclic(ProcessGrid((1, 4))), BlockNonCyclic(ProcessGrid((4, 1)))), ("C", "C", None))
     >>> nv = {op: _as_block_cyclic(p, op, op, d) for op, d in zip("abc", p.distributions)}
     >>> _agreed_blocks(p, nv, {"a": "a", "b": "b", "c": "result"})  # b's N blocks of 3 win over the result's one block of 12
-    {'M': {'a': 2, 'result': 2}, 'K': {'a': 16, 'b': 16}, 'N': {'b': 3, 'result': 3}}
+    {'M': 2, 'K': 16, 'N': 3}
     """
     fixed: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
     free: dict[str, dict[str, int]] = {x: {} for x in "MKN"}
@@ -74,7 +75,7 @@ def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
             continue
         for axis, dim in enumerate(p.stored(op)):
             (free if nvd.grid_shape[axis] == 1 else fixed)[dim][names[op]] = nvd.block_sizes[axis]
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, int | None] = {}
     for dim in "MKN":
         values = set(fixed[dim].values())
         if len(values) > 1:
@@ -83,8 +84,7 @@ def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
                 + "; cuBLASMp needs one block size per dimension in every operand: give the distributions "
                 f"the same block size along {dim} (BlockCyclic with explicit block sizes)"
             )
-        size = values.pop() if values else max(free[dim].values(), default=0)
-        out[dim] = {name: size for name in (*fixed[dim], *free[dim])}
+        out[dim] = values.pop() if values else max(free[dim].values(), default=None)
     return out
 
 
@@ -111,15 +111,16 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     blocks = _agreed_blocks(p, nv, names)
     for op, nvd in nv.items():  # a grid axis of one process takes its dimension's agreed block size
         if nvd is not None:
-            stored = p.stored(op)
-            nv[op] = dataclasses.replace(nvd, block_sizes=(blocks[stored[0]].get(names[op], nvd.block_sizes[0]),
-                                                           blocks[stored[1]].get(names[op], nvd.block_sizes[1])))
+            rows, cols = (blocks[dim] for dim in p.stored(op))
+            assert rows is not None and cols is not None  # this operand has both dimensions
+            nv[op] = dataclasses.replace(nvd, block_sizes=(rows, cols))
     ref = next(nv[op] for op in ("c", "a", "b") if nv[op] is not None)
     assert ref is not None
     dims: dict[str, DimPlan] = {}
     for dim in "MKN":
-        if blocks[dim]:
-            dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), next(iter(blocks[dim].values())))
+        block = blocks[dim]
+        if block is not None:
+            dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), block)
         else:
             dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), max(1, -(-p.size(dim) // max(ref.grid_shape))))
     targets: dict[str, Distribution] = {}
