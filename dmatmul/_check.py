@@ -38,7 +38,7 @@ from . import _plan, _runtime
 from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
 from ._epilogue import EPILOGS, EpilogName, has_bias
 from ._spec import ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, PrecisionName, family
-from ._reference import error_ratio, random_matrix, reference
+from ._reference import add_specials, error_ratio, finite_scale, random_matrix, reference
 
 __all__ = [
     "Chooser", "NumpyChooser", "Case", "Outcome", "Refusal", "draw_case", "run_case", "combine", "report",
@@ -191,6 +191,7 @@ class Case:
     family: str = "numpy"
     precision: PrecisionName | None = None
     on_mesh: OnMesh | None = None  # jax operands on a user's mesh (ignored under mpiexec)
+    specials: bool = False  # a few inf/NaN entries in a, b (and c where it is read)
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -254,12 +255,12 @@ class Case:
         """A line of Python that makes this product (``rand`` is :func:`rand`)."""
         fam = "" if self.family == "numpy" else f", {self.family!r}"
 
-        def operand(shape: tuple[int, ...]) -> str:
-            return f"rand({shape}, {self.dtype!r}{fam})"
+        def operand(shape: tuple[int, ...], specials: bool = False) -> str:
+            return f"rand({shape}, {self.dtype!r}{fam}{', specials=True' if specials else ''})"
 
-        args = [operand(self.a_shape), operand(self.b_shape)]
+        args = [operand(self.a_shape, self.specials), operand(self.b_shape, self.specials)]
         if self.use_c:
-            c = operand((self.m, self.n))
+            c = operand((self.m, self.n), self.specials and self.beta != 0)
             args.append(c[:-1] + ", fill=float('nan'))" if self.beta == 0 else c)
         dists = ", ".join(_dm_repr(d) for d in self.distributions)
         kw = [f"distribution=({dists})"]
@@ -289,12 +290,16 @@ def _dm_repr(d: Distribution) -> str:
 
 
 def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", *, fill: float | None = None,
-         seed: int = 0) -> Any:
-    """A random operand of ``shape`` (or one full of ``fill``), as the lines of
+         specials: bool = False, seed: int = 0) -> Any:
+    """A random operand of ``shape`` (or one full of ``fill``; with
+    ``specials``, a few entries inf or NaN), as the lines of
     :meth:`Case.describe` use it: ``from dmatmul._check import rand``."""
-    x = random_matrix(np.random.default_rng(seed), shape, dtype)
+    rng = np.random.default_rng(seed)
+    x = random_matrix(rng, shape, dtype)
     if fill is not None:
         x[...] = fill
+    if specials:
+        add_specials(rng, x)
     if family == "jax":
         import jax
         import jax.numpy as jnp
@@ -385,7 +390,11 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     alpha (0 and complex too), beta with or without C (C full of NaN where
     beta = 0: it must not be read), every epilog (relu/gelu on complex rarely:
     it must be refused), "auto" or (one case in four) a named algorithm,
-    mostly one that fits the layouts, numpy or jax operands.
+    mostly one that fits the layouts, numpy or jax operands. One real case
+    in eight (alpha != 0; no relu/gelu, whose NaN and -inf conventions differ
+    between libraries) has a few inf/NaN entries in a, b and a C that is read:
+    the result must hold the same non-finite values where numpy's does, and
+    padding must never meet them (0 * inf = NaN).
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
@@ -402,7 +411,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())
     alpha, beta = draw.choice(alphas), draw.choice(betas)
     use_c = draw.boolean()
-    if is_complex and not _rarely(draw, 8):
+    # complex inf arithmetic is the library's own (C99 Annex G or not); BLAS skips A @ B when alpha = 0
+    specials = not is_complex and alpha != 0 and _rarely(draw, 8)
+    if specials or (is_complex and not _rarely(draw, 8)):
         epilog = draw.choice((None, "bias"))
     else:
         epilog = draw.choice(EPILOGS)
@@ -427,7 +438,7 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
         )
     return Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
                 distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
-                algorithm=algorithm, family=family, precision=precision, on_mesh=on_mesh)
+                algorithm=algorithm, family=family, precision=precision, on_mesh=on_mesh, specials=specials)
 
 
 # --------------------------------------------------------------------------- #
@@ -483,9 +494,12 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         if case.beta == 0:
             c[...] = np.nan  # must not be read
     bias = random_matrix(rng, (case.m,), case.dtype) if case.has_bias else None
+    if case.specials:
+        for x in (a, b) if c is None or case.beta == 0 else (a, b, c):
+            add_specials(rng, x)
     ref = reference(a, b, c, alpha=case.alpha, beta=case.beta, transpose_a=case.transpose_a,
                     transpose_b=case.transpose_b, epilog=case.epilog, bias=bias)
-    scale = float(np.abs(ref).max()) if ref.size else 1.0
+    scale = finite_scale(ref)
     da, db, dd = case.distributions
     if mpi:
         assert rt is not None

@@ -11,7 +11,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TOLERANCE", "wide", "gelu_tanh", "reference", "error_ratio", "assert_close", "random_matrix"]
+__all__ = [
+    "TOLERANCE", "wide", "gelu_tanh", "reference", "error_ratio", "finite_scale", "assert_close", "random_matrix",
+    "add_specials",
+]
 
 #: max |d - ref| allowed, relative to max(1, max |ref|) (accumulation in >= f32)
 TOLERANCE = {
@@ -39,24 +42,47 @@ def reference(
 ) -> np.ndarray:
     """``epilog(alpha * op(a) @ op(b) + beta * c + bias)`` in float64/complex128."""
     a, b = wide(a), wide(b)
-    d = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
-    if c is not None and beta != 0:
-        d = d + beta * wide(c)
-    if epilog and epilog.endswith("bias"):
-        d = d + wide(bias).reshape(-1, 1)
-    if epilog in ("relu", "relu_bias"):
-        d = np.maximum(d, 0)
-    elif epilog in ("gelu", "gelu_bias"):
-        d = gelu_tanh(d)
+    with np.errstate(invalid="ignore"):  # inf - inf, 0 * inf in operands with inf/NaN: NaN, as it should
+        d = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
+        if c is not None and beta != 0:
+            d = d + beta * wide(c)
+        if epilog and epilog.endswith("bias"):
+            d = d + wide(bias).reshape(-1, 1)
+        if epilog in ("relu", "relu_bias"):
+            d = np.maximum(d, 0)
+        elif epilog in ("gelu", "gelu_bias"):
+            d = gelu_tanh(d)
     return d
+
+
+def finite_scale(want: np.ndarray) -> float:
+    """max |want| over its finite entries (1 where it has none): what the
+    tolerance scales with."""
+    finite = np.abs(want[np.isfinite(want)]) if want.size else want
+    return float(finite.max()) if finite.size else 1.0
 
 
 def error_ratio(d: Any, want: np.ndarray, dtype: str, scale: float | None = None) -> float:
     """max |d - want| over the tolerance of ``dtype`` times ``max(1, scale)``
-    (``scale`` defaults to max |want|): at most 1 passes; NaN where d has NaN."""
+    (``scale`` defaults to max |want| over its finite entries): at most 1
+    passes. Where ``want`` is not finite, ``d`` must hold the same value there
+    (NaN where NaN, the same infinity where one), else the ratio is infinite;
+    NaN where ``d`` has NaN and ``want`` has none.
+
+    >>> error_ratio(np.array([np.inf, np.nan, 1.0]), np.array([np.inf, np.nan, 1.0]), "float64")
+    0.0
+    >>> error_ratio(np.array([np.nan, 1.0]), np.array([np.inf, 1.0]), "float64")
+    inf
+    """
     d = wide(d)
     if scale is None:
-        scale = float(np.abs(want).max()) if want.size else 1.0
+        scale = finite_scale(want)
+    finite = np.isfinite(want)
+    if not finite.all():
+        same = np.where(np.isnan(want), np.isnan(d), d == want)
+        if not same[~finite].all():
+            return math.inf
+        d, want = d[finite], want[finite]
     err = float(np.abs(d - want).max()) if d.size else 0.0
     return err / (TOLERANCE[dtype] * max(1.0, scale))
 
@@ -77,3 +103,18 @@ def random_matrix(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) 
 
         return x.astype(ml_dtypes.bfloat16)
     return x.astype(dtype)
+
+
+#: the values :func:`add_specials` plants
+SPECIALS = (math.inf, -math.inf, math.nan)
+
+
+def add_specials(rng: np.random.Generator, x: np.ndarray, most: int = 3) -> np.ndarray:
+    """``x`` (real, modified in place and returned) with 1 to ``most`` entries
+    at random positions set to +inf, -inf or NaN: each poisons one row or
+    column of a product, and a zero of padding that meets one poisons a result
+    entry that should stay finite (0 * inf = NaN)."""
+    if x.size:
+        for _ in range(int(rng.integers(1, most + 1))):
+            x.flat[int(rng.integers(x.size))] = SPECIALS[int(rng.integers(len(SPECIALS)))]
+    return x

@@ -38,7 +38,7 @@ def _kind(d):
 
 def test_the_generator_covers_the_whole_layout_space():
     seen = collections.defaultdict(set)
-    for i in range(2000):
+    for i in range(3000):
         chooser = ck.NumpyChooser([12345, i])
         nranks = chooser.choice(ck.NRANKS)
         case = ck.draw_case(chooser, nranks)
@@ -65,6 +65,8 @@ def test_the_generator_covers_the_whole_layout_space():
         seen["algorithm"].add(case.algorithm)
         seen["array family"].add(case.family)
         seen["precision"].add(case.precision)
+        if case.specials:
+            seen["inf/NaN"].add((case.dtype, case.epilog, case.use_c and case.beta != 0, case.layout_family))
         on = case.on_mesh
         if on is not None:
             seen["on a user's mesh"].add((on.call, on.explicit, on.reversed, len(on.shape), on.mixed))
@@ -97,6 +99,10 @@ def test_the_generator_covers_the_whole_layout_space():
         for dims in (1, 2) for mixed in ((False, True) if dims == 2 else (False,))
     }
     assert seen["placements"] == set(ck.PLACEMENTS)
+    specials = seen["inf/NaN"]
+    assert {d for d, *_ in specials} == {d for d in dm.DTYPES if not d.startswith("complex")}
+    assert {e for _, e, *_ in specials} == {None, "bias"} and {c for *_, c, _ in specials} == {True, False}
+    assert {f for *_, f in specials} == set(ck.LAYOUT_FAMILIES)
 
 
 def test_every_family_is_common_enough():
@@ -192,6 +198,38 @@ def test_wrong_results_fail(monkeypatch, result, words):
     monkeypatch.setattr(dm, "matmul", lambda a, b, c=None, **kw: result(a, b))
     out = ck.run_case(_case(), rng_seed=2)
     assert out.status == "failed" and words in out.message, out.message
+
+
+def _poisoned(a, b, how):
+    with np.errstate(invalid="ignore"):
+        d = (a.astype(np.float64) @ b).astype(np.float32)
+    if how == "nan as zero":
+        d[np.isnan(d)] = 0
+    elif how == "inf as nan":
+        d[np.isinf(d)] = np.nan
+    elif how == "padding met an inf":
+        d[-1, -1] = np.nan
+    return d
+
+
+@pytest.mark.parametrize("how", ["nan as zero", "inf as nan", "padding met an inf"])
+def test_non_finite_entries_must_match_numpys(monkeypatch, how):
+    """A case with inf/NaN operands passes only when the result holds numpy's
+    non-finite values where numpy's does (and finite ones elsewhere)."""
+    case = _case(specials=True)
+    monkeypatch.setattr(dm, "matmul", lambda a, b, c=None, **kw: _poisoned(a, b, None))
+    right = ck.run_case(case, rng_seed=2)
+    assert right.status == "passed", right.message
+    monkeypatch.setattr(dm, "matmul", lambda a, b, c=None, **kw: _poisoned(a, b, how))
+    out = ck.run_case(case, rng_seed=2)
+    assert out.status == "failed" and "max error inf" in out.message, out.message
+
+
+def test_specials_are_planted():
+    a = ck.rand((6, 4), "bfloat16", specials=True)
+    assert not np.isfinite(a.astype(np.float32)).all() and np.isfinite(a.astype(np.float32)).sum() >= 21
+    case = _case(specials=True)
+    assert ", specials=True)" in case.describe("jax")
 
 
 def _read_only(x):

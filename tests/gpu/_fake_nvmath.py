@@ -368,7 +368,8 @@ class Matmul:
             for r, (a, b, _, _) in enumerate(everything):
                 ga[np.ix_(*dA.indices(r, self.global_shapes[0]))] = a
                 gb[np.ix_(*dB.indices(r, self.global_shapes[1]))] = b
-            d = self.alpha * ((ga.T if self.ta else ga) @ (gb.T if self.tb else gb))
+            with np.errstate(invalid="ignore"):  # inf/NaN operands: NaN where cuBLASMp makes one
+                d = self.alpha * ((ga.T if self.ta else ga) @ (gb.T if self.tb else gb))
             if self.c is not None:
                 gc = np.zeros(self.global_shapes[2], dtype=ga.dtype)
                 for r, (_, _, c, _) in enumerate(everything):
