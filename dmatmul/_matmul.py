@@ -189,8 +189,8 @@ def _check_local(
         refuse_unusable(ops.bias, "bias")
         if family(ops.bias) == "other":
             ops.bias = np.asarray(ops.bias)
-        if np.dtype(ops.bias.dtype).kind not in "fc" and np.dtype(ops.bias.dtype).name not in DTYPES:
-            raise TypeError(f"bias must have a floating dtype, got {np.dtype(ops.bias.dtype).name}")
+        if np.dtype(ops.bias.dtype).name not in DTYPES:
+            raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {np.dtype(ops.bias.dtype).name}")
         if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
             raise TypeError(
                 f"bias is complex ({np.dtype(ops.bias.dtype).name}) but a and b are real ({dtype}): its imaginary "
@@ -455,8 +455,26 @@ class Matmul:
             self._plan = self._backend.plan(self._spec, self._operands)
 
     def execute(self) -> Any:
-        """Run the product on the current operands and return the result."""
+        """Run the product on the current operands and return the result.
+
+        Under several processes every rank calls it: a plan freed, or an
+        operand deleted, on one rank raises on every rank (one small allgather
+        before the product's collectives)."""
+        rt = _runtime.active()
+        if rt is None or rt.size == 1:
+            self._ready()
+        else:
+            _runtime.agree(self._ready, "Matmul.execute")
+        return self._execute()
+
+    def _ready(self) -> None:
+        """This rank can run the product: the plan is live and no operand was
+        deleted since it was given."""
         self._live("execute")
+        for name in ("a", "b", "c", "bias"):
+            refuse_unusable(getattr(self._operands, name), name)
+
+    def _execute(self) -> Any:
         self.plan()
         assert self._plan is not None
         return self._plan.execute(self._operands)
@@ -597,7 +615,7 @@ def matmul(a: Any, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -
     :class:`Matmul`, which this function plans, runs and frees.
     """
     with Matmul(a, b, c, **options) as mm:
-        return mm.execute()
+        return mm._execute()  # the operands were checked (on every rank) a moment ago
 
 
 Matmul.__doc__ = (Matmul.__doc__ or "").format(**_DOCS)

@@ -127,6 +127,19 @@ with dm.Matmul(jnp.asarray(la), lb, distribution=(X, Y, X)) as mm:
     mm.execute()
     expect("reset-deleted-jax-array", ValueError, ["a is a deleted jax.Array"],
            lambda: mm.reset_operands(a=dead if odd else jnp.asarray(la)))
+alive = jnp.asarray(la)
+with dm.Matmul(alive, lb, distribution=(X, Y, X)) as mm:
+    mm.execute()
+    if odd:
+        alive.delete()  # after the plan took it: the next execute reads it
+    expect("execute-on-deleted-jax-array", ValueError, ["a is a deleted jax.Array"], mm.execute)
+with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
+    mm.execute()
+    if odd:
+        mm.free()
+    expect("execute-on-freed-plan", RuntimeError, ["freed plan"], mm.execute)
+expect("bias-longdouble", TypeError, ["bias", "float128"],
+       call(epilog="bias", bias=bias.astype(np.longdouble)) if odd else call(epilog="bias", bias=bias))
 with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
     mm.execute()
     expect("reset-one-row-short", ValueError, ["reset_operands", "a must match", "(2, 12)"],
