@@ -68,6 +68,8 @@ CASES = [
     ),
     (dict(a=ones(4, 3), b=ones(3, 5), alpha=10**400), ValueError, ["alpha=1000", "does not fit a double"]),
     (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=ones(1, 4)), ValueError, ["bias", "(M,) or (M, 1)", "(1, 4)"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=np.ones(4, np.longdouble)), TypeError,
+     ["bias must have one of the dtypes", "float128"]),
     # masked arrays: refused alike on one device and several (one path read the mask's data silently)
     (dict(a=np.ma.masked_array(ones(4, 3), mask=True), b=ones(3, 5), distribution=dm.Slab.X),
      TypeError, ["a is a numpy masked array", "a.filled("]),
@@ -204,3 +206,6 @@ def test_a_deleted_jax_array_is_refused_before_any_work():
             with pytest.raises(ValueError, match="is a deleted jax.Array"):
                 call()
         assert np.array_equal(np.asarray(mm.execute()), np.full((4, 5), 3.0))  # the plan is untouched
+        a.delete()  # after the plan took it
+        with pytest.raises(ValueError, match="a is a deleted jax.Array"):
+            mm.execute()
