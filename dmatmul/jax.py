@@ -19,7 +19,9 @@ That is reverse mode (``grad``, ``vjp``, ``jacrev``); as for any
 numbered as ``lax.axis_index`` numbers them, so a tuple's first axis is the
 major one, as for ``all_gather``); the other mesh axes stay independent. Any
 mesh works (``jax.make_mesh``'s Explicit axes or Auto ones), under ``jit`` or
-not, with ``check_vma`` on (the default) or off. ``precision`` and
+not, with ``check_vma`` on (the default) or off, and in a ``shard_map`` manual
+over the ring's axes only (``axis_names=``), where the other axes may still
+shard the blocks. ``precision`` and
 ``preferred_element_type`` mean what they mean to ``jnp.dot``: ``None``
 precision follows ``jax.default_matmul_precision``; mixed input dtypes are
 allowed as ``jnp.dot`` allows them. ``allgather_matmul(..., bidirectional=True)``
@@ -130,8 +132,11 @@ def allgather_matmul(
         ``axis_name`` is not an axis of the enclosing ``shard_map``'s mesh.
     """
     name = "allgather_matmul"
+    if not isinstance(bidirectional, (bool, np.bool_)):
+        raise TypeError(f"{name}: bidirectional must be True or False, got {bidirectional!r}")
     ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
-    return _allgather_matmul_jit(x, y, dataclasses.replace(ring, bidirectional=bool(bidirectional)))
+    ring = dataclasses.replace(ring, bidirectional=bool(bidirectional))
+    return _allgather_matmul_jit(x, y, ring)
 
 
 def matmul_reduce_scatter(
@@ -176,6 +181,40 @@ def matmul_reduce_scatter(
             f"(jnp.pad(x, ((0, {-rows % ring.p}), (0, 0)))) and drop the padding rows of the result"
         )
     return _matmul_reduce_scatter_jit(x, y, ring)
+
+
+def _on_auto_axes(fn: Any, args: tuple[jax.Array, ...], out_specs: Any) -> Any:
+    """``fn(*args)``; where the blocks are sharded over Explicit mesh axes that
+    the enclosing ``shard_map`` left automatic (``axis_names=`` a subset), it
+    runs with those axes Auto (``jax.sharding.auto_axes``: the rings index and
+    update their blocks along the manual rows, which Explicit typing refuses)
+    and its results are typed as ``out_specs()`` says along them. Forward and
+    backward passes are wrapped apart (a closure over Explicit-sharded
+    residuals would not transpose)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    explicit = set(getattr(mesh, "explicit_axes", ()))
+    used = {a for v in args for part in _spec(v) for a in _axes_of(part)}
+    axes = tuple(a for a in mesh.axis_names if a in explicit & used)
+    if not axes:
+        return fn(*args)
+    return jax.sharding.auto_axes(fn, axes=axes, out_sharding=out_specs())(*args)
+
+
+def _product_spec(x: jax.Array, y: jax.Array, ring: _Ring) -> Any:
+    """How ``x @ y`` is typed along the automatic axes (as ``jnp.dot`` types it;
+    its error where that is ambiguous): the rings' results are typed so."""
+    return jax.eval_shape(lambda u, v: ring.mm(u, v, 1, 0), x, y).sharding.spec
+
+
+def _spec(x: jax.Array) -> Any:
+    """``x``'s PartitionSpec along the mesh's automatic axes (as typed)."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    return getattr(sharding, "spec", None) or jax.sharding.PartitionSpec()
+
+
+
+def _axes_of(part: Any) -> tuple:
+    return () if part is None else tuple(part) if isinstance(part, tuple) else (part,)
 
 
 # --------------------------------------------------------------------------- #
@@ -270,15 +309,19 @@ def _scatter_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _allgather_matmul(x: jax.Array, y: jax.Array, ring: _Ring) -> jax.Array:
-    return _gather_rows(x, y, 1, 0, ring)
+    return _on_auto_axes(lambda u, v: _gather_rows(u, v, 1, 0, ring), (x, y), lambda: _product_spec(x, y, ring))
 
 
 def _allgather_matmul_fwd(x: jax.Array, y: jax.Array, ring: _Ring) -> tuple[jax.Array, Any]:
-    return _gather_rows(x, y, 1, 0, ring), (x, y)
+    return _allgather_matmul(x, y, ring), (x, y)
 
 
 def _allgather_matmul_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
     x, y = res
+    return _on_auto_axes(lambda *a: _allgather_matmul_grads(ring, *a), (x, y, dz), lambda: (_spec(x), _spec(y)))
+
+
+def _allgather_matmul_grads(ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
     m = x.shape[0]
     dx = _scatter_rows(dz, y, 1, 1, ring)  # psum_scatter(dz @ y.T)
 
@@ -299,15 +342,21 @@ _allgather_matmul_jit = jax.jit(_allgather_matmul, static_argnums=2)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _matmul_reduce_scatter(x: jax.Array, y: jax.Array, ring: _Ring) -> jax.Array:
-    return _scatter_rows(x, y, 1, 0, ring)
+    return _on_auto_axes(lambda u, v: _scatter_rows(u, v, 1, 0, ring), (x, y), lambda: _product_spec(x, y, ring))
 
 
 def _matmul_reduce_scatter_fwd(x: jax.Array, y: jax.Array, ring: _Ring) -> tuple[jax.Array, Any]:
-    return _scatter_rows(x, y, 1, 0, ring), (x, y)
+    return _matmul_reduce_scatter(x, y, ring), (x, y)
 
 
 def _matmul_reduce_scatter_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
     x, y = res
+    return _on_auto_axes(lambda *a: _matmul_reduce_scatter_grads(ring, *a), (x, y, dz), lambda: (_spec(x), _spec(y)))
+
+
+def _matmul_reduce_scatter_grads(
+    ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     m = dz.shape[0]
 
     def step(acc: tuple[jax.Array, jax.Array], blk: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
