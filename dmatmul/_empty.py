@@ -9,6 +9,7 @@ is refused exactly as it would be there.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,9 +53,9 @@ class EmptyPlan:
         else:
             rows, cols = np.arange(spec.m), np.arange(spec.n)
         xp = array_module(operands.family)
-        if operands.family == "jax" and spec.dtype in ("float64", "complex128"):
-            import jax
-
+        jax = sys.modules.get("jax")
+        if jax is not None and spec.dtype in ("float64", "complex128"):
+            # 64-bit results stay 64-bit where JAX makes or places them (jax operands; any inside a trace)
             with jax.enable_x64(True):
                 return self._place(self._compute(xp, operands, rows, cols), operands)
         return self._place(self._compute(xp, operands, rows, cols), operands)

@@ -141,6 +141,21 @@ def test_degenerate_sizes_follow_blas(m, n, k, family):
     assert type(d) is type(c)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+@pytest.mark.parametrize("m, n, k", [(4, 5, 0), (0, 5, 3), (4, 0, 3), (4, 5, 3)])
+def test_64_bit_products_stay_64_bit_inside_jit(m, n, k, dtype):
+    """numpy operands inside the user's jax.jit (x64 off, JAX's default): an
+    empty product is as precise as one with elements (it came back 32-bit)."""
+    jax = pytest.importorskip("jax")
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(s).astype(dtype) for s in ((m, k), (k, n)))
+    c = (rng.standard_normal((m, n)) * (1 + 1e-12)).astype(dtype)
+    with dm.Matmul(a, b, c, beta=1.0, distribution=dm.Slab.X, devices=4) as mm:
+        for d in (mm.execute(), jax.jit(mm.execute)(), jax.jit(lambda: dm.matmul(a, b, c, beta=1.0, devices=4))()):
+            assert d.dtype == np.dtype(dtype) and d.shape == (m, n)
+            np.testing.assert_allclose(np.asarray(d), a @ b + c, rtol=1e-13, atol=1e-13)
+
+
 def test_numpy_results_are_writable_arrays_the_caller_owns():
     pytest.importorskip("jax")
     for dist in (dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 2)), dm.Replicated()):

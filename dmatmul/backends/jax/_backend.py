@@ -968,8 +968,10 @@ class JaxBackend:
         self._plans: dict[Any, JaxPlan] = {}
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
-        """An empty product's result, one process (:func:`place_result`)."""
-        return place_result(result, spec, operands) if operands.family == "jax" else result
+        """An empty product's result, one process (:func:`place_result`): a
+        jax.Array for jax operands, and for any operands inside a trace (as a
+        product with elements returns there)."""
+        return place_result(result, spec, operands) if operands.family == "jax" or _in_trace() else result
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
         """One device per process under mpiexec; else the devices of the operands'
