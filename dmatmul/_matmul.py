@@ -42,6 +42,7 @@ from ._spec import (
     family,
     native_order,
     refuse_unusable,
+    to_numpy,
 )
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def _check_local(
             raise ValueError(f"bias is given but epilog={epilog!r}: use epilog='bias', 'relu_bias' or 'gelu_bias'")
         refuse_unusable(ops.bias, "bias")
         if family(ops.bias) == "other":
-            ops.bias = np.asarray(ops.bias)
+            ops.bias = to_numpy(ops.bias, "bias")
         if np.dtype(ops.bias.dtype).name not in DTYPES:
             raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {np.dtype(ops.bias.dtype).name}")
         if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
@@ -442,6 +443,8 @@ class Matmul:
             self._backend = EmptyProduct(self._backend)
         self._plan: _backends.BackendPlan | None = None
         self._freed = False
+        self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
+        self._given = _shapes(self._operands)
 
     # -- lifecycle ----------------------------------------------------------
     def _live(self, what: str) -> None:
@@ -473,6 +476,13 @@ class Matmul:
         self._live("execute")
         for name in ("a", "b", "c", "bias"):
             refuse_unusable(getattr(self._operands, name), name)
+        now = _shapes(self._operands)
+        for name, given in self._given.items():
+            if now[name] != given:  # a numpy array's shape or dtype set in place
+                raise ValueError(
+                    f"Matmul.execute: {name} now has (shape, dtype) {now[name]}, but it was given as {given}: "
+                    f"its shape or dtype was changed in place; pass a new array with reset_operands({name}=...)"
+                )
 
     def _execute(self) -> Any:
         self.plan()
@@ -508,6 +518,7 @@ class Matmul:
             )
             _runtime.require_same_call(shared, "Matmul.reset_operands")
         self._operands = new
+        self._given = _shapes(new)
         if spec != self._spec:
             if self._plan is not None:
                 self._plan.free()
@@ -526,7 +537,7 @@ class Matmul:
                 raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
             refuse_unusable(value, name)
             if family(value) == "other":
-                value = np.asarray(value)
+                value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
             jax = sys.modules.get("jax")
             if jax is not None and isinstance(value, jax.core.Tracer):
                 raise TypeError(
@@ -540,6 +551,14 @@ class Matmul:
                 raise ValueError(
                     f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}"
                 )
+            if got[2] == "jax" and not isinstance(value, jax.core.Tracer) and not isinstance(old, jax.core.Tracer):
+                devices, planned = value.sharding.device_set, old.sharding.device_set
+                if devices != planned:  # the result would come back on the planned devices
+                    raise ValueError(
+                        f"reset_operands: {name} is on {len(devices)} device(s) ({_ids(devices)}) but the plan's "
+                        f"{name} was on {len(planned)} ({_ids(planned)}): put it there "
+                        f"(jax.device_put({name}, <the planned {name}>.sharding)) or make a new Matmul"
+                    )
             setattr(new, name, native_order(value))
         spec = self._spec
         if alpha is not None or beta is not None:
@@ -552,7 +571,13 @@ class Matmul:
         return new, spec
 
     def free(self) -> None:
-        """Release the plan's resources. Idempotent."""
+        """Release the plan's resources. Idempotent. ``algorithm`` and
+        ``explain()`` still tell what the plan was (where it was made)."""
+        if self._plan is not None and self._told is None:
+            self._told = (self._plan.algorithm, self._explanation())
+        self._release()
+
+    def _release(self) -> None:
         if self._plan is not None:
             self._plan.free()
         self._plan = None
@@ -568,6 +593,8 @@ class Matmul:
     @property
     def algorithm(self) -> str:
         """The algorithm chosen (plans if needed): one of ``dmatmul.ALGORITHMS``."""
+        if self._freed:
+            return self._what_was_planned("algorithm")[0]
         self.plan()
         assert self._plan is not None
         return self._plan.algorithm
@@ -575,7 +602,17 @@ class Matmul:
     def explain(self) -> str:
         """A human-readable account: backend, algorithm, distributions, modelled
         bytes moved per rank, the lower bound, and the predicted time."""
+        if self._freed:
+            return self._what_was_planned("explain")[1]
         self.plan()
+        return self._explanation()
+
+    def _what_was_planned(self, what: str) -> tuple[str, str]:
+        if self._told is None:
+            raise PlanFreedError(f"Matmul.{what} on a plan freed before it was made: create a new dmatmul.Matmul")
+        return self._told
+
+    def _explanation(self) -> str:
         assert self._plan is not None
         s = self._spec
         head = [
@@ -589,6 +626,16 @@ class Matmul:
     def __repr__(self) -> str:
         state = "freed" if self._freed else ("planned" if self._plan is not None else "unplanned")
         return f"<dmatmul.Matmul {self._spec.m}x{self._spec.n}x{self._spec.k} {self._spec.dtype} {state}>"
+
+
+def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name: (tuple(x.shape), np.dtype(x.dtype).name) for name in ("a", "b", "c", "bias")
+            if (x := getattr(ops, name)) is not None}
+
+
+def _ids(devices: Any) -> str:
+    ids = sorted(getattr(d, "id", -1) for d in devices)
+    return "ids " + ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
 
 
 @overload
@@ -614,8 +661,11 @@ def matmul(a: Any, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -
     so repeated calls compile once. The keywords are those of
     :class:`Matmul`, which this function plans, runs and frees.
     """
-    with Matmul(a, b, c, **options) as mm:
+    mm = Matmul(a, b, c, **options)
+    try:
         return mm._execute()  # the operands were checked (on every rank) a moment ago
+    finally:
+        mm._release()
 
 
 Matmul.__doc__ = (Matmul.__doc__ or "").format(**_DOCS)

@@ -134,13 +134,21 @@ def as_matrix(x: Any, name: str) -> Any:
             raise TypeError(
                 f"{name} must be a 2-D numpy, jax or cupy array, got {type(x).__name__}"
             )
-        x = np.asarray(x)
+        x = to_numpy(x, name)
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix, got {x.ndim}-D array of shape {tuple(x.shape)}")
     dt = np.dtype(x.dtype).name
     if dt not in DTYPES:
         raise TypeError(f"{name} has dtype {dt}; supported dtypes: {', '.join(DTYPES)}")
     return native_order(x)
+
+
+def to_numpy(x: Any, name: str) -> np.ndarray:
+    """``np.asarray(x)``; numpy's error on what is no array (a ragged list) named for ``name``."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name} cannot be read as an array ({type(x).__name__}): {e}") from e
 
 
 def native_order(x: Any) -> Any:

@@ -70,6 +70,9 @@ CASES = [
     (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=ones(1, 4)), ValueError, ["bias", "(M,) or (M, 1)", "(1, 4)"]),
     (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=np.ones(4, np.longdouble)), TypeError,
      ["bias must have one of the dtypes", "float128"]),
+    (dict(a=[[1.0, 2.0], [3.0]], b=ones(2, 5)), ValueError, ["a cannot be read as an array (list)"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=[[1.0], [2.0, 3.0]]), ValueError,
+     ["bias cannot be read as an array (list)"]),
     # masked arrays: refused alike on one device and several (one path read the mask's data silently)
     (dict(a=np.ma.masked_array(ones(4, 3), mask=True), b=ones(3, 5), distribution=dm.Slab.X),
      TypeError, ["a is a numpy masked array", "a.filled("]),

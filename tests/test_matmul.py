@@ -183,6 +183,39 @@ def test_plan_reuse_and_reset_operands():
         mm.execute()
     with pytest.raises(dm.PlanFreedError):
         mm.reset_operands(a=a)
+    # as the contract's example reads them after the with block: what the plan was
+    assert mm.algorithm == "reduce_scatter" and "algorithm:  reduce_scatter" in mm.explain()
+    with dm.Matmul(a, b, distribution=(Y, X, Y), devices=8) as never_planned:
+        pass
+    for read in (lambda: never_planned.algorithm, never_planned.explain):
+        with pytest.raises(dm.PlanFreedError, match="freed before it was made"):
+            read()
+
+
+def test_operands_changed_or_misplaced_are_refused_with_their_name():
+    """What execute() reads must be what was given; what reset_operands takes
+    is checked as the constructor checks it."""
+    a, b = np.ones((6, 4), np.float32), np.ones((4, 5), np.float32)
+    with dm.Matmul(a, b, distribution=(X, Y, X), devices=4) as mm:
+        a.shape = (4, 6)  # in place: the planned product no longer fits
+        with pytest.raises(ValueError, match=r"a now has \(shape, dtype\) \(\(4, 6\).* was given as \(\(6, 4\)"):
+            mm.execute()
+        a.shape = (6, 4)
+        np.testing.assert_array_equal(mm.execute(), np.full((6, 5), 4.0))
+        for bad, exc, words in (("hello", TypeError, "a must be a 2-D numpy, jax or cupy array, got str"),
+                                ([[1.0, 2.0], [3.0]], ValueError, "a cannot be read as an array")):
+            with pytest.raises(exc, match=words):
+                mm.reset_operands(a=bad)
+    jax = pytest.importorskip("jax")
+    devs = jax.devices()
+    on8 = jax.device_put(jax.numpy.ones((8, 4)), jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(devs), ("x",)), jax.sharding.PartitionSpec("x")))
+    on4 = jax.device_put(jax.numpy.ones((8, 4)), jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(devs[4:]), ("x",)), jax.sharding.PartitionSpec("x")))
+    with dm.Matmul(on8, jax.numpy.ones((4, 5)), distribution=(X, R, X)) as mm:
+        with pytest.raises(ValueError, match=r"a is on 4 device\(s\) \(ids 4, 5, 6, 7\) but the plan's a was on 8"):
+            mm.reset_operands(a=on4)
+        np.testing.assert_array_equal(np.asarray(mm.execute()), np.full((8, 5), 4.0))
 
 
 def test_inputs_are_never_modified():
