@@ -38,6 +38,7 @@ from ._spec import (
     PrecisionName,
     Spec,
     as_matrix,
+    check_devices,
     check_distribution,
     family,
     native_order,
@@ -218,19 +219,7 @@ def _check_local(
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if devices is not None:
-        if spmd:
-            raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
-        if isinstance(devices, bool) or not (
-            isinstance(devices, numbers.Integral) or isinstance(devices, Sequence)
-        ):
-            raise TypeError(f"devices must be None, an int or a list of devices, got {devices!r}")
-        if isinstance(devices, numbers.Integral) and devices < 1:
-            raise ValueError(f"devices must be >= 1, got {devices}")
-        if not isinstance(devices, numbers.Integral):
-            devices = tuple(devices)
-            if not devices:
-                raise ValueError("devices must not be an empty list")
+    devices = check_devices(devices, spmd=spmd)
     shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731
     return _Checked(
         dtype=dtype,

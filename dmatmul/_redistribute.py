@@ -8,7 +8,7 @@ from . import _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._errors import DistributionError
-from ._spec import as_matrix, check_distribution, family
+from ._spec import as_matrix, check_devices, check_distribution, family
 
 __all__ = ["redistribute"]
 
@@ -34,8 +34,7 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
     def check() -> Any:
         check_distribution(src, "src")
         check_distribution(dst, "dst")
-        if spmd and devices is not None:
-            raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
+        check_devices(devices, spmd=spmd)
         return as_matrix(x, "x")
 
     if not spmd:

@@ -18,7 +18,9 @@ Importing it loads numpy only.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -141,6 +143,25 @@ def as_matrix(x: Any, name: str) -> Any:
     if dt not in DTYPES:
         raise TypeError(f"{name} has dtype {dt}; supported dtypes: {', '.join(DTYPES)}")
     return native_order(x)
+
+
+def check_devices(devices: Any, *, spmd: bool) -> Any:
+    """``devices=`` of one process: None, an int >= 1 or a non-empty list
+    (returned as a tuple); else a TypeError/ValueError. Under mpiexec it must
+    be None."""
+    if devices is None:
+        return None
+    if spmd:
+        raise ValueError("devices= is for one process; under mpiexec each rank uses its own device")
+    if isinstance(devices, bool) or not isinstance(devices, (numbers.Integral, Sequence)) or isinstance(devices, str):
+        raise TypeError(f"devices must be None, an int or a list of devices, got {devices!r}")
+    if isinstance(devices, numbers.Integral):
+        if devices < 1:
+            raise ValueError(f"devices must be >= 1, got {devices}")
+        return devices
+    if not devices:
+        raise ValueError("devices must not be an empty list")
+    return tuple(devices)
 
 
 def to_numpy(x: Any, name: str) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -324,6 +325,27 @@ def test_redistribute_bad_arguments():
         dm.redistribute(np.ones((4, 4)), dm.Slab.X, "rows", devices=4)
     with pytest.raises(dm.DistributionError, match="dst: .*8 devices.*4 ranks"):
         dm.redistribute(np.ones((4, 4)), dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 2)), (1, 1)), devices=8)
+    for devices, exc, words in ((-1, ValueError, ">= 1, got -1"), (True, TypeError, "got True"),
+                                (2.0, TypeError, "got 2.0"), ([], ValueError, "empty list")):
+        with pytest.raises(exc, match=f"devices must .*{re.escape(words)}"):  # as dm.matmul checks it
+            dm.redistribute(np.ones((4, 4)), dm.Slab.X, dm.Slab.Y, devices=devices)
+
+
+@pytest.mark.parametrize("where", ["device 5", "a reversed mesh", "4 devices"])
+def test_redistribute_moves_a_jax_array_from_other_devices(where):
+    """As dm.matmul takes them: a jax.Array committed elsewhere, or on a mesh of
+    its own, is moved onto the devices in use (JAX's 'incompatible devices' before)."""
+    x = np.arange(80, dtype=np.float32).reshape(8, 10)
+    devs = jax.devices()
+    if where == "device 5":
+        xj = jax.device_put(x, devs[5])
+    else:
+        mesh = jax.sharding.Mesh(np.array(devs[::-1] if where == "a reversed mesh" else devs[:4]), ("m",))
+        xj = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("m")))
+    for src, dst in ((dm.Slab.X, dm.Slab.Y), (dm.Slab.X, dm.BlockCyclic(dm.ProcessGrid((2, 4), "col"), (3, 2)))):
+        got = dm.redistribute(xj, src, dst, devices=8)
+        np.testing.assert_array_equal(np.asarray(got), x)
+        assert got.sharding.device_set == set(devs[:8])
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -756,13 +756,7 @@ class JaxPlan:
             # where it is is not known here: under jit a placement (its devices the trace's), under eager
             # grad or vjp a move of its value (committed to one device, say) onto the plan's devices
             return jax.device_put(x, target)
-        sharding = x.sharding
-        on_ours = isinstance(sharding, NamedSharding) and sharding.mesh == self.geom.mesh
-        if sharding.device_set == set(self.devices) and (on_ours or not isinstance(sharding, NamedSharding)):
-            return x
-        # on other devices, or on another mesh (the user's: its axis names mean nothing to the kernels):
-        # re-laid device to device
-        return jax.device_put(x, target)
+        return self.geom.onto(x, target)
 
     def execute(self, operands: Operands) -> Any:
         with _x64(self.spec.dtype):

@@ -145,6 +145,17 @@ class Geometry:
         mesh = Mesh(arr, ("r", "c"), axis_types=(AxisType.Auto, AxisType.Auto))
         return Geometry(mesh, ("r", "c") if grid.layout == "row" else ("c", "r"), grid)
 
+    def onto(self, x: jax.Array, sharding: Any) -> jax.Array:
+        """A concrete jax.Array on this mesh: as it is where it already lies on
+        its devices (on this mesh, or on a sharding of no mesh), else moved
+        device to device to ``sharding`` (from other devices, or from another
+        mesh, a user's, whose axis names and order mean nothing here)."""
+        s = x.sharding
+        mesh = getattr(s, "mesh", None)
+        if s.device_set == set(self.mesh.devices.flat) and (mesh is None or mesh == self.mesh):
+            return x
+        return jax.device_put(x, sharding)
+
     def abstract(self) -> Geometry:
         """The same mesh without its devices: inside a user's ``jit`` (or
         ``grad``) the devices, and their order, are the traced computation's."""

@@ -56,8 +56,9 @@ def redistribute(
         arr = _layout.local_to_global(np.asarray(x), first, geom, rank)
     elif family == "numpy":
         arr = _layout.host_to_device(np.asarray(x), first, geom)
-    else:
-        arr = _jitted("pad", geom, first, first)(x)
+    else:  # on the mesh first (a jax.Array on other devices, or on a mesh of its own, is moved there)
+        arr = _jitted("pad", geom, first, first)(geom.onto(x, geom.sharding(first) if _layout.expressible(first)
+                                                            else geom.replicated()))
     for i, (geom, a, b) in enumerate(steps):
         if i:  # the same per-device blocks (Slab.X in rank order) seen on the next grid's mesh
             arr = jax.make_array_from_single_device_arrays(
