@@ -527,6 +527,14 @@ def split(a: Any, d: Distribution, nranks: int | None = None) -> list[np.ndarray
     return out
 
 
+def _same(x: np.ndarray, y: np.ndarray) -> bool:
+    """Equal arrays, NaN equal to NaN (bfloat16's too, whose numpy kind is not "f")."""
+    try:
+        return bool(np.array_equal(x, y, equal_nan=True))
+    except TypeError:  # no NaN in this dtype (strings, objects)
+        return bool(np.array_equal(x, y))
+
+
 def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) -> np.ndarray:
     """The global matrix from every rank's block (the inverse of :func:`split`).
 
@@ -556,7 +564,7 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
             )
         out[np.ix_(rows, cols)] = block
     if isinstance(d, Replicated):
-        differs = next((r for r, b in enumerate(arrays) if not np.array_equal(b, arrays[0], equal_nan=b.dtype.kind in "fc")), None)
+        differs = next((r for r, b in enumerate(arrays[1:], 1) if not _same(b, arrays[0])), None)
         if differs is not None:
             raise ValueError(f"join: Replicated() blocks must agree, but rank {differs}'s differs from rank 0's")
         out[...] = arrays[0]

@@ -142,6 +142,21 @@ def test_split_join_round_trip(dist, m, n):
     np.testing.assert_array_equal(dm.join(blocks, d, (m, n)), a)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "complex64", "int32"])
+def test_join_of_replicated_blocks_with_nan(dtype):
+    """Replicated blocks that agree, NaN included, join (bfloat16's NaN was
+    'rank 0 differs from rank 0'); a block that differs is named."""
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.array([[1, np.nan if dtype != "int32" else 2]]).astype(dt)
+    np.testing.assert_array_equal(dm.join([x, x.copy(), x.copy()], dm.Replicated(), (1, 2)), x)
+    y = x.copy()
+    y[0, 0] = 3
+    with pytest.raises(ValueError, match="rank 2's differs from rank 0's"):
+        dm.join([x, x, y], dm.Replicated(), (1, 2))
+
+
 def test_first_process_moves_the_first_block():
     g = dm.ProcessGrid((2, 3))
     d = dm.BlockCyclic(g, (2, 2), first_process=(1, 2))
