@@ -99,7 +99,7 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
     if role == "R":
         return "Replicated()"
     if role == "G":
-        return "BlockCyclic(grid, blocks)" if operand != "a" or not transposed else "BlockCyclic(grid, blocks) of a.T"
+        return "a 2-D grid distribution"
     return "Slab.X" if stored_dims(operand, transposed).index(role) == 0 else "Slab.Y"
 
 
@@ -338,15 +338,17 @@ def needs_message(
     )
     on = f" on the {backend} backend" if backend else ""
     options = needs(algorithm, transposes, kernels)
-    if not options:
+    if not options or all(k.a == k.b == k.d == "G" for k in kernels if k.algorithm == algorithm):
         return (
-            f"algorithm={algorithm!r} does not apply to 1-D distributions{on}; given {given}: it needs a, b and "
+            f"algorithm={algorithm!r} does not fit the distributions {given}{on}: it needs a, b and "
             "the result on one shared 2-D ProcessGrid (BlockCyclic or BlockNonCyclic); or use algorithm='auto'"
         )
+    slab_ab = any(k.algorithm == algorithm and "G" not in (k.a, k.b) for k in kernels)
+    also = " (Replicated() also fits wherever a Slab is needed for a or b)" if slab_ab else ""
     return (
         f"algorithm={algorithm!r} does not fit the distributions {given} "
-        f"(transpose_a={ta}, transpose_b={tb}){on}; it needs one of: {', '.join(options)} "
-        "(Replicated() also fits wherever a Slab is needed for a or b); or use algorithm='auto'"
+        f"(transpose_a={ta}, transpose_b={tb}){on}; it needs one of: {', '.join(options)}{also}; "
+        "or use algorithm='auto'"
     )
 
 

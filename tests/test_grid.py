@@ -137,8 +137,13 @@ def test_mixed_layout_products(dists):
 
 def test_summa_refused_without_a_grid():
     a, b, _ = operands(0, 8, 8, 8, False, False)
-    with pytest.raises(ValueError, match="summa.*BlockCyclic"):
-        dm.matmul(a, b, distribution=dm.Slab.X, algorithm="summa", devices=8)
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    for dists in (dm.Slab.X, (grid, dm.Slab.Y, grid)):
+        with pytest.raises(ValueError) as info:
+            dm.matmul(a, b, distribution=dists, algorithm="summa", devices=8)
+        text = str(info.value)  # what SUMMA takes (either grid kind), and no hint about Slabs
+        assert "the result on one shared 2-D ProcessGrid (BlockCyclic or BlockNonCyclic)" in text, text
+        assert "Replicated() also fits" not in text, text
 
 
 @pytest.mark.parametrize("family", ["numpy", "jax"])

@@ -456,7 +456,7 @@ def test_named_algorithms_fit_exactly_their_triples(algorithm):
 
 
 def test_named_summa_on_1d_and_one_rank():
-    with pytest.raises(ValueError, match="does not apply to 1-D"):
+    with pytest.raises(ValueError, match="needs a, b and the result on one shared 2-D ProcessGrid"):
         T.translate(problem(8, 8, 8, 4, (X, Y, X), algorithm="summa"))
     one = T.translate(problem(8, 8, 8, 1, (X, Y, X), algorithm="allgather"))
     assert one.algorithm == "local" and "on one rank cuBLASMp runs a local GEMM" in one.notes[0]
