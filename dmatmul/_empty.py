@@ -9,6 +9,7 @@ is refused exactly as it would be there.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,16 @@ class EmptyProduct:
     def plan(self, spec: Spec, operands: Operands) -> EmptyPlan:
         if spec.distributions is not None:
             check_fit(spec.distributions, self.backend.ranks(spec, operands), spmd=spec.spmd)
+            fits = getattr(self.backend, "fits", None)
+            if spec.algorithm != "auto" and fits is not None:
+                # a named algorithm fits the layouts or not whatever the sizes: as for one element each
+                fits(dataclasses.replace(spec, a_shape=_at_least_1(spec.a_shape), b_shape=_at_least_1(spec.b_shape)),
+                     operands)
         return EmptyPlan(spec, getattr(self.backend, "place", None))
+
+
+def _at_least_1(shape: tuple[int, int]) -> tuple[int, int]:
+    return (max(shape[0], 1), max(shape[1], 1))
 
 
 class EmptyPlan:

@@ -215,11 +215,17 @@ def test_a_named_algorithm_that_does_not_fit_says_what_it_needs(here, most):
         dm.matmul(a, b, backend=here.name, algorithm="summa", distribution=dm.Slab.X, **here.devices(p))
     assert "ProcessGrid" in str(info.value) or "BlockCyclic(grid" in str(info.value)
     assert "algorithm='auto'" in str(info.value)
-    if p > 1:
-        with pytest.raises(ValueError, match="reduce_scatter") as info:
-            dm.matmul(a, b, backend=here.name, algorithm="reduce_scatter",
+    if p > 1:  # whatever the sizes: an empty product (never planned) is refused alike
+        for m, k in ((8, 6), (8, 0), (0, 6)):
+            for name in ("reduce_scatter", "summa"):
+                with pytest.raises(ValueError, match=f"algorithm='{name}'") as info:
+                    dm.matmul(_ones(m, k), _ones(k, 4), backend=here.name, algorithm=name,
+                              distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X), **here.devices(p))
+                assert "algorithm='auto'" in str(info.value), (m, k, name)
+                assert name == "summa" or "Slab.Y, b=Slab.X" in str(info.value), (m, k)
+        d = dm.matmul(_ones(8, 0), _ones(0, 4), backend=here.name, algorithm="allgather",
                       distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X), **here.devices(p))
-        assert "Slab.Y, b=Slab.X" in str(info.value) and "algorithm='auto'" in str(info.value)
+        assert d.shape == (8, 4) and not np.asarray(d).any()
     # on a 1x1 grid SUMMA fits
     grid = dm.BlockCyclic(dm.ProcessGrid((1, 1)), (2, 2))
     if p == 1:

@@ -68,6 +68,9 @@ class Backend(Protocol):
     * ``place(result, spec, operands)`` (optional): where the result of an
       empty product (K, M or N = 0: computed without the backend) goes, in one
       process (the JAX backend: a jax.Array on the user's mesh).
+    * ``fits(spec, operands)`` (optional): raise what :meth:`plan` raises when
+      ``spec``'s named algorithm does not fit its distributions (asked for
+      an empty product, which is never planned, with its sizes made 1).
     """
 
     name: str

@@ -967,6 +967,11 @@ class JaxBackend:
         product with elements returns there)."""
         return place_result(result, spec, operands) if operands.family == "jax" or _in_trace() else result
 
+    def fits(self, spec: Spec, operands: Operands) -> None:
+        """The refusal of ``spec``'s named algorithm, where it does not fit, as
+        :meth:`plan` gives it (a plan is laid out, not cached or compiled)."""
+        JaxPlan(spec, operands)
+
     def ranks(self, spec: Spec, operands: Operands) -> int:
         """One device per process under mpiexec; else the devices of the operands'
         mesh, or those ``devices=`` picks (as :class:`JaxPlan` takes them)."""

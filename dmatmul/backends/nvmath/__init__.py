@@ -116,6 +116,13 @@ class _LazyBackend:
         """One GPU per process: the processes under mpiexec, else one."""
         return spec.nprocs if spec.spmd else 1
 
+    def fits(self, spec: Any, operands: Any) -> None:
+        """The translation's refusal of ``spec``'s named algorithm, where it has
+        one (pure data: no GPU, nothing started)."""
+        from ._translate import Problem, translate
+
+        translate(Problem.from_spec(spec, self.ranks(spec, operands), ("C", "C", "C" if spec.use_c else None)))
+
     def start(self, runtime: Any) -> Any:
         """nvmath.distributed's NCCL communicator over the runtime's processes
         (checked on every rank first: one rank without a GPU fails them all)."""
