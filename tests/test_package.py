@@ -75,3 +75,27 @@ def test_readme_test_command_is_what_ci_runs():
     assert len(commands) == 2, f"README must open with two commands, found {commands}"
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci, f"{commands[1]!r} not in .ci/run"
+
+
+def test_declared_minimums_are_the_ones_that_work():
+    """jax 0.7.0 lacks jax.set_mesh and 0.7.1-0.8.1 lack lax.pcast (the demo passes from
+    0.8.2 on); every such jax needs Python >= 3.11. pyproject.toml and the README say so."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    packaging = pytest.importorskip("packaging.requirements")
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    jax_reqs = [packaging.Requirement(r) for reqs in project["optional-dependencies"].values() for r in reqs
+                if packaging.Requirement(r).name == "jax"]
+    assert jax_reqs, "no extra requires jax"
+    for req in jax_reqs:
+        assert not req.specifier.contains("0.8.1") and req.specifier.contains("0.8.2"), f"{req}: jax >= 0.8.2"
+    python = SpecifierSet(project["requires-python"])
+    assert not python.contains("3.10.14") and python.contains("3.11.0"), project["requires-python"]
+    for classifier in project.get("classifiers", []):
+        assert "Python :: 3.10" not in classifier, classifier
+    readme = (ROOT / "README.md").read_text()
+    assert "Python (>= 3.10" not in readme and "Python (>= 3.11" in " ".join(readme.split())
