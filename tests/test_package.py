@@ -99,3 +99,20 @@ def test_declared_minimums_are_the_ones_that_work():
         assert "Python :: 3.10" not in classifier, classifier
     readme = (ROOT / "README.md").read_text()
     assert "Python (>= 3.10" not in readme and "Python (>= 3.11" in " ".join(readme.split())
+
+
+def test_readme_short_tour_runs_in_a_fresh_process():
+    """The tour's first block, then the 2-D grid snippet (which reuses its a and b),
+    as a reader pastes them into a plain CPU process (one JAX device unless told)."""
+    pytest.importorskip("jax")
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A short tour", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^( *)```python\n(.*?)^\1```", section, re.S | re.M)
+    assert len(blocks) == 2, "the tour and its 2-D grid snippet"
+    code = "\n".join("\n".join(line[len(indent):] for line in body.splitlines()) for indent, body in blocks)
+    assert "devices=8" in code
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**env, "JAX_PLATFORMS": "cpu"}, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "reduce_scatter" in out.stdout
