@@ -38,6 +38,16 @@ def _start_jax_cpu(ndevices: int) -> Any:
     return jax
 
 
+def require_backend(command: str, name: str = "jax") -> None:
+    """Exit (status 1) with one line when backend ``name`` cannot run here:
+    ``dmatmul demo: backend 'jax' cannot run here: jax not installed: pip install 'dmatmul[jax]'``."""
+    from . import backends
+
+    reason = backends.probe(name)
+    if reason is not None:
+        raise SystemExit(f"dmatmul {command}: backend {name!r} cannot run here: {reason}")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, backends
 
@@ -105,6 +115,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     P``: each rank its blocks."""
     from . import _runtime
 
+    require_backend("demo")
     spmd = _runtime.launched_size() > 1
     if not spmd:
         _start_jax_cpu(args.devices)

@@ -116,3 +116,20 @@ def test_readme_short_tour_runs_in_a_fresh_process():
                          env={**env, "JAX_PLATFORMS": "cpu"}, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "reduce_scatter" in out.stdout
+
+
+@pytest.mark.parametrize("command, status", [("info", 0), ("demo", 1), ("bench", 1), ("check", 1)])
+def test_commands_without_jax_say_what_to_install(command, status):
+    """A plain ``pip install .`` (no extras): no traceback; info prints its table,
+    the others one line naming the extra, as check always did."""
+    code = ("import sys; sys.modules['jax'] = None\n"  # import jax now fails, find_spec('jax') is None
+            "from dmatmul import cli\n"
+            f"sys.exit(cli.main([{command!r}]))\n")
+    out = run(sys.executable, "-c", code, timeout=120)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == status, out.stdout + out.stderr
+    if command == "info":
+        assert "backend jax    : unavailable: jax not installed: pip install 'dmatmul[jax]'" in out.stdout
+    else:
+        assert out.stderr.strip() == (f"dmatmul {command}: backend 'jax' cannot run here: "
+                                      "jax not installed: pip install 'dmatmul[jax]'")

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import _cost
 from .._spec import ALGORITHMS
-from ..cli import at_least
+from ..cli import at_least, require_backend
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
@@ -155,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     from .._runtime import launched_size
 
     args = finish_args(args)
+    if not args.costs:  # the costs table is pure Python; calibrating and timing run on JAX
+        require_backend("bench")
     if args.calibrate:
         return run_calibrate(args)
     if args.costs:

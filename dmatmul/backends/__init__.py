@@ -148,7 +148,13 @@ def details(name: str) -> list[str]:
     row = _BY_NAME[name]
     if importlib.util.find_spec(row.module) is None:
         return []
-    report = getattr(importlib.import_module(row.module), "details", None)
+    try:
+        module = importlib.import_module(row.module)
+    except ImportError:
+        if any(importlib.util.find_spec(pkg) is None for pkg in row.packages):
+            return []  # its module needs a package that is missing: probe(name) says what to install
+        raise
+    report = getattr(module, "details", None)
     return list(report()) if report is not None else []
 
 
