@@ -133,3 +133,20 @@ def test_commands_without_jax_say_what_to_install(command, status):
     else:
         assert out.stderr.strip() == (f"dmatmul {command}: backend 'jax' cannot run here: "
                                       "jax not installed: pip install 'dmatmul[jax]'")
+
+
+def test_readme_demo_table_is_the_demos_output():
+    """Every line of the README's demo block as ``dmatmul demo`` prints it now, but
+    for the measured columns (max rel err, ms), which vary by machine."""
+    pytest.importorskip("jax")
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The demo\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```\n(.*?)```", section, re.S)
+    out = run(sys.executable, "-m", "dmatmul", "demo")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    def shape(text: str) -> list[str]:
+        return [re.sub(r"\s+\S+\s+\S+$", "", line) if re.search(r"\d\.\d\de[-+]\d\d +\d+\.\d\d$", line)
+                else line.rstrip() for line in text.strip().splitlines()]
+
+    assert shape(block) == shape(out.stdout)
