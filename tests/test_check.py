@@ -318,6 +318,11 @@ def test_dmatmul_check_fails_on_a_broken_kernel():
     (["bench", "--wait-idle", "-1"], ["argument --wait-idle", "(0, 1]", "-1"]),
     (["bench", "--wait-idle", "lots"], ["argument --wait-idle", "'lots'"]),
     (["bench", "--algorithms", "foo", "--costs"], ["argument --algorithms", "allgather", "'foo'"]),
+    (["bench", "--costs", "--calibrate"], ["argument --calibrate", "not allowed with argument --costs"]),
+    (["bench", "--calibrate", "--costs"], ["argument --costs", "not allowed with argument --calibrate"]),
+    (["bench", "--model-out", "m.json"], ["argument --model-out", "only with --calibrate"]),
+    (["bench", "--json", "/nonexistent-dir/out.json"], ["argument --json", "'/nonexistent-dir'", "does not exist"]),
+    (["bench", "--plot", "/nonexistent-dir/out.png"], ["argument --plot", "'/nonexistent-dir'", "does not exist"]),
 ])
 def test_commands_refuse_bad_counts_with_a_usage_error(argv, words, capsys):
     """Before any work (and before JAX starts): argparse's exit status 2, naming the option."""

@@ -11,6 +11,7 @@ dmatmul._bench``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -68,6 +69,14 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _output_path(text: str) -> str:
+    """An output file whose directory exists ('' for none), checked before any timing."""
+    folder = os.path.dirname(text)
+    if text and folder and not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"directory {folder!r} of {text!r} does not exist")
+    return text
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
@@ -96,8 +105,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="dmatmul algorithms to time (default: auto and every named one that fits)",
     )
     p.add_argument("--peers", type=_names, default=",".join(PEERS), help="peers to time")
-    p.add_argument("--json", default="dmatmul-bench.json", metavar="PATH", help="JSON output ('' for none)")
-    p.add_argument("--plot", default="dmatmul-bench.png", metavar="PATH", help="PNG plot ('' for none)")
+    p.add_argument("--json", type=_output_path, default="dmatmul-bench.json", metavar="PATH",
+                   help="JSON output ('' for none)")
+    p.add_argument("--plot", type=_output_path, default="dmatmul-bench.png", metavar="PATH",
+                   help="PNG plot ('' for none)")
     p.add_argument(
         "--quick", action="store_true",
         help=f"a short run: sizes {','.join(map(str, QUICK_SIZES))}, devices "
@@ -109,13 +120,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "less than FRACTION of the CPUs busy (e.g. 0.15; Linux /proc/stat)",
     )
     p.add_argument("--explain", action="store_true", help="print Matmul.explain() of every auto plan")
-    p.add_argument(
+    only = p.add_mutually_exclusive_group()  # print the model, or measure it: not both
+    only.add_argument(
         "--costs", action="store_true",
         help="print the cost model of every algorithm and layout (bytes, messages, flops, extra memory, "
         "predicted time, lower bounds) for the sizes and device counts, and exit without timing",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument(
+    only.add_argument(
         "--calibrate", action="store_true",
         help="measure alpha/beta/gamma on this machine (per device count) and save them for algorithm='auto'",
     )
@@ -123,12 +135,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--model-out", default=None, metavar="PATH",
         help=f"where --calibrate writes (default ${_cost.MODEL_ENV} or ~/.cache/dmatmul/cost_model.json)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, bench_parser=p)  # finish_args reports a usage error with this parser's usage
     return p
 
 
+def _usage_error(args: argparse.Namespace, message: str) -> None:
+    parser = getattr(args, "bench_parser", None)
+    if parser is None:
+        raise SystemExit(f"dmatmul bench: error: {message}")
+    parser.error(message)  # exit status 2, with the usage line
+
+
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Apply --quick to the options left at their defaults."""
+    """Check the options argparse cannot check one by one (before JAX starts)
+    and apply --quick to the options left at their defaults."""
+    if args.model_out is not None and not args.calibrate:
+        _usage_error(args, "argument --model-out: only with --calibrate (where the calibration is saved)")
     if args.quick:
         if args.sizes == list(DEFAULT_SIZES):
             args.sizes = list(QUICK_SIZES)
