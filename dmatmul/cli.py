@@ -273,9 +273,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def at_least(least: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer no smaller than ``least`` (argparse then
-    says which option and what was given, with the usage line)."""
+#: The most simulated CPU devices one process may ask for (``--devices``). JAX
+#: starts 1024 in about a second and 300 MB; far more (100000) looked like a hang,
+#: and a product over more devices than it has rows or columns is mostly empty blocks.
+MAX_CPU_DEVICES = 1024
+
+
+def at_least(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer no smaller than ``least`` (and no larger
+    than ``most``; argparse then says which option and what was given, with the
+    usage line)."""
 
     def parse(text: str) -> int:
         try:
@@ -284,6 +291,8 @@ def at_least(least: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < least:
             raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"expected an integer <= {most}, got {value}")
         return value
 
     parse.__name__ = f"integer >= {least}"  # argparse names the type in its message
@@ -295,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backends found, devices, MPI").set_defaults(func=cmd_info)
     demo = sub.add_parser("demo", help="every algorithm on simulated CPU devices, checked against numpy")
-    demo.add_argument("--devices", type=at_least(1), default=8, help="simulated CPU devices (default 8)")
+    demo.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
+                      help=f"simulated CPU devices (default 8, at most {MAX_CPU_DEVICES})")
     demo.add_argument("-m", type=at_least(0), default=1001, help="rows of the result (default 1001: uneven)")
     demo.add_argument("-n", type=at_least(0), default=768, help="columns of the result (default 768)")
     demo.add_argument("-k", type=at_least(0), default=517, help="inner dimension (default 517: prime-ish, uneven)")
@@ -311,8 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--seed", type=at_least(0), default=0, help="seed of the cases and data (default 0)")
     check.add_argument("--backend", choices=("auto", "jax", "nvmath", "all-found"), default="auto",
                        help="auto: nvmath where it runs, else jax; all-found: every backend that runs here")
-    check.add_argument("--devices", type=at_least(1), default=8,
-                       help="devices in one process; on CPU, the simulated devices JAX makes (default 8)")
+    check.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
+                       help=f"devices in one process; on CPU, the simulated devices JAX makes "
+                       f"(default 8, at most {MAX_CPU_DEVICES})")
     check.add_argument("--quick", action="store_true", help="fewer cases")
     check.add_argument("--case", type=at_least(0), default=None, help="run only case number CASE of the seed")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per case")

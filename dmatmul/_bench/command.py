@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _cost
 from .._spec import ALGORITHMS
-from ..cli import at_least, require_backend
+from ..cli import MAX_CPU_DEVICES, at_least, require_backend
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
@@ -42,6 +42,13 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _device_counts(text: str) -> list[int]:
+    out = _ints(text)
+    if max(out) > MAX_CPU_DEVICES:
+        raise argparse.ArgumentTypeError(f"expected device counts <= {MAX_CPU_DEVICES}, got {max(out)}")
     return out
 
 
@@ -89,8 +96,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--sizes", type=_ints, default=",".join(map(str, DEFAULT_SIZES)), help="square sizes n (M = N = K = n)"
     )
     p.add_argument(
-        "--devices", type=_ints, default=",".join(map(str, DEFAULT_DEVICES)),
-        help="simulated device counts (one process); ignored under mpiexec (one device per rank)",
+        "--devices", type=_device_counts, default=",".join(map(str, DEFAULT_DEVICES)),
+        help=f"simulated device counts (one process; at most {MAX_CPU_DEVICES}); ignored under mpiexec "
+        "(one device per rank)",
     )
     p.add_argument(
         "--layouts", type=_names, default=",".join(DEFAULT_LAYOUTS),
