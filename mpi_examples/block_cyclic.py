@@ -9,11 +9,19 @@ grid columns. The result is then redistributed to row slabs, every element
 moving once.
 """
 
+import sys
+
 import numpy as np
 
 import dmatmul as dm
 
 rt = dm.init()
+if rt.size != 4:  # the 2x2 grid spans exactly four ranks
+    if rt.rank == 0:
+        print(f"block_cyclic.py: a 2x2 process grid needs 4 ranks, not {rt.size}: run with mpiexec -n 4",
+              file=sys.stderr)
+    dm.finalize()
+    raise SystemExit(1)
 grid = dm.ProcessGrid((2, 2), layout="col")  # as ScaLAPACK's default 'C' order
 bc = dm.BlockCyclic(grid, (64, 64))
 m, n, k = 1000, 700, 900

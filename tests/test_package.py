@@ -7,6 +7,7 @@ import importlib
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -150,3 +151,26 @@ def test_readme_demo_table_is_the_demos_output():
                 else line.rstrip() for line in text.strip().splitlines()]
 
     assert shape(block) == shape(out.stdout)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2])
+def test_block_cyclic_example_names_its_rank_count(n):
+    """The 2x2-grid example under another rank count: exit 1 on every rank, one
+    line saying how to launch it, no traceback (and no MPI_Abort)."""
+    pytest.importorskip("mpi4py")
+    pytest.importorskip("jax")
+    script = str(ROOT / "mpi_examples" / "block_cyclic.py")
+    if n == 1:
+        cmd = [sys.executable, script]
+    else:
+        beside = pathlib.Path(sys.executable).parent / "mpiexec"
+        launcher = str(beside) if beside.exists() else shutil.which("mpiexec")
+        if launcher is None:
+            pytest.skip("no mpiexec")
+        cmd = [launcher, "-n", str(n), sys.executable, script]
+    out = run(*cmd, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "Abort" not in out.stderr, out.stderr
+    lines = [line for line in out.stderr.splitlines() if "run with mpiexec -n 4" in line]
+    assert len(lines) == 1, out.stderr
