@@ -384,8 +384,8 @@ class Matmul:
     ``plan()`` picks the backend's algorithm and compiles; ``execute()`` plans
     if needed and returns the result; ``reset_operands()`` swaps in new arrays
     of the same shapes, dtypes and distributions; ``free()`` releases the plan
-    (use after it raises :class:`dmatmul.PlanFreedError`). A context manager
-    frees on exit.
+    (using the object after ``free()`` raises :class:`dmatmul.PlanFreedError`).
+    A context manager frees on exit.
 
     Args:
         {operands}
