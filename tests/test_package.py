@@ -174,3 +174,32 @@ def test_block_cyclic_example_names_its_rank_count(n):
     assert "Traceback" not in out.stderr and "Abort" not in out.stderr, out.stderr
     lines = [line for line in out.stderr.splitlines() if "run with mpiexec -n 4" in line]
     assert len(lines) == 1, out.stderr
+
+
+def test_cli_help_and_version(capsys):
+    from dmatmul import __version__, cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"dmatmul {__version__}"
+    helps = {}
+    for argv in (["--help"], ["demo", "--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        helps[argv[0]] = capsys.readouterr().out
+    assert "``" not in helps["--help"] and "The dmatmul command: info, demo, check and bench." in helps["--help"]
+    assert "Every algorithm" in helps["demo"]  # a description, not just the usage
+    bench = " ".join(helps["bench"].split())
+    assert "(default: None)" not in bench and "(default: False)" not in bench
+    assert "--dtype {float32,bfloat16,float16,float64} element type" in bench
+
+
+def test_cli_stops_quietly_when_its_reader_goes_away():
+    """``dmatmul info | head -1``: no BrokenPipeError traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    proc = subprocess.Popen([sys.executable, "-m", "dmatmul", "info"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    proc.stdout.close()  # the reader is gone before the first line
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert proc.returncode == 1

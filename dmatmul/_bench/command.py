@@ -84,13 +84,22 @@ def _output_path(text: str) -> str:
     return text
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where it says something: not None, not a flag's False."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
         "bench",
         help="dmatmul against XLA's partitioned dot and numpy, side by side",
         description=DESCRIPTION,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument(
         "--sizes", type=_ints, default=",".join(map(str, DEFAULT_SIZES)), help="square sizes n (M = N = K = n)"
@@ -105,7 +114,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="layouts of (a, b, result): letters X=Slab.X, Y=Slab.Y, R=Replicated(), "
         "G=BlockNonCyclic on the squarest 2-D grid",
     )
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"),
+                   help="element type of a, b and the result (numpy's peer runs float32 for the half precisions)")
     p.add_argument("--reps", type=at_least(1), default=5, help="timed repetitions of every implementation")
     p.add_argument("--warmup", type=at_least(0), default=1, help="untimed runs after the compiling first call")
     p.add_argument(
