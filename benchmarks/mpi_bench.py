@@ -24,13 +24,18 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULTS = [
-    "--sizes", "2048,4096",
-    "--layouts", "XYX,YXY",
-    "--reps", "5",
-    "--json", "mpi-bench.json",
-    "--plot", "mpi-bench.png",
-]
+DEFAULTS = {
+    "sizes": "2048,4096",
+    "layouts": "XYX,YXY",
+    "reps": 5,
+    "json": "mpi-bench.json",
+    "plot": "mpi-bench.png",
+}
+DESCRIPTION = (
+    "dmatmul bench under mpiexec: AllGather+GEMM (XYX) and GEMM+ReduceScatter (YXY) against JAX's multi-process "
+    "jit(jnp.dot) and numpy, n = 2048 and 4096. Launch: OPENBLAS_NUM_THREADS=1 mpiexec -n 4 -bind-to core "
+    "python benchmarks/mpi_bench.py [options]"
+)
 
 
 def main() -> int:
@@ -41,7 +46,7 @@ def main() -> int:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
         from dmatmul import _bench
 
-    return _bench.main([*DEFAULTS, *sys.argv[1:]])
+    return _bench.main(sys.argv[1:], prog="mpi_bench.py", description=DESCRIPTION, defaults=DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -421,3 +421,29 @@ def test_module_doctests_pass():
     for module in (_cost, _bench, *(importlib.import_module(f"dmatmul._bench.{name}") for name in names)):
         result = doctest.testmod(module)
         assert result.failed == 0, module.__name__
+
+
+def test_mpi_bench_script_names_itself_and_its_defaults():
+    """``benchmarks/mpi_bench.py --help``: its own name and the defaults it runs
+    with (n = 2048,4096; mpi-bench.json), not ``dmatmul bench``'s."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "mpi_bench.py"), "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert text.startswith("usage: mpi_bench.py") and "mpiexec" in text
+    assert "(default: 2048,4096)" in text and "(default: mpi-bench.json)" in text and "(default: XYX,YXY)" in text
+
+
+def test_bench_main_takes_a_scripts_defaults(monkeypatch):
+    seen = []
+    monkeypatch.setattr(_bench.command, "run", lambda args: seen.append(args) or 0)
+    assert _bench.main(["--reps", "2"], prog="x", defaults={"sizes": "2048,4096", "json": "mpi-bench.json"}) == 0
+    (args,) = seen
+    assert args.sizes == [2048, 4096] and args.json == "mpi-bench.json" and args.reps == 2

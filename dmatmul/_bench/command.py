@@ -101,6 +101,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=_HelpFormatter,
     )
+    return _add_options(p)
+
+
+def _add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--sizes", type=_ints, default=",".join(map(str, DEFAULT_SIZES)), help="square sizes n (M = N = K = n)"
     )
@@ -251,10 +255,18 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dmatmul._bench [options]``: the bench without the ``dmatmul`` CLI."""
-    parser = argparse.ArgumentParser(prog="dmatmul")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+def main(
+    argv: Sequence[str] | None = None, *, prog: str = "dmatmul bench", description: str = DESCRIPTION,
+    defaults: dict[str, str] | None = None,
+) -> int:
+    """``python -m dmatmul._bench [options]``: the bench without the ``dmatmul`` CLI.
+
+    A script that wraps it (``benchmarks/mpi_bench.py``) names itself with
+    ``prog`` and ``description`` and sets its own ``defaults`` (option
+    destinations to their text, as on the command line), which ``--help`` shows.
+    """
+    parser = _add_options(argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter))
+    if defaults:
+        parser.set_defaults(**defaults)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return int(args.func(args))
