@@ -203,3 +203,22 @@ def test_cli_stops_quietly_when_its_reader_goes_away():
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert proc.returncode == 1
+
+
+def test_license_is_an_spdx_expression_with_its_file():
+    """PEP 639 (setuptools >= 77): ``license = "Apache-2.0"`` and the LICENSE file
+    shipped in the wheel; the ``{ text = ... }`` table is deprecated."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    setuptools = next(Requirement(r) for r in pyproject["build-system"]["requires"]
+                      if Requirement(r).name == "setuptools")
+    assert not setuptools.specifier.contains("76.1") and setuptools.specifier.contains("77.0")
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
