@@ -212,7 +212,6 @@ def _spec(x: jax.Array) -> Any:
     return getattr(sharding, "spec", None) or jax.sharding.PartitionSpec()
 
 
-
 def _axes_of(part: Any) -> tuple:
     return () if part is None else tuple(part) if isinstance(part, tuple) else (part,)
 
