@@ -218,6 +218,35 @@ def test_operands_changed_or_misplaced_are_refused_with_their_name():
         np.testing.assert_array_equal(np.asarray(mm.execute()), np.full((8, 5), 4.0))
 
 
+def test_threads_plan_at_once(monkeypatch):
+    """Threads share the plan cache: planning many problems at once, past the
+    cache's bound, neither fails (a KeyError or 'dictionary changed size' from
+    two evictions of one plan before) nor lets the cache outgrow its bound."""
+    import concurrent.futures
+    import sys
+
+    backend = dm.backends.get("jax")
+    monkeypatch.setattr(type(backend), "cache_size", 3)
+    monkeypatch.setattr(backend, "_plans", {})
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the race comes within a few hundred plans
+    try:
+        def plan(i):
+            m, k, n = 1 + i % 13, 1 + i % 7, 1 + i % 5
+            with dm.Matmul(np.full((m, k), 2, np.float32), np.ones((k, n), np.float32),
+                           distribution=(X, Y, X), devices=2) as mm:
+                mm.plan()
+                size = len(backend._plans)
+                if i % 150 == 0:  # and the plans compute: a few, each compiles
+                    assert np.array_equal(mm.execute(), np.full((m, n), 2 * k, np.float32))
+                return size
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert max(pool.map(plan, range(600))) <= 3
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_inputs_are_never_modified():
     rng = np.random.default_rng(2)
     a, b, c = operands(rng, 13, 11, 7, False, False, c=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -960,6 +961,7 @@ class JaxBackend:
 
     def __init__(self) -> None:
         self._plans: dict[Any, JaxPlan] = {}
+        self._lock = threading.Lock()  # threads may plan at once (the cache is shared)
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         """An empty product's result, one process (:func:`place_result`): a
@@ -1015,10 +1017,12 @@ class JaxBackend:
             key = (spec, mesh, mesh is not None and _tracing(operands))
             if spec.distributions is None and spec.family == "jax":
                 key += (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"))
-        plan = self._plans.get(key)
+        with self._lock:
+            plan = self._plans.get(key)
         if plan is None:
-            plan = JaxPlan(spec, operands)
-            if len(self._plans) >= self.cache_size:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            made = JaxPlan(spec, operands)  # outside the lock: threads plan different problems at once
+            with self._lock:  # the first of threads that made the same plan wins; the oldest plans go
+                plan = self._plans.setdefault(key, made)
+                while len(self._plans) > max(self.cache_size, 1):
+                    self._plans.pop(next(iter(self._plans)))
         return plan

@@ -6,6 +6,7 @@ import atexit
 import collections
 import numbers
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -234,8 +235,9 @@ class _Borrowed:
     def free(self) -> None:
         plan, self._p = self._p, None
         if plan is not None:
-            plan.borrows -= 1
-            self._backend._release(plan)
+            with self._backend._lock:
+                plan.borrows -= 1
+                self._backend._release(plan)
 
     def __getattr__(self, name: str) -> Any:  # algorithm, translation, spec, ...
         return getattr(self._live(), name)
@@ -254,6 +256,7 @@ class NvmathBackend:
 
     def __init__(self) -> None:
         self._plans: collections.OrderedDict[Any, NvmathPlan] = collections.OrderedDict()
+        self._lock = threading.RLock()
         self._evicted: list[NvmathPlan] = []
         atexit.register(self.clear)
 
@@ -274,6 +277,10 @@ class NvmathBackend:
                 where(operands.a), where(operands.b), where(c))
 
     def plan(self, spec: Spec, operands: Operands) -> _Borrowed:
+        with self._lock:  # threads may plan at once (the cache is shared; its plans are counted borrows)
+            return self._plan(spec, operands)
+
+    def _plan(self, spec: Spec, operands: Operands) -> _Borrowed:
         key = self._key(spec, operands)
         plan = self._plans.get(key)
         hit = plan is not None
@@ -309,9 +316,10 @@ class NvmathBackend:
 
     def clear(self) -> None:
         """Free every cached plan (and evicted ones still borrowed): at exit, or on request."""
-        plans = list(self._plans.values()) + self._evicted
-        self._plans.clear()
-        self._evicted = []
+        with self._lock:
+            plans = list(self._plans.values()) + self._evicted
+            self._plans.clear()
+            self._evicted = []
         for plan in plans:
             try:
                 plan.free()
