@@ -395,6 +395,24 @@ def choose_distributions(
     return best[1]
 
 
+def versus_bound(nbytes: float, bound: float, replicated: Sequence[str]) -> str:
+    """The modelled bytes against the lower bound, as ``explain()`` says it. The
+    bound assumes every rank starts with an equal share of each matrix: an
+    operand in ``replicated`` (held whole by every rank) breaks that, and the
+    bound says nothing then.
+
+    >>> versus_bound(2048, 1024, []), versus_bound(0, 1024, ["b"])
+    ('2.00x the bound', 'the bound does not apply: b is replicated (held whole by every rank)')
+    """
+    if bound <= 0:  # one rank (or nothing to receive): nothing to measure against
+        return "bound is 0"
+    if replicated:
+        what = " and ".join(replicated)
+        return f"the bound does not apply: {what} {'is' if len(replicated) == 1 else 'are'} replicated " \
+               "(held whole by every rank)"
+    return f"{nbytes / bound:.2f}x the bound"
+
+
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

@@ -236,6 +236,22 @@ def test_a_named_algorithm_that_does_not_fit_says_what_it_needs(here, most):
 # --------------------------------------------------------------------------- #
 # the plan's life
 # --------------------------------------------------------------------------- #
+def test_explain_measures_against_the_bound_only_where_it_applies(here):
+    """The lower bound assumes every rank starts with a share of each matrix: a
+    replicated a or b breaks that (the modelled bytes fell below the bound)."""
+    p = max(here.nranks)
+    a, b = _ones(16, 12), _ones(12, 8)
+    for dists, words in (((dm.Slab.X, dm.Slab.Y, dm.Slab.X), "x the bound"),
+                         ((dm.Replicated(), dm.Slab.Y, dm.Slab.Y), "the bound does not apply: a is replicated"),
+                         ((dm.Slab.X, dm.Replicated(), dm.Slab.X), "the bound does not apply: b is replicated")):
+        with dm.Matmul(a, b, distribution=dists, backend=here.name, **here.devices(p)) as mm:
+            text = mm.explain()
+            if p > 1:
+                assert words in text, text
+            else:  # one rank: nothing moves, nothing to measure
+                assert "does not apply" not in text and "x the bound" not in text, text
+
+
 def test_plan_explain_execute_reset_free(here):
     p = max(here.nranks)
     rng = np.random.default_rng(0)

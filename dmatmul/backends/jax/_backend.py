@@ -935,7 +935,8 @@ class JaxPlan:
             lines.append(f"padding:    {', '.join(padded)} (uneven splits, zeros inside the kernel only)")
         lb = _cost.lower_bound_words(pr.m, pr.n, pr.k, pr.p) * pr.itemsize
         nbytes, messages = plan.nbytes + sum(m.nbytes for m in foreign), plan.messages + sum(m.messages for m in foreign)
-        ratio = f"{nbytes / lb:.2f}x the bound" if lb > 0 else "bound is 0"
+        replicated = [op for op, d in zip("ab", self.distributions) if isinstance(d, Replicated)]
+        ratio = _plan.versus_bound(nbytes, lb, replicated)
         lines += [
             f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {messages:.0f} messages, "
             f"{plan.flops / 1e9:.3g} GFLOP per rank",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .... import _cost, _plan
+from ...._distribution import Replicated
 
 if TYPE_CHECKING:
     from ._types import Translation
@@ -80,7 +81,8 @@ def describe(t: Translation) -> list[str]:
         lines.append(f"note:       {note}")
     if t.cost is not None:
         lb = _cost.lower_bound_words(p.m, p.n, p.k, p.nranks) * p.itemsize
-        ratio = f"{t.cost.nbytes / lb:.2f}x the bound" if lb > 0 else "bound is 0"
+        replicated = [op for op, d in zip("ab", p.distributions) if d == Replicated()]
+        ratio = _plan.versus_bound(t.cost.nbytes, lb, replicated)
         lines.append(
             f"modelled:   {_plan._fmt_bytes(t.cost.nbytes)} received per rank in {t.cost.messages:.0f} "
             f"messages, {t.cost.flops / 1e9:.3g} GFLOP per rank ({ratio}: "
