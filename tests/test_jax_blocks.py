@@ -381,6 +381,30 @@ def test_precision_is_passed_to_every_dot(op, precision):
         assert e.params["precision"] is None if precision is None else "HIGHEST" in str(e.params["precision"]), e
 
 
+@pytest.mark.parametrize("op", PARAMS["op"])
+def test_a_precision_context_reaches_the_backward_dots(op):
+    """precision=None is jax.default_matmul_precision when the call is traced, as
+    for jnp.dot: a context around the forward pass holds for its backward dots,
+    which are traced after the context ends (they fell back to None)."""
+    mesh = make_mesh((8,), "auto")
+    ours, ref = references(op, "model", None, None)
+
+    def dots(body):
+        f = jax.shard_map(body, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+
+        def loss(x, y):
+            with jax.default_matmul_precision("float32"):
+                z = f(x, y)
+            return z.sum()
+
+        eqns = equations(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.ones((64, 3)), jnp.ones((3, 2))))
+        return [str(e.params["precision"]) for e in eqns if e.primitive.name == "dot_general"]
+
+    assert {*dots(ref)} == {"(Precision.HIGHEST, Precision.HIGHEST)"}  # what jnp.dot does
+    got = dots(ours)
+    assert len(got) >= 3 and {*got} == {*dots(ref)}, got
+
+
 @pytest.mark.parametrize(
     "mesh, axis, m, dtype, check_vma",
     [
