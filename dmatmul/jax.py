@@ -237,7 +237,7 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     axis = tuple(axis_name) if isinstance(axis_name, list) else axis_name
     precision = tuple(precision) if isinstance(precision, list) else precision  # static: hashable
     if precision is None:  # read now, as jnp.dot reads it: the backward pass may run outside this context
-        precision = jax.config.jax_default_matmul_precision
+        precision = getattr(jax.config, "jax_default_matmul_precision")  # noqa: B009 - untyped in the stubs
     if isinstance(axis, tuple) and not axis:
         raise ValueError(f"{name}: axis_name=() names no mesh axis; pass a mesh axis name or a tuple of them")
     names = axis if isinstance(axis, tuple) else (axis,)
