@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from . import _cost
@@ -160,9 +160,38 @@ class Problem1D:
     itemsize: int
     acc_itemsize: int
     grid: tuple[int, int] | None = None  # (rows, cols) of the process grid, when one is in use
+    #: the backend pads every dimension it splits to a whole number of equal blocks (JAX shards evenly), so
+    #: padding travels and is multiplied like data: a plan is costed on the padded sizes (:meth:`padded`)
+    pads: bool = False
 
     def elements(self, operand: str) -> int:
         return {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n, "d": self.m * self.n}[operand]
+
+    def padded(self, roles: Iterable[Role]) -> Problem1D:
+        """The sizes a padding backend works on when the operands take ``roles``:
+        each dimension a role splits over the ranks rounded up to a multiple of
+        them; on the grid ("G") M up to its rows and N up to its columns (SUMMA
+        cuts K in panels that need no padding). Without ``pads``: unchanged.
+
+        >>> pr = Problem1D(1001, 1, 64, 8, 4, 4, pads=True).padded(["M", "N", "R"])
+        >>> pr.m, pr.n, pr.k
+        (1008, 8, 64)
+        >>> pr = Problem1D(1001, 1, 64, 8, 4, 4, pads=True, grid=(2, 4)).padded(["G"])
+        >>> pr.m, pr.n, pr.k
+        (1002, 4, 64)
+        """
+        if not self.pads:
+            return self
+        roles = set(roles)
+        up = lambda size, parts: -(-size // parts) * parts  # noqa: E731
+        sizes = {"M": self.m, "N": self.n, "K": self.k}
+        for dim in sizes:
+            if dim in roles:
+                sizes[dim] = up(sizes[dim], self.p)
+        if "G" in roles and self.grid is not None:
+            rows, cols = self.grid
+            sizes["M"], sizes["N"] = max(sizes["M"], up(self.m, rows)), max(sizes["N"], up(self.n, cols))
+        return dataclasses.replace(self, m=sizes["M"], n=sizes["N"], k=sizes["K"])
 
 
 def move(
@@ -251,13 +280,14 @@ def plans(
     for kernel in kernels:
         if kernel.algorithm == "summa" and problem.grid is None:
             continue
+        sized = problem.padded((*roles.values(), kernel.a, kernel.b, kernel.d))
         candidates = [
-            move(problem, "a", roles["a"], kernel.a, native="a" in native),
-            move(problem, "b", roles["b"], kernel.b, native="b" in native),
+            move(sized, "a", roles["a"], kernel.a, native="a" in native),
+            move(sized, "b", roles["b"], kernel.b, native="b" in native),
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
-            move(problem, "d", kernel.d, roles["d"], native="d" in native),
+            move(sized, "d", kernel.d, roles["d"], native="d" in native),
         ]
-        kb, km, flops = kernel_cost(problem, kernel)
+        kb, km, flops = kernel_cost(sized, kernel)
         moves = tuple(mv for mv in candidates if mv.collective != "none")
         nbytes = kb + sum(mv.nbytes for mv in moves)
         messages = km + sum(mv.messages for mv in moves)
@@ -359,13 +389,18 @@ def choose_distributions(
     transposes: tuple[bool, bool],
     fixed: tuple[Distribution | None, Distribution | None] = (None, None),
     kernels: Sequence[Kernel] = KERNELS,
+    deliverable: Callable[[Distribution], bool] | None = None,
 ) -> tuple[Distribution, Distribution, Distribution]:
     """``distribution=None`` (one process): the triple of 1-D distributions whose
     cheapest plan, plus placing the operands there, the model says is fastest.
 
     ``fixed``: a's and b's distribution where the operand already has one (a
     ``jax.Array`` laid out on the devices); the others are free. On one rank
-    nothing is split: everything is ``Replicated()``.
+    nothing is split: everything is ``Replicated()``. ``deliverable``: whether
+    the backend can hand the result back in a distribution as it is (a
+    ``jax.Array`` result shards only evenly); one it cannot is no candidate,
+    since it would come back replicated at the ``Replicated()`` candidate's
+    cost plus a gather.
 
     >>> pr = Problem1D(64, 64, 4096, 4, 4, 4)
     >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False))
@@ -374,16 +409,18 @@ def choose_distributions(
     if problem.p == 1:
         return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
     options = (Slab.X, Slab.Y, Replicated())
+    results = [d for d in options if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
     best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
     for da, db, dd in itertools.product(
-        [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, options
+        [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, results
     ):
         roles = roles_of((da, db, dd), transposes, problem.p)
         candidates = plans(problem, roles, model, kernels=kernels)
         if not candidates:
             continue
         placement = sum(
-            model.beta * problem.elements(op) * problem.itemsize / (1 if roles[op] == "R" else problem.p)
+            model.beta * problem.padded([roles[op]]).elements(op) * problem.itemsize
+            / (1 if roles[op] == "R" else problem.p)
             for op, given in (("a", fixed[0]), ("b", fixed[1]))
             if given is None
         )

@@ -13,6 +13,7 @@ import contextlib
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
@@ -190,6 +191,41 @@ def test_an_even_result_stays_sharded_and_unexplained():
         assert _collectives(mm, a, b) == {"all-reduce": 0, "all-gather": 0}
     assert d.sharding.spec[0] is not None and not d.sharding.is_fully_replicated
     assert_close(np.asarray(d), reference(A, B), "float32")
+
+
+_SIZES = st.sampled_from([1, 2, 7, 8, 13, 64, 257, 1001, 1024])
+_SPLITS = {"rows": P("x", None), "cols": P(None, "x"), "none": P()}
+
+
+@given(m=_SIZES, n=_SIZES, k=_SIZES, sa=st.sampled_from(sorted(_SPLITS)), sb=st.sampled_from(sorted(_SPLITS)))
+@settings(max_examples=40, deadline=None)
+def test_the_result_layout_left_to_the_model_is_the_cheapest_as_run(m, n, k, sa, sb):
+    """``distribution=None`` on laid-out jax.Arrays: the result layout the model
+    picks costs, as it is then planned, no more than any other the user could
+    have named. Costed as run: uneven splits padded (zeros travel and are
+    multiplied), and a result no sharding expresses gathered to every device.
+    The chooser once ignored both (N=1 over 8 devices ships 8x what it counted)."""
+    from dmatmul._matmul import plan_of
+
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    shapes = {"a": (m, k), "b": (k, n)}
+    for name, split in (("a", sa), ("b", sb)):  # JAX lays out only even splits
+        assume(split == "none" or shapes[name]["rows cols".split().index(split)] % 8 == 0)
+    rng = np.random.default_rng(m * 7 + n * 5 + k)
+    a_np = rng.standard_normal(shapes["a"]).astype(np.float32)
+    b_np = rng.standard_normal(shapes["b"]).astype(np.float32)
+    a, b = put(a_np, mesh, _SPLITS[sa]), put(b_np, mesh, _SPLITS[sb])
+    with dm.Matmul(a, b) as mm:
+        chosen = plan_of(mm)
+        da, db, dd = chosen.distributions
+        named = {}
+        for d in (X, Y, R):
+            with dm.Matmul(a, b, distribution=(da, db, d)) as other:
+                named[d] = plan_of(other).cost.time
+        assert chosen.cost.time <= min(named.values()) * (1 + 1e-9), (dd, chosen.cost.time, named, mm.explain())
+        assert "returned replicated" not in mm.explain()  # a result the model picks is delivered as picked
+        if m * n * k <= 2**21:
+            assert_close(np.asarray(mm.execute()), reference(a_np, b_np), "float32")
 
 
 # --------------------------------------------------------------------------- #

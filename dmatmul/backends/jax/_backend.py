@@ -395,7 +395,7 @@ class JaxPlan:
         self.model = _cost.model_for(self.devices[0].platform, p)
         info = spec.dtype_info
         acc_dtype = jnp.dtype(info.accumulator)
-        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, info.itemsize, info.acc_itemsize)
+        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, info.itemsize, info.acc_itemsize, pads=True)
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions)  # a 1x1 grid on one rank too: SUMMA is named there as well
@@ -498,11 +498,15 @@ class JaxPlan:
         order, on one mesh. Such a result comes back replicated on every device."""
         if self.spec.family != "jax" or self.spec.spmd or self.nranks == 1:
             return None
-        dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
+        return self._undeliverable(self.distributions[2], grid)
+
+    def _undeliverable(self, dist: Distribution, grid: ProcessGrid | None) -> str | None:
+        """Why no ``jax.Array`` sharding lays a result out as ``dist`` says, or None."""
+        shape = (self.spec.m, self.spec.n)
         mesh = self.user_mesh  # (0, 0): the layout alone; whether it splits evenly is judged below
         if mesh is not None and _sharding_of(dist, mesh, (0, 0)) is None:
             return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
-        geom = self._result_geometry(grid)
+        geom = self._result_geometry(grid, dist)
         if _layout.placement_of(dist, geom, shape, (None, None)).identity:
             return None
         if isinstance(dist, Slab):
@@ -517,11 +521,12 @@ class JaxPlan:
             return f"its first block is on grid process {dist.first_process}, not (0, 0)"
         return f"{shape[0]}x{shape[1]} does not split evenly over the {rows}x{cols} grid"
 
-    def _result_geometry(self, grid: ProcessGrid | None) -> _layout.Geometry:
-        """The geometry whose mesh lays out the result as its distribution says: the
-        product's, or the result's own grid where it is on another one (the result
-        is then computed as Slab.X and re-laid onto that grid: :meth:`_to_result_grid`)."""
-        own = self.distributions[2].grid
+    def _result_geometry(self, grid: ProcessGrid | None, dist: Distribution | None = None) -> _layout.Geometry:
+        """The geometry whose mesh lays out the result as its distribution (or
+        ``dist``) says: the product's, or the result's own grid where it is on
+        another one (the result is then computed as Slab.X and re-laid onto that
+        grid: :meth:`_to_result_grid`)."""
+        own = (dist or self.distributions[2]).grid
         return _layout.Geometry.create(self.devices, own if own is not None and own.ndim == 2 else grid)
 
     def _to_result_grid(self, d: jax.Array) -> jax.Array:
@@ -574,8 +579,12 @@ class JaxPlan:
         if self.spec.distributions is not None:
             return self.spec.distributions, False
         fixed = (_infer_distribution(operands.a, self.devices, "a"), _infer_distribution(operands.b, self.devices, "b"))
+        # a jax.Array result that no sharding expresses would come back replicated: not a candidate
+        deliverable = None if self.spec.family != "jax" or self.spec.spmd else (
+            lambda d: self._undeliverable(d, None) is None)
         chosen = _plan.choose_distributions(
-            self.problem, self.model, transposes=(self.spec.transpose_a, self.spec.transpose_b), fixed=fixed
+            self.problem, self.model, transposes=(self.spec.transpose_a, self.spec.transpose_b), fixed=fixed,
+            deliverable=deliverable,
         )
         return chosen, True
 
