@@ -52,8 +52,11 @@ GRID_ROW, GRID_COL = dm.ProcessGrid((2, 4)), dm.ProcessGrid((4, 2), layout="col"
         ((X, Y, dm.BlockNonCyclic(GRID_ROW)), P("data", "model")),
         ((Y, X, dm.BlockNonCyclic(GRID_COL)), P("model", "data")),
         ((dm.BlockCyclic(GRID_ROW, (2, 3)), X, dm.BlockCyclic(GRID_COL, (4, 2))), P()),  # no NamedSharding says it
+        # one block per process, its whole share: the same layout as BlockNonCyclic
+        ((X, Y, dm.BlockCyclic(GRID_ROW, (8, 6))), P("data", "model")),
+        ((Y, X, dm.BlockCyclic(GRID_COL, (4, 12))), P("model", "data")),
     ],
-    ids=["XYX", "YXY", "XRR", "grid-row", "grid-col", "block-cyclic"],
+    ids=["XYX", "YXY", "XRR", "grid-row", "grid-col", "block-cyclic", "one-block-row", "one-block-col"],
 )
 def test_operands_on_the_users_mesh_come_back_on_it(kind, dists, want_spec):
     mesh = mesh_of(kind)

@@ -255,9 +255,26 @@ def _layout_of(x: Any, devices: tuple[jax.Device, ...]) -> tuple[PartitionSpec, 
     return sharding.spec, sharding.mesh
 
 
+def _plain(dist: Distribution, shape: tuple[int, int]) -> Distribution:
+    """``dist`` as the BlockNonCyclic it is on a ``shape`` matrix where it is a
+    BlockCyclic dealing each grid process one block, its whole even share (or
+    every block, along a grid dimension of one); else ``dist`` itself.
+
+    >>> g = ProcessGrid((2, 2))
+    >>> _plain(BlockCyclic(g, (8, 4)), (16, 8)) == BlockNonCyclic(g), _plain(BlockCyclic(g, (4, 4)), (16, 8))
+    (True, BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)))
+    """
+    if isinstance(dist, BlockCyclic) and all(
+        procs == 1 or block * procs == size for procs, block, size in zip(dist.grid.shape, dist.block_sizes, shape)
+    ):
+        return BlockNonCyclic(dist.grid, first_process=dist.first_process)
+    return dist
+
+
 def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int, int]) -> NamedSharding | None:
     """The inverse of :func:`_infer_distribution`: ``dist`` as a NamedSharding on
     ``mesh`` (ranks in mesh order), or None where no NamedSharding says it."""
+    dist = _plain(dist, shape)
     every = _mesh_axes(mesh)
     p = int(np.prod([mesh.shape[n] for n in every])) if every else 1
     if isinstance(dist, Replicated) or p == 1:
@@ -503,6 +520,7 @@ class JaxPlan:
     def _undeliverable(self, dist: Distribution, grid: ProcessGrid | None) -> str | None:
         """Why no ``jax.Array`` sharding lays a result out as ``dist`` says, or None."""
         shape = (self.spec.m, self.spec.n)
+        dist = _plain(dist, shape)
         mesh = self.user_mesh  # (0, 0): the layout alone; whether it splits evenly is judged below
         if mesh is not None and _sharding_of(dist, mesh, (0, 0)) is None:
             return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
