@@ -412,17 +412,6 @@ def test_calibration_measures_and_saves(tmp_path, capsys, monkeypatch):
     assert _cost.model_for("cpu").gamma == pytest.approx(4 / 100e9)  # the largest count calibrated
 
 
-def test_module_doctests_pass():
-    import doctest
-    import importlib
-    import pkgutil
-
-    names = [m.name for m in pkgutil.iter_modules(_bench.__path__) if m.name != "__main__"]  # its modules
-    for module in (_cost, _bench, *(importlib.import_module(f"dmatmul._bench.{name}") for name in names)):
-        result = doctest.testmod(module)
-        assert result.failed == 0, module.__name__
-
-
 def test_mpi_bench_script_names_itself_and_its_defaults():
     """``benchmarks/mpi_bench.py --help``: its own name and the defaults it runs
     with (n = 2048,4096; mpi-bench.json), not ``dmatmul bench``'s."""

@@ -261,12 +261,6 @@ def test_exchange_rounds_are_permutations_as_few_as_the_busiest_device(edges):
     assert len(rounds) == degree
 
 
-def test_layout_doctests_pass():
-    import doctest
-
-    assert doctest.testmod(_layout).failed == 0
-
-
 @pytest.mark.parametrize("src, dst", [(s, d) for s, d in itertools.product(LAYOUTS, LAYOUTS)
                                       if s != d and dm.Replicated() not in (s, d)])
 def test_redistribution_holds_little_beside_its_blocks(src, dst):

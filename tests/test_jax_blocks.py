@@ -497,13 +497,6 @@ def test_options_are_keyword_only():
 # --------------------------------------------------------------------------- #
 # documentation
 # --------------------------------------------------------------------------- #
-def test_module_docstring_example_runs():
-    import doctest
-
-    result = doctest.testmod(dmj, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_readme_section_runs():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Inside your own shard_map", 1)[1].split("\n## ", 1)[0]

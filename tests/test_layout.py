@@ -1,5 +1,5 @@
 """Tests for dmatmul.layout: algebraic laws on generated layouts, exact
-tables, error handling and the module's doctests.
+tables, error handling and its examples.
 
 Layouts are lexicographic (row-major): the rightmost mode varies fastest.
 numpy's C-order ``unravel_index`` serves as an independent oracle for that.
@@ -8,7 +8,6 @@ numpy's C-order ``unravel_index`` serves as an independent oracle for that.
 from __future__ import annotations
 
 import copy
-import doctest
 import math
 import pickle
 import random
@@ -851,14 +850,8 @@ def test_bad_coordinates_are_refused() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Doctests
+# Examples (the doctests themselves run in test_package.test_doctests)
 # ---------------------------------------------------------------------------
-
-
-def test_module_doctests_pass() -> None:
-    result = doctest.testmod(layout_module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 40
-    assert result.failed == 0
 
 
 def test_every_public_function_has_an_example() -> None:
