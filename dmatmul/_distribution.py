@@ -24,6 +24,7 @@ Worked examples (read off nvmath 1.0)::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -162,7 +163,7 @@ class ProcessGrid:
     @property
     def size(self) -> int:
         """Number of ranks in the grid."""
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def ndim(self) -> int:
@@ -369,9 +370,10 @@ class Slab(Distribution):
     Y: ClassVar[Slab]
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or self.dim not in (0, 1):
-            raise DistributionError(f"Slab dim must be 0 (rows, Slab.X) or 1 (columns, Slab.Y), got {self.dim!r}")
-        object.__setattr__(self, "dim", int(self.dim))
+        dim = _as_int(self.dim, "Slab dim", minimum=0)
+        if dim not in (0, 1):
+            raise DistributionError(f"Slab dim must be 0 (rows, Slab.X) or 1 (columns, Slab.Y), got {dim!r}")
+        object.__setattr__(self, "dim", dim)
 
     def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
         if dim != self.dim:

@@ -259,6 +259,12 @@ def test_reprs_are_readable():
     assert repr(dm.BlockNonCyclic(dm.ProcessGrid((1, 2)))) == "BlockNonCyclic(ProcessGrid((1, 2), layout='row'))"
 
 
+def test_a_grid_counts_its_ranks_exactly():
+    """Python's ints, not int64: a product over 2**64 ranks does not wrap to 0."""
+    huge = dm.ProcessGrid((2**32, 2**32))
+    assert huge.size == 2**64 and dm.ProcessGrid((3, 5, 7)).size == 105
+
+
 # --------------------------------------------------------------------------- #
 # bad arguments
 # --------------------------------------------------------------------------- #
@@ -271,6 +277,9 @@ def test_reprs_are_readable():
         (lambda: dm.ProcessGrid((2.0, 2)), TypeError, ["int", "2.0"]),
         (lambda: dm.ProcessGrid("22"), TypeError, ["tuple"]),
         (lambda: dm.Slab(2), ValueError, ["Slab dim", "2"]),
+        (lambda: dm.Slab(1.0), TypeError, ["Slab dim", "int", "1.0"]),
+        (lambda: dm.Slab(np.float32(0)), TypeError, ["Slab dim", "int"]),
+        (lambda: dm.Slab(True), TypeError, ["Slab dim", "int", "True"]),
         (lambda: dm.BlockCyclic(dm.ProcessGrid((2, 2)), (0, 2)), ValueError, ["block_sizes[0]", "0"]),
         (lambda: dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, -3)), ValueError, ["block_sizes[1]", "-3"]),
         (lambda: dm.BlockCyclic(dm.ProcessGrid((2, 2)), 2), TypeError, ["block_sizes", "pair"]),
