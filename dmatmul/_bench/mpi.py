@@ -93,7 +93,8 @@ def _bench_group_processes(
     a32, b32 = operands(n, dtype)
     a, b = as_dtype(a32, dtype), as_dtype(b32, dtype)
     me = rt.device if rt.device is not None else jax.local_devices()[0]
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    by_id = {d.id: d for d in jax.devices()}
+    devices = [by_id[i] for i in comm.allgather(me.id)]  # each rank's device, in rank order
     blocks = {
         op: np.ascontiguousarray(dm.split(x, d, p)[rank]) for op, x, d in (("a", a, dists[0]), ("b", b, dists[1]))
     }

@@ -43,6 +43,7 @@ permuting the maps are the identity and nothing is copied.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import numbers
@@ -55,6 +56,7 @@ from jax import lax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..._dimmap import DimMap
+from ..._spec import in_jax_trace
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 
 __all__ = [
@@ -107,18 +109,21 @@ def resolve_devices(devices: Any) -> tuple[jax.Device, ...]:
 
 
 def process_devices(nprocs: int) -> tuple[jax.Device, ...]:
-    """Several processes: one device per process, in rank (process index) order."""
+    """Several processes: one device per process, in the order of the runtime
+    communicator's ranks (which a user's ``jax.distributed`` may number as
+    other process indices)."""
     from ..._runtime import ensure
+    from ._start import rank_devices
 
     ensure("jax")
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    devices = jax.devices()
     if len(devices) != nprocs or len({d.process_index for d in devices}) != nprocs:
         raise RuntimeError(
             f"dmatmul needs one JAX device per process, but JAX sees {len(devices)} device(s) "
             f"over {jax.process_count()} process(es) for {nprocs} ranks: start JAX through dmatmul.init() "
             "(or jax.distributed.initialize with one local device per process)"
         )
-    return tuple(devices)
+    return rank_devices()
 
 
 # --------------------------------------------------------------------------- #
@@ -155,6 +160,15 @@ class Geometry:
         if s.device_set == set(self.mesh.devices.flat) and (mesh is None or mesh == self.mesh):
             return x
         return jax.device_put(x, sharding)
+
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        """This mesh as JAX's context for dmatmul's own computations on it, also
+        under a user's ``jax.set_mesh`` (whose mesh would clash with it); inside a
+        user's trace, where ``set_mesh`` is refused, as an abstract mesh."""
+        mesh = self.mesh
+        if not isinstance(mesh, Mesh):
+            return contextlib.nullcontext()
+        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if in_jax_trace() else jax.set_mesh(mesh)
 
     def abstract(self) -> Geometry:
         """The same mesh without its devices: inside a user's ``jit`` (or
