@@ -49,6 +49,7 @@ def _at_least_1(shape: tuple[int, int]) -> tuple[int, int]:
 
 class EmptyPlan:
     algorithm = "local"
+    cost = None  # nothing is communicated
 
     def __init__(self, spec: Spec, place: Callable[[Any, Spec, Operands], Any] | None = None) -> None:
         self.spec = spec

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import numpy as np
 
-from . import _runtime
+from . import _cost, _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._empty import EmptyProduct
@@ -42,6 +42,7 @@ from ._spec import (
     check_distribution,
     family,
     native_order,
+    refuse_trace_under_mpi,
     refuse_unusable,
     to_numpy,
 )
@@ -76,7 +77,8 @@ def _scalar(x: Any, name: str, dtype: str) -> complex:
         except OverflowError:
             raise ValueError(f"{name}={x!r} does not fit a complex double") from None
     try:
-        return float(x)  # type: ignore[arg-type]
+        # one value for one number whatever its type (ranks compare it): 1.0 and 1+0j alike for complex operands
+        return complex(x) if dtype.startswith("complex") else float(x)  # type: ignore[arg-type,call-overload]
     except OverflowError:
         raise ValueError(f"{name}={x!r} does not fit a double") from None
 
@@ -157,6 +159,8 @@ def _check_local(
     spmd: bool,
 ) -> _Checked:
     """Phase 1: everything one rank can check alone (types, dtypes, names)."""
+    if spmd:
+        refuse_trace_under_mpi(ops.a, ops.b, ops.c, ops.bias)
     ops.a = as_matrix(ops.a, "a")
     ops.b = as_matrix(ops.b, "b")
     if spmd:
@@ -396,11 +400,11 @@ class Matmul:
     ...     d = mm.execute()
     """
 
+    @_runtime.agreed_arguments("dmatmul.Matmul")
     def __init__(
         self,
         a: Any,
         b: Any,
-        /,
         c: Any = None,
         *,
         distribution: Distribution | Sequence[Distribution] | None = None,
@@ -441,11 +445,32 @@ class Matmul:
             raise PlanFreedError(f"Matmul.{what}() on a freed plan: create a new dmatmul.Matmul")
 
     def plan(self) -> None:
-        """Choose the algorithm and compile (done by execute() when needed)."""
-        self._live("plan")
-        if self._plan is None:
-            self._plan = self._backend.plan(self._spec, self._operands)
+        """Choose the algorithm and compile (done by execute() when needed).
 
+        Under several processes every rank plans (execute() does so on every
+        rank): a rank that cannot, or that chose another plan (each reads its
+        own cost model: see ``dmatmul bench --calibrate``), raises on every rank."""
+        self._live("plan")
+        if self._plan is not None:
+            return
+        rt = _runtime.active()
+        if rt is None or rt.size == 1:
+            self._plan = self._backend.plan(self._spec, self._operands)
+            return
+        plan, chosen = _runtime.agree_and_share(lambda: self._backend.plan(self._spec, self._operands), _chosen,
+                                                "Matmul.plan")
+        for i, field in enumerate(("the algorithm", "the plan")):
+            message = _runtime.disagreement([c[i] for c in chosen], field, verbs=("chose", "chose"))
+            if message is not None:
+                plan.free()
+                raise ValueError(
+                    f"Matmul.plan: {message} (this is rank {rt.rank}): each rank planned with its own cost model "
+                    f"(${_cost.MODEL_ENV}, else its machine's calibration file {_cost.calibration_path()}); give "
+                    f"every rank the same one (one shared file, or {_cost.MODEL_ENV}=default), or name the algorithm"
+                )
+        self._plan = plan
+
+    @_runtime.agreed_arguments("Matmul.execute")
     def execute(self) -> Any:
         """Run the product on the current operands and return the result.
 
@@ -463,6 +488,8 @@ class Matmul:
         """This rank can run the product: the plan is live and no operand was
         deleted since it was given."""
         self._live("execute")
+        if self._spec.spmd:
+            refuse_trace_under_mpi()
         for name in ("a", "b", "c", "bias"):
             refuse_unusable(getattr(self._operands, name), name)
         now = _shapes(self._operands)
@@ -478,6 +505,7 @@ class Matmul:
         assert self._plan is not None
         return self._plan.execute(self._operands)
 
+    @_runtime.agreed_arguments("Matmul.reset_operands")
     def reset_operands(
         self,
         a: Any = None,
@@ -618,6 +646,17 @@ class Matmul:
         return f"<dmatmul.Matmul {self._spec.m}x{self._spec.n}x{self._spec.k} {self._spec.dtype} {state}>"
 
 
+def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:
+    """What every rank's plan of one product must agree on: its algorithm, and its
+    kernel and moves (what the cost model chose)."""
+    cost = plan.cost
+    if cost is None:
+        return plan.algorithm, ""
+    kernel = cost.kernel
+    moves = ", ".join(f"{m.operand}: {m.src} -> {m.dst}" for m in cost.moves)
+    return plan.algorithm, f"roles a:{kernel.a} b:{kernel.b} result:{kernel.d}" + (f"; moves {moves}" if moves else "")
+
+
 def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
     return {name: (tuple(x.shape), np.dtype(x.dtype).name) for name in ("a", "b", "c", "bias")
             if (x := getattr(ops, name)) is not None}
@@ -630,15 +669,16 @@ def _ids(devices: Any) -> str:
 
 @overload
 def matmul(
-    a: np.ndarray, b: np.ndarray, /, c: np.ndarray | None = None, **options: Unpack[MatmulOptions]
+    a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, **options: Unpack[MatmulOptions]
 ) -> np.ndarray: ...
 @overload
-def matmul(a: jax.Array, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -> jax.Array: ...
+def matmul(a: jax.Array, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> jax.Array: ...
 @overload
-def matmul(a: Any, b: jax.Array, /, c: Any = None, **options: Unpack[MatmulOptions]) -> jax.Array: ...
+def matmul(a: Any, b: jax.Array, c: Any = None, **options: Unpack[MatmulOptions]) -> jax.Array: ...
 @overload
-def matmul(a: Any, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -> Any: ...
-def matmul(a: Any, b: Any, /, c: Any = None, **options: Unpack[MatmulOptions]) -> Any:
+def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> Any: ...
+@_runtime.agreed_arguments("dmatmul.matmul")
+def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> Any:
     """``epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``, distributed.
 
     {semantics}

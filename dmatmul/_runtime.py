@@ -20,17 +20,20 @@ This module knows no backend: what "starting" means is each backend's
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
     "Runtime", "init", "finalize", "runtime", "active", "ensure", "world_size", "rank", "agree", "agree_and_share",
-    "disagreement", "launched_size",
+    "disagreement", "launched_size", "agreed_arguments",
 ]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # launcher variables that give the number of processes (MPICH/Hydra, PMIx, Open MPI, Slurm, MVAPICH)
 _SIZE_VARS = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
@@ -190,7 +193,7 @@ def agree(check: Callable[[], T], what: str = "dmatmul") -> T:
     """Run ``check()`` on every rank; if it raised on any rank, raise on all.
 
     The failing rank re-raises its own error (of any type); the others raise
-    the same type (RuntimeError for a type other than :data:`_AGREED_ERRORS`)
+    the same type (dmatmul's own errors and those of :data:`_AGREED_ERRORS`; RuntimeError for others)
     with a message naming the failing rank and its error. In one process this
     is just ``check()``.
     """
@@ -224,14 +227,50 @@ def agree_and_share(
     if failure is not None:
         raise failure
     first_rank, (name, message) = bad[0]
-    exc_type: type[Exception] = next((t for t in _AGREED_ERRORS if t.__name__ == name), RuntimeError)
-    from ._errors import DistributionError
+    from . import _errors
 
-    if name == "DistributionError":
-        exc_type = DistributionError
+    ours = getattr(_errors, name, None)  # dmatmul's own errors (DistributionError, PlanFreedError) keep their type
+    exc_type: type[Exception] = (
+        ours if isinstance(ours, type) and issubclass(ours, Exception)
+        else next((t for t in _AGREED_ERRORS if t.__name__ == name), RuntimeError)
+    )
     others = [r for r, _ in bad[1:]]
     also = f" (and on rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" if others else ""
     raise exc_type(f"{what} failed on rank {first_rank}{also} (this is rank {state.rank}): {message}")
+
+
+def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Decorate a call every rank makes together: arguments that do not bind on
+    one rank (a misspelt keyword, one positional too many) raise their
+    TypeError on every rank, where Python would raise it before the call's own
+    checks, on that rank alone, and leave the others waiting in the product.
+
+    The failing rank joins the first collective the others make in the call:
+    the :func:`agree` that checks its arguments (``_matmul._validate``,
+    ``Matmul.execute``, ``Matmul.reset_operands``).
+    """
+
+    def decorate(f: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(f)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                # read when called: a __signature__ set on the function after decoration is the one bound
+                inspect.signature(call).bind(*args, **kwargs)
+            except TypeError as e:
+                failure = TypeError(f"{what}: {e}")
+                state = active()
+                if state is not None and state.size > 1:
+
+                    def fail() -> None:
+                        raise failure
+
+                    agree(fail, what)
+                raise failure from None
+            return f(*args, **kwargs)
+
+        return call
+
+    return decorate
 
 
 def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str) -> None:
@@ -247,8 +286,9 @@ def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str) -> 
                              "blocks differ")
 
 
-def disagreement(values: list[Any], field: str) -> str | None:
-    """A message naming the ranks that differ on ``field``, or None if all agree.
+def disagreement(values: list[Any], field: str, verbs: tuple[str, str] = ("passes", "pass")) -> str | None:
+    """A message naming the ranks that differ on ``field``, or None if all agree
+    (``verbs``: what one rank, and several, do with their value).
 
     >>> disagreement([1, 1, 2, 1], "alpha")
     'ranks disagree on alpha: rank 2 passes 2, ranks 0, 1, 3 pass 1'
@@ -265,7 +305,7 @@ def disagreement(values: list[Any], field: str) -> str | None:
         return None
     groups.sort(key=lambda g: (len(g[1]), g[1][0]))  # the odd ones out first
     parts = [
-        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} pass{'es' if len(ranks) == 1 else ''} {value!r}"
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} {verbs[len(ranks) > 1]} {value!r}"
         for value, ranks in groups
     ]
     return f"ranks disagree on {field}: " + ", ".join(parts)

@@ -127,6 +127,34 @@ def refuse_unusable(x: Any, name: str) -> None:
         raise ValueError(f"{name} is a deleted jax.Array (its buffers were freed or donated): pass a live array")
 
 
+def in_jax_trace(*xs: Any) -> bool:
+    """Whether a JAX transformation (``jit``, ``grad``...) is tracing now: one of
+    ``xs`` is its value, or JAX says so (also where only closed-over constants
+    are used; JAX says it only privately: without that answer, False)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    if any(isinstance(x, jax.core.Tracer) for x in xs):
+        return True
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # pragma: no cover - a JAX without it
+        return False
+    return not trace_state_clean()
+
+
+def refuse_trace_under_mpi(*xs: Any) -> None:
+    """Under mpiexec a product takes each rank's blocks as concrete arrays:
+    inside a JAX trace it is refused (on this rank, before the ranks compare
+    their calls, so that every rank raises)."""
+    if in_jax_trace(*xs):
+        raise TypeError(
+            "under mpiexec dm.matmul and Matmul.execute take each rank's blocks as concrete arrays, not inside "
+            "jax.jit, grad or another transformation: call them outside it, or, inside a JAX program over a "
+            "multi-process mesh, use dmatmul.jax.allgather_matmul / matmul_reduce_scatter in jax.shard_map"
+        )
+
+
 def as_matrix(x: Any, name: str) -> Any:
     """``x`` as a 2-D array of a supported dtype, in native byte order; else a
     TypeError/ValueError naming ``name``."""

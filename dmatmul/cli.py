@@ -314,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "each result checked against numpy: a table, exit status 1 on any mismatch.",
     )
     demo.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
-                      help=f"simulated CPU devices (default 8, at most {MAX_CPU_DEVICES})")
+                      help=f"simulated CPU devices (default 8, at most {MAX_CPU_DEVICES}); ignored under mpiexec "
+                      "(one device per rank)")
     demo.add_argument("-m", type=at_least(0), default=1001, help="rows of the result (default 1001: uneven)")
     demo.add_argument("-n", type=at_least(0), default=768, help="columns of the result (default 768)")
     demo.add_argument("-k", type=at_least(0), default=517, help="inner dimension (default 517: prime-ish, uneven)")
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="auto: nvmath where it runs, else jax; all-found: every backend that runs here")
     check.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
                        help=f"devices in one process; on CPU, the simulated devices JAX makes "
-                       f"(default 8, at most {MAX_CPU_DEVICES})")
+                       f"(default 8, at most {MAX_CPU_DEVICES}); ignored under mpiexec (one device per rank)")
     check.add_argument("--quick", action="store_true", help="fewer cases")
     check.add_argument("--case", type=at_least(0), default=None, help="run only case number CASE of the seed")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per case")

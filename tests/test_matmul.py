@@ -124,6 +124,15 @@ def test_generated_products(m, n, k, ndev, da, db, dd, ta, tb, alpha, beta, epil
           epilog=epilog, bias=bias, devices=ndev)
 
 
+def test_operands_by_keyword_as_the_contract_writes_them():
+    """``matmul(a, b, c=None, *, ...)``: a, b and c may be named."""
+    rng = np.random.default_rng(2)
+    a, b, c = operands(rng, 9, 7, 5, False, False, c=True)
+    assert_close(dm.matmul(a=a, b=b, c=c, beta=0.5, devices=4), reference(a, b, c, beta=0.5), "float32")
+    with dm.Matmul(b=b, a=a, devices=4) as mm:
+        assert_close(mm.execute(), reference(a, b), "float32")
+
+
 def test_distribution_left_out_is_chosen_by_the_model():
     rng = np.random.default_rng(0)
     a, b, _ = operands(rng, 64, 48, 32, False, False)

@@ -108,8 +108,23 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
     for scenario in ("result-distribution", "alpha", "beta", "epilog", "transpose-on-square",
                      "grid-instead-of-slab", "dtype", "one-extra-row", "c-one-row-short", "init-on-another-comm",
                      "redistribute-dst", "redistribute-src", "redistribute-dtype", "reset-one-row-short",
-                     "reset-alpha", "still-in-step"):
+                     "reset-alpha", "execute-on-freed-plan", "misspelt-keyword", "extra-positional",
+                     "matmul-plan-misspelt-keyword", "execute-with-an-argument", "reset-misspelt-keyword",
+                     "inside-jit-on-one-rank", "cost-models-choose-otherwise", "cost-model-unreadable-on-one-rank",
+                     "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)
+    assert "FAILED" not in proc.stdout, output(proc)
+
+
+@pytest.mark.parametrize("mode", ["user-reversed", "used-first", "used-on-one-rank", "after-finalize"])
+def test_the_process_group_starts_on_every_rank_or_raises_on_every_rank(mode):
+    """A jax.distributed the user started, numbering its processes otherwise than
+    dmatmul's communicator its ranks, gives right results; JAX used before the
+    start (on every rank, or on one), or after dm.finalize(), raises on every
+    rank, saying what to do."""
+    proc = launch(4, "tests/mpi/start.py", mode, timeout=240)
+    assert proc.returncode == 0, output(proc)
+    assert f"ok {mode} on 4 ranks" in proc.stdout, output(proc)
 
 
 def test_sigterm_ends_a_job_hung_in_a_collective():

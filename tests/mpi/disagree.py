@@ -10,6 +10,7 @@ exits 1 if any rank saw something else.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -137,7 +138,7 @@ with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
     mm.execute()
     if odd:
         mm.free()
-    expect("execute-on-freed-plan", RuntimeError, ["freed plan"], mm.execute)
+    expect("execute-on-freed-plan", dm.PlanFreedError, ["freed plan"], mm.execute)
 expect("bias-longdouble", TypeError, ["bias", "float128"],
        call(epilog="bias", bias=bias.astype(np.longdouble)) if odd else call(epilog="bias", bias=bias))
 with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
@@ -149,7 +150,55 @@ with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
     if not np.allclose(mm.execute(), dm.split(a @ b, X)[me], atol=1e-4):  # the plan is untouched
         problems.append(f"rank {me}: the plan changed after refused resets")
 
+# arguments Python refuses before any check of dmatmul's: a misspelt keyword, one argument too many
+expect("misspelt-keyword", TypeError, ["unexpected keyword argument 'transpose'"], call(transpose=True))
+expect("extra-positional", TypeError, ["too many positional arguments"],
+       lambda: dm.matmul(la, lb, lc, *([2.0] if odd else []), distribution=(X, Y, X)))
+expect("matmul-plan-misspelt-keyword", TypeError, ["unexpected keyword argument 'algoritm'"],
+       lambda: dm.Matmul(la, lb, distribution=(X, Y, X), **({"algoritm": "auto"} if odd else {})))
+with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
+    mm.execute()
+    expect("execute-with-an-argument", TypeError, ["too many positional arguments"],
+           lambda: mm.execute(*([1] if odd else [])))
+    expect("reset-misspelt-keyword", TypeError, ["unexpected keyword argument 'aa'"],
+           lambda: mm.reset_operands(**({"aa": la} if odd else {"a": la})))
+# inside a JAX trace on one rank: refused there before the ranks compare their calls
+expect("inside-jit-on-one-rank", TypeError, ["jax.jit"],
+       lambda: (jax.jit(lambda: dm.matmul(la, lb, distribution=(X, Y, X))) if odd
+                else lambda: dm.matmul(la, lb, distribution=(X, Y, X)))())
+# each rank plans with its own cost model: ranks whose calibrations choose differently raise, and so does a
+# calibration file only one rank cannot read
+import json  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+GRID = dm.BlockNonCyclic(dm.ProcessGrid((2, 2)))
+ga, gb = rng.standard_normal((64, 80)).astype(np.float32), rng.standard_normal((80, 48)).astype(np.float32)
+cheap = {"alpha": 1e-12, "beta": 1e-15, "gamma": 1e-6}  # communication free: SUMMA on the grid as given
+dear = {"alpha": 1.0, "beta": 1.0, "gamma": 1e-15}  # communication dear: a 1-D ring after moving a
+with tempfile.TemporaryDirectory() as tmp:
+    model = os.path.join(tmp, "model.json")
+    with open(model, "w") as f:
+        f.write(json.dumps({"version": 1, "models": {"cpu/4": dear if odd else cheap}}))
+    os.environ["DMATMUL_COST_MODEL"] = model
+    expect("cost-models-choose-otherwise", ValueError, ["rank 1 chose", "cost model", "DMATMUL_COST_MODEL"],
+           lambda: dm.matmul(dm.split(ga, GRID)[me], dm.split(gb, Y)[me], distribution=(GRID, Y, X)))
+    if odd:
+        with open(model, "w") as f:
+            f.write("not json")
+    expect("cost-model-unreadable-on-one-rank", ValueError, ["not a dmatmul calibration"],  # a new problem: planned
+           lambda: dm.matmul(dm.split(ga, GRID)[me], dm.split(gb[:, :40], Y)[me], distribution=(GRID, Y, X)))
+    del os.environ["DMATMUL_COST_MODEL"]
+
 # still in step, and products that are right on every rank
+with jax.set_mesh(jax.make_mesh((P,), ("users",), devices=jax.devices())) if odd else contextlib.nullcontext():
+    d = dm.matmul(la, lb, distribution=(X, Y, X))  # the user's set_mesh on one rank does not reach dmatmul's mesh
+if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):
+    problems.append(f"rank {me}: wrong result under jax.set_mesh on rank 1")
+za, zb = la.astype(np.complex64), lb.astype(np.complex64)
+d = dm.matmul(za, zb, alpha=(1 + 0j) if odd else 1.0, distribution=(X, Y, X))  # the same number, as complex
+if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):
+    problems.append(f"rank {me}: alpha=1+0j on rank 1, 1.0 elsewhere: wrong result")
 d = dm.matmul(la, lb, distribution=(X, Y, X))
 if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):
     problems.append(f"rank {me}: wrong result after the errors")

@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 from ... import _cost, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._errors import DistributionError
-from ..._spec import Operands, Spec, check_fit
+from ..._spec import Operands, Spec, check_fit, in_jax_trace
 from . import _kernels, _layout, _start
 from . import _redistribute as _moves
 
@@ -67,22 +67,16 @@ def _traced(operands: Operands) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
 
 
-try:  # JAX says whether it is tracing only privately
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover - a JAX without it
-    _trace_state_clean = None  # type: ignore[assignment]
-
-
 def _in_trace() -> bool:
     """Whether a JAX transformation (``jit``, ``grad``...) is tracing now, also
-    where no operand is one of its values (closed-over constants); without
-    JAX's private answer, False (``jax.set_mesh`` then names the trace)."""
-    return _trace_state_clean is not None and not _trace_state_clean()
+    where no operand is one of its values (closed-over constants); where JAX
+    does not say, False (``jax.set_mesh`` then names the trace)."""
+    return in_jax_trace()
 
 
 def _tracing_values(*xs: Any) -> bool:
     """Whether a computation on ``xs`` runs inside a user's trace: on its values, or on constants of it."""
-    return any(isinstance(x, jax.core.Tracer) for x in xs) or _in_trace()
+    return in_jax_trace(*xs)
 
 
 def _tracing(operands: Operands) -> bool:
@@ -802,20 +796,16 @@ class JaxPlan:
             return self._to_result_grid(d) if self.spec.family == "jax" and not self.spec.spmd else d
 
     def _own_context(self) -> contextlib.AbstractContextManager[Any]:
-        """One process: dmatmul's own mesh as the context of its computations, also
-        under the user's ``jax.set_mesh`` (whose mesh would clash with it); not across
-        processes, whose local steps use this rank's device (nor inside a trace, where
-        ``set_mesh`` is refused: :meth:`_traced_function`).
+        """One process: dmatmul's own mesh as the context of its computations
+        (:meth:`_layout.Geometry.context`). Across processes the context is set
+        around each jitted step (:meth:`_execute_local_blocks`), since the local
+        steps around them use this rank's device.
 
         Constant operands inside a user's trace (closed-over arrays, a plan
         executed in ``jit``, eager ``grad`` around constants) are staged into
         that trace as the jax.Array path stages traced ones, under this mesh's
         abstract mesh (``set_mesh`` is refused there)."""
-        if self.spec.spmd:
-            return contextlib.nullcontext()
-        mesh = self.geom.mesh
-        assert isinstance(mesh, Mesh)  # the plan's own geometry: made abstract only inside a trace
-        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if _in_trace() else jax.set_mesh(mesh)
+        return contextlib.nullcontext() if self.spec.spmd else self.geom.context()
 
     def _execute_traced(self, operands: Operands) -> Any:
         """Inside a user's trace on a mesh (:meth:`_traced_function`)."""
@@ -871,7 +861,8 @@ class JaxPlan:
             bias = jax.make_array_from_single_device_arrays(
                 full.shape, geom.replicated(), [jax.device_put(full, _layout.my_device(geom))]
             )
-        d = self._function("padded")(a, b, c, bias)
+        with geom.context():
+            d = self._function("padded")(a, b, c, bias)
         shape = (self.spec.m, self.spec.n)
         block = _layout.global_to_local(d, given["d"], self.planned[2].shape(rank, shape, self.nranks))
         if "d" in self.foreign:
@@ -1012,7 +1003,11 @@ class JaxBackend:
         return _start.start(runtime)
 
     def stop(self) -> None:
+        """Shut the process group down; plans made on it go with it (a product
+        after ``dm.finalize()`` plans anew, and the start says why it cannot)."""
         _start.stop()
+        with self._lock:
+            self._plans = {k: v for k, v in self._plans.items() if not v.spec.spmd}
 
     def redistribute(
         self, x: Any, src: Distribution, dst: Distribution, *, shape: tuple[int, int], family: str,

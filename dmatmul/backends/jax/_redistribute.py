@@ -57,21 +57,24 @@ def redistribute(
     elif family == "numpy":
         arr = _layout.host_to_device(np.asarray(x), first, geom)
     else:  # on the mesh first (a jax.Array on other devices, or on a mesh of its own, is moved there)
-        arr = _jitted("pad", geom, first, first)(geom.onto(x, geom.sharding(first) if _layout.expressible(first)
-                                                            else geom.replicated()))
+        placed = geom.onto(x, geom.sharding(first) if _layout.expressible(first) else geom.replicated())
+        with geom.context():  # each step on its own mesh, also under a user's jax.set_mesh
+            arr = _jitted("pad", geom, first, first)(placed)
     for i, (geom, a, b) in enumerate(steps):
         if i:  # the same per-device blocks (Slab.X in rank order) seen on the next grid's mesh
             arr = jax.make_array_from_single_device_arrays(
                 a.shape, geom.sharding(a), [s.data for s in arr.addressable_shards]
             )
-        arr = _jitted("move", geom, a, b)(arr)
+        with geom.context():
+            arr = _jitted("move", geom, a, b)(arr)
     geom, _, last = steps[-1]
     if rank is not None:
         block = _layout.global_to_local(arr, last, dst.shape(rank, shape, len(devices)))
         return block if family == "jax" else np.array(block)
     if family == "numpy":
         return _layout.device_to_host(arr, last)
-    return _jitted("unpad", geom, last, last)(arr)
+    with geom.context():
+        return _jitted("unpad", geom, last, last)(arr)
 
 
 def _empty(
