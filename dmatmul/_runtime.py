@@ -251,11 +251,15 @@ def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """
 
     def decorate(f: Callable[P, T]) -> Callable[P, T]:
+        signature: inspect.Signature | None = None
+
         @functools.wraps(f)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            nonlocal signature
+            if signature is None:  # read at the first call: a __signature__ set after decoration is the one bound
+                signature = inspect.signature(call)
             try:
-                # read when called: a __signature__ set on the function after decoration is the one bound
-                inspect.signature(call).bind(*args, **kwargs)
+                signature.bind(*args, **kwargs)
             except TypeError as e:
                 failure = TypeError(f"{what}: {e}")
                 state = active()
