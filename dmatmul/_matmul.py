@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import numbers
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import numpy as np
@@ -445,43 +445,56 @@ class Matmul:
             raise PlanFreedError(f"Matmul.{what}() on a freed plan: create a new dmatmul.Matmul")
 
     def plan(self) -> None:
-        """Choose the algorithm and compile (done by execute() when needed).
-
-        Under several processes every rank plans (execute() does so on every
-        rank): a rank that cannot, or that chose another plan (each reads its
-        own cost model: see ``dmatmul bench --calibrate``), raises on every rank."""
+        """Choose the algorithm and compile (done by execute() when needed)."""
         self._live("plan")
-        if self._plan is not None:
-            return
-        rt = _runtime.active()
-        if rt is None or rt.size == 1:
+        self._planned()
+
+    def _planned(self) -> _backends.BackendPlan:
+        """The backend plan, made now where there is none yet."""
+        if self._plan is None:
             self._plan = self._backend.plan(self._spec, self._operands)
-            return
-        plan, chosen = _runtime.agree_and_share(lambda: self._backend.plan(self._spec, self._operands), _chosen,
-                                                "Matmul.plan")
+        return self._plan
+
+    def _agree_on_the_plan(self, what: str, check: Callable[[], None] | None = None) -> None:
+        """Several processes, before the product's collectives: ``check()`` and
+        the plan made (where it is not yet) on every rank, and each rank's choice
+        compared, in one small allgather. A rank that cannot plan, or that chose
+        another plan (each reads its own cost model: ``dmatmul bench
+        --calibrate``), raises on every rank."""
+
+        def ready() -> _backends.BackendPlan:
+            if check is not None:
+                check()
+            return self._planned()
+
+        rt = _runtime.active()
+        assert rt is not None
+        _, chosen = _runtime.agree_and_share(ready, _chosen, what)
         for i, field in enumerate(("the algorithm", "the plan")):
             message = _runtime.disagreement([c[i] for c in chosen], field, verbs=("chose", "chose"))
             if message is not None:
-                plan.free()
+                self._plan, stale = None, self._plan
+                if stale is not None:
+                    stale.free()
                 raise ValueError(
-                    f"Matmul.plan: {message} (this is rank {rt.rank}): each rank planned with its own cost model "
+                    f"{what}: {message} (this is rank {rt.rank}): each rank planned with its own cost model "
                     f"(${_cost.MODEL_ENV}, else its machine's calibration file {_cost.calibration_path()}); give "
                     f"every rank the same one (one shared file, or {_cost.MODEL_ENV}=default), or name the algorithm"
                 )
-        self._plan = plan
 
     @_runtime.agreed_arguments("Matmul.execute")
     def execute(self) -> Any:
         """Run the product on the current operands and return the result.
 
-        Under several processes every rank calls it: a plan freed, or an
-        operand deleted, on one rank raises on every rank (one small allgather
-        before the product's collectives)."""
+        Under several processes every rank calls it: a plan freed, an operand
+        deleted, or a plan that cannot be made or differs (each rank's own cost
+        model), on one rank raises on every rank (one small allgather before the
+        product's collectives)."""
         rt = _runtime.active()
         if rt is None or rt.size == 1:
             self._ready()
         else:
-            _runtime.agree(self._ready, "Matmul.execute")
+            self._agree_on_the_plan("Matmul.execute", self._ready)
         return self._execute()
 
     def _ready(self) -> None:
@@ -501,9 +514,7 @@ class Matmul:
                 )
 
     def _execute(self) -> Any:
-        self.plan()
-        assert self._plan is not None
-        return self._plan.execute(self._operands)
+        return self._planned().execute(self._operands)
 
     @_runtime.agreed_arguments("Matmul.reset_operands")
     def reset_operands(
@@ -693,7 +704,9 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
     """
     mm = Matmul(a, b, c, **options)
     try:
-        return mm._execute()  # the operands were checked (on every rank) a moment ago
+        if mm._spec.spmd:  # the operands were checked on every rank a moment ago; the plans are compared now
+            mm._agree_on_the_plan("dmatmul.matmul")
+        return mm._execute()
     finally:
         mm._release()
 
