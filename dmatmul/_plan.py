@@ -27,7 +27,7 @@ from ._spec import ALGORITHMS
 
 __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
-    "role_dist", "kernel_cost", "plans", "choose", "choose_distributions", "needs", "needs_message",
+    "role_dist", "kernel_cost", "on_grid_roles", "plans", "choose", "choose_distributions", "needs", "needs_message",
     "dist_for_role", "stored_dims", "ALGORITHMS",
 ]
 
@@ -201,10 +201,16 @@ def move(
 
     Two "G" roles agree only when the operand's grid layout already is the
     one the kernel needs (``native``); otherwise a general redistribution
-    (all-to-all) moves it.
+    (all-to-all) moves it. On one rank the 1x1 grid's layout is the whole
+    matrix, as ``R`` is: nothing moves between them.
+
+    >>> move(Problem1D(8, 8, 8, 1, 4, 4, grid=(1, 1)), "d", "G", "R").collective
+    'none'
     """
     p = problem.p
     size = problem.elements(operand) * problem.itemsize
+    if p == 1 and {src, dst} <= {"R", "G"}:
+        return Move(operand, src, dst, "none", 0.0, 0.0)
     if src == "G" and dst == "G" and not native:
         return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, p - 1)
     if src == dst or src == "R":
@@ -266,26 +272,43 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
     return 0.0, 0.0, flops
 
 
+def on_grid_roles(roles: dict[str, Role], grid_ops: Iterable[str]) -> dict[str, Role]:
+    """The roles SUMMA sees: an operand laid out on the product's process grid
+    (``grid_ops``) is ``"G"`` there, whatever 1-D role it has for the other
+    kernels (a ``BlockNonCyclic`` on a ``(P, 1)`` grid splits as ``Slab.X``
+    does, and is a grid layout all the same); a replicated one stays ``"R"``.
+
+    >>> on_grid_roles({"a": "M", "b": "R", "d": "M"}, {"a", "b", "d"})
+    {'a': 'G', 'b': 'R', 'd': 'G'}
+    """
+    ops = set(grid_ops)
+    return {op: "G" if op in ops and role != "R" else role for op, role in roles.items()}
+
+
 def plans(
     problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset(),
-    kernels: Sequence[Kernel] = KERNELS,
+    kernels: Sequence[Kernel] = KERNELS, grid_ops: frozenset[str] = frozenset(),
 ) -> list[Plan]:
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
     ``kernels``: what the backend can run (a subset of :data:`KERNELS`).
-    SUMMA is a candidate only on a process grid; ``native`` names the operands
-    whose grid layout is already the one SUMMA uses.
+    SUMMA is a candidate only on a process grid; ``grid_ops`` names the
+    operands laid out on that grid (SUMMA takes them from there even where
+    their role is a 1-D one: :func:`on_grid_roles`), ``native`` those whose
+    grid layout is already the one SUMMA uses (no move).
     """
     out = []
+    summa_roles = on_grid_roles(roles, grid_ops)
     for kernel in kernels:
         if kernel.algorithm == "summa" and problem.grid is None:
             continue
-        sized = problem.padded((*roles.values(), kernel.a, kernel.b, kernel.d))
+        given = summa_roles if kernel.algorithm == "summa" else roles
+        sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
         candidates = [
-            move(sized, "a", roles["a"], kernel.a, native="a" in native),
-            move(sized, "b", roles["b"], kernel.b, native="b" in native),
+            move(sized, "a", given["a"], kernel.a, native="a" in native),
+            move(sized, "b", given["b"], kernel.b, native="b" in native),
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
-            move(sized, "d", kernel.d, roles["d"], native="d" in native),
+            move(sized, "d", kernel.d, given["d"], native="d" in native),
         ]
         kb, km, flops = kernel_cost(sized, kernel)
         moves = tuple(mv for mv in candidates if mv.collective != "none")
@@ -308,21 +331,25 @@ def choose(
     kernels: Sequence[Kernel] = KERNELS,
     backend: str = "",
     fit_roles: dict[str, Role] | None = None,
+    grid_ops: frozenset[str] = frozenset(),
+    given: str | None = None,
 ) -> Plan:
     """The cheapest plan, or the cheapest of a named algorithm that fits as given.
 
     ``fit_roles``: the roles a named algorithm must fit, where they differ from
     the ``roles`` plans are costed to (a result delivered otherwise than its
-    distribution says, e.g. replicated); default ``roles``.
+    distribution says, e.g. replicated); default ``roles``. ``grid_ops``: the
+    operands on the product's process grid (see :func:`plans`).
 
     Raises ValueError naming the distributions the algorithm needs when it
-    does not fit (``backend``: named in that message).
+    does not fit (``backend``: named in that message; ``given``: the given
+    triple as the user wrote it, named there instead of its roles).
     """
-    candidates = plans(problem, roles, model, native, kernels)
+    candidates = plans(problem, roles, model, native, kernels, grid_ops)
     if algorithm == "auto":
         return candidates[0]
     fit_roles = roles if fit_roles is None else fit_roles
-    as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels)
+    as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels, grid_ops)
     # SUMMA also takes grid operands whose blocking or orientation it must first adjust (transposes,
     # other block sizes on the same grid); every other named algorithm runs on its operands as given
     fits = {
@@ -333,7 +360,7 @@ def choose(
     fitting = [pl for pl in candidates if pl.kernel in fits]
     if fitting:
         return fitting[0]
-    raise ValueError(needs_message(algorithm, fit_roles, transposes, kernels, backend))
+    raise ValueError(needs_message(algorithm, fit_roles if given is None else given, transposes, kernels, backend))
 
 
 def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kernel] = KERNELS) -> list[str]:
