@@ -138,12 +138,54 @@ def test_mixed_layout_products(dists):
 def test_summa_refused_without_a_grid():
     a, b, _ = operands(0, 8, 8, 8, False, False)
     grid = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
-    for dists in (dm.Slab.X, (grid, dm.Slab.Y, grid)):
+    column = dm.BlockNonCyclic(dm.ProcessGrid((8, 1)))  # splits as Slab.X does, but is on a grid
+    for dists in (dm.Slab.X, (grid, dm.Slab.Y, grid), (column, dm.Slab.Y, column)):
         with pytest.raises(ValueError) as info:
             dm.matmul(a, b, distribution=dists, algorithm="summa", devices=8)
         text = str(info.value)  # what SUMMA takes (either grid kind), and no hint about Slabs
         assert "the result on one shared 2-D ProcessGrid (BlockCyclic or BlockNonCyclic)" in text, text
         assert "Replicated() also fits" not in text, text
+        # the distributions as given, not the roles the 1-D kernels see in them
+        given = dists if isinstance(dists, tuple) else (dists,) * 3
+        assert f"(a={given[0]!r}, b={given[1]!r}, result={given[2]!r})" in text, text
+
+
+#: every 2-D grid shape of 1, 2 and 8 ranks the named SUMMA must take, 1-D ones included
+SUMMA_GRIDS = [(1, 1), (2, 1), (1, 2), (1, 8), (8, 1), (2, 4)]
+SUMMA_SIZES = [(13, 7, 1), (7, 1, 13), (1, 13, 7), (13, 11, 7), (8, 6, 4), (5, 13, 9)]
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("shape", SUMMA_GRIDS)
+def test_named_summa_on_any_grid_shape(shape, layout):
+    """``algorithm="summa"`` runs on operands on the product's grid whatever its
+    shape: a BlockNonCyclic on a (P, 1) or (1, P) grid splits as a Slab does
+    (the 1-D kernels see it so under "auto"), yet is on the grid as a
+    BlockCyclic there is (it was refused as "Slab.X"). a, b and the result are
+    drawn apart among BlockNonCyclic and BlockCyclic on the grid, with
+    transposes and uneven sizes; where all three are one BlockNonCyclic and
+    nothing is transposed, the layouts are SUMMA's own: nothing moves."""
+    grid = dm.ProcessGrid(shape, layout=layout)
+    rng = np.random.default_rng(SUMMA_GRIDS.index(shape) * 2 + (layout == "col"))
+
+    def draw() -> dm.Distribution:
+        if rng.integers(2):
+            return dm.BlockNonCyclic(grid)
+        blocks = (int(rng.integers(1, 5)), int(rng.integers(1, 5)))
+        fp = (int(rng.integers(shape[0])), int(rng.integers(shape[1])))
+        return dm.BlockCyclic(grid, blocks, first_process=fp)
+
+    for case, (m, n, k) in enumerate(SUMMA_SIZES):
+        ta, tb = TRANSPOSES[case % 4]
+        dists = (dm.BlockNonCyclic(grid),) * 3 if case == 0 else (draw(), draw(), draw())
+        a, b, c = operands(case, m, n, k, ta, tb)
+        with dm.Matmul(a, b, c, distribution=dists, beta=0.5, transpose_a=ta, transpose_b=tb, algorithm="summa",
+                       devices=grid.size) as mm:
+            got = mm.execute()
+            assert mm.algorithm == "summa", (dists, ta, tb)
+            if case == 0:
+                assert "moves:" not in mm.explain(), mm.explain()
+        assert_close(got, reference(a, b, c, beta=0.5, transpose_a=ta, transpose_b=tb), "float32")
 
 
 @pytest.mark.parametrize("family", ["numpy", "jax"])

@@ -440,16 +440,24 @@ class JaxPlan:
         roles = self._roles(self.planned)
         transposes, shapes = spec.transposes, spec.shapes
 
-        summa = self._summa_placements(roles, shapes) if grid is not None else None
+        # the operands laid out on the product's grid, which SUMMA takes as they are. A named SUMMA takes
+        # also those a 1-D role describes for the other kernels (BlockNonCyclic on a (P, 1) or (1, P) grid
+        # splits as a Slab does); "auto" costs SUMMA's candidate on those roles, as it always has, so that
+        # its choices stay what they were (the 1-D kernels, for such operands)
+        named = spec.algorithm == "summa"
+        on_grid = self._on_grid(self.planned, grid, roles, named)
+        summa = self._summa_placements(on_grid, roles, shapes) if grid is not None else None
         native = frozenset(
-            op for op in "abd" if summa is not None and roles[op] == "G"
-            and self._given_grid(op, shapes[op]) == summa[0][op]
+            op for op in on_grid if summa is not None and self._given_grid(op, shapes[op]) == summa[0][op]
         )
         # a named algorithm must fit the result's distribution as given, not the replicated delivery
         fit_roles = None if self.replicated_result is None else self._roles((pa, pb, self.distributions[2]))
+        fit_grid = self._on_grid((pa, pb, self.distributions[2]), grid, fit_roles or roles, named)
+        given_dists = ", ".join(f"{name}={d!r}" for name, d in zip(("a", "b", "result"), self.distributions))
         self.plan = _plan.choose(
             self.problem, roles, algorithm=spec.algorithm, model=self.model,
             transposes=(spec.transpose_a, spec.transpose_b), native=native, backend="jax", fit_roles=fit_roles,
+            grid_ops=on_grid | fit_grid, given=f"({given_dists})",
         )
         kern = self.plan.kernel
         split = {r for r in (*roles.values(), kern.a, kern.b, kern.d) if r not in ("R", "G")}
@@ -556,28 +564,53 @@ class JaxPlan:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
         return _plan.roles_of(dists, (self.spec.transpose_a, self.spec.transpose_b), self.nranks)
 
+    def _on_grid(
+        self, dists: tuple[Distribution, Distribution, Distribution], grid: ProcessGrid | None,
+        roles: dict[str, _plan.Role], one_d: bool,
+    ) -> frozenset[str]:
+        """The operands of ``dists`` laid out on the product's ``grid``: those
+        with a 2-D layout (role "G") and, with ``one_d``, those whose layout
+        there is a 1-D split (not replicated: on one rank nothing is split,
+        and every layout is "R")."""
+        return frozenset(
+            op for op, d in zip("abd", dists)
+            if grid is not None and d.grid == grid and (roles[op] == "G" or (one_d and roles[op] != "R"))
+        )
+
     def _given_grid(self, op: str, shape: tuple[int, int]) -> _layout.Placement:
         dist = self.planned["abd".index(op)]
         return _layout.placement_of(dist, self.geom, shape, (None, None))
 
     def _summa_placements(
-        self, roles: dict[str, _plan.Role], shapes: dict[str, tuple[int, int]]
+        self, on_grid: frozenset[str], roles: dict[str, _plan.Role], shapes: dict[str, tuple[int, int]]
     ) -> tuple[dict[str, _layout.Placement], _kernels.SummaSchedule]:
         """SUMMA's own layouts on the grid: op(A) rows over "r" and K over "c",
         op(B) K over "r" and columns over "c", the result rows over "r" and
-        columns over "c". Maps are taken from operands already on the grid."""
+        columns over "c". Maps are taken from the operands already on the grid
+        (``on_grid``): M's from op(A) or else the result, N's from op(B) or else
+        the result, those with a 2-D layout (role "G") before those whose
+        layout is a 1-D split (a BlockNonCyclic on a (P, 1) grid), which then
+        move to the others' rather than the other way round."""
         spec = self.spec
         rows, cols = self.geom.mesh.shape["r"], self.geom.mesh.shape["c"]
         grid_maps = {
             op: self._given_grid(op, shapes[op]).maps
             for op in "abd"
-            if roles[op] == "G" and not (op == "a" and spec.transpose_a) and not (op == "b" and spec.transpose_b)
+            if op in on_grid and not (op == "a" and spec.transpose_a) and not (op == "b" and spec.transpose_b)
         }
         Map = _layout.DimMap
-        m_map = grid_maps["a"][0] if "a" in grid_maps else grid_maps["d"][0] if "d" in grid_maps else Map.slab(spec.m, rows)
-        ka_map = grid_maps["a"][1] if "a" in grid_maps else Map.slab(spec.k, cols)
-        kb_map = grid_maps["b"][0] if "b" in grid_maps else Map.slab(spec.k, rows)
-        n_map = grid_maps["b"][1] if "b" in grid_maps else grid_maps["d"][1] if "d" in grid_maps else Map.slab(spec.n, cols)
+
+        def from_grid(sources: tuple[tuple[str, int], ...], default: _layout.DimMap) -> _layout.DimMap:
+            found = [(roles[op] != "G", i) for i, (op, _) in enumerate(sources) if op in grid_maps]
+            if not found:
+                return default
+            op, axis = sources[min(found)[1]]
+            return grid_maps[op][axis]
+
+        m_map = from_grid((("a", 0), ("d", 0)), Map.slab(spec.m, rows))
+        ka_map = from_grid((("a", 1),), Map.slab(spec.k, cols))
+        kb_map = from_grid((("b", 0),), Map.slab(spec.k, rows))
+        n_map = from_grid((("b", 1), ("d", 1)), Map.slab(spec.n, cols))
         P = _layout.Placement
         a = P((ka_map, m_map), ("c", "r")) if spec.transpose_a else P((m_map, ka_map), ("r", "c"))
         b = P((n_map, kb_map), ("c", "r")) if spec.transpose_b else P((kb_map, n_map), ("r", "c"))
