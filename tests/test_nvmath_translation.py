@@ -608,6 +608,42 @@ def test_2d_refusals_name_the_operand_and_the_fix():
         T.translate(problem(8, 8, 8, 1, (dm.BlockCyclic(g, (2, 2)),) * 3))
 
 
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1), (1, 4), (2, 2), (3, 1), (1, 3)])
+def test_named_summa_on_any_grid_shape(shape, layout):
+    """``algorithm="summa"`` on a, b and the result on one grid of any shape,
+    (P, 1) and (1, P) included (cuBLASMp takes any 2-D block-cyclic grid;
+    BlockNonCyclic there splits as a Slab does and was refused as "Slab.X",
+    BlockCyclic as no shared 2-D grid): handed over on that grid, run through
+    the simulated cuBLASMp against numpy. On a 1-D grid nvmath steers cuBLASMp
+    away from SUMMA (its use_alt_cache): the path says so. BlockNonCyclic alone
+    takes uneven sizes (padded, as a Slab); next to BlockCyclic (one block size
+    per dimension, as cuBLASMp needs) the sizes divide. One rank: a local GEMM."""
+    grid = dm.ProcessGrid(shape, layout=layout)
+    P, (rows, cols) = grid.size, shape
+    bnc = dm.BlockNonCyclic(grid)
+    uneven = [(13, 7, 1), (5, 13, 9), (13, 11, 7), (7, 9, 13)] if 1 in shape else [(8, 4, 6)] * 4  # 2-D: must divide
+    cases = [((bnc, bnc, bnc), uneven[0]), ((bnc, bnc, bnc), uneven[1]), ((bnc, R, bnc), uneven[2]),
+             ((R, bnc, R), uneven[3])]
+    bc_ = [dm.BlockCyclic(grid, (2, 2)), dm.BlockCyclic(grid, (2, 2), first_process=(rows - 1, cols - 1))]
+    cases += [((bc_[i % 2], bc_[(i + 1) % 2], bc_[i // 2]), (12, 12, 12)) for i in range(4)]
+    same = dm.BlockCyclic(grid, (12 // rows, 12 // cols))  # BlockNonCyclic's blocks: they agree
+    cases += [((x, y, z), (12, 12, 12)) for x, y, z in itertools.product([bnc, same], repeat=3)]
+    for i, (dists, (m, n, k)) in enumerate(cases):
+        ta, tb = TRANSPOSES[i % 4]
+        tr = run_simulated(m, n, k, P, dists, ta, tb, use_c=True, beta=0.5, algorithm="summa")
+        assert tr.algorithm == ("summa" if P > 1 else "local"), (dists, ta, tb)
+        if P > 1 and 1 in shape:
+            assert tr.path != "SUMMA" and any("1-D" in note and "away from SUMMA" in note for note in tr.notes), tr.notes
+            assert tr.cost.kernel.algorithm == "summa"
+    # a Slab is no ProcessGrid, though nvmath would see it as the 1-D one: SUMMA names the grid
+    if P > 1 and 1 in shape:
+        slab = X if cols == 1 else Y
+        with pytest.raises(ValueError, match="algorithm='summa'") as info:
+            T.translate(problem(8, 8, 8, P, (bnc, slab, bnc), algorithm="summa"))
+        assert f"b={slab!r}" in str(info.value) and "BlockNonCyclic(ProcessGrid(" in str(info.value)
+
+
 def test_block_non_cyclic_1d_grid_is_a_slab():
     col = dm.BlockNonCyclic(dm.ProcessGrid((4, 1)))
     a = T.translate(problem(10, 8, 6, 4, (col, Y, col), orders=("C", "C", None)))

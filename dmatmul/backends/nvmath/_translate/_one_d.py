@@ -10,16 +10,16 @@ general path as it is.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from .... import _plan
 from ...._dimmap import DimMap
-from ...._distribution import Replicated
+from ...._distribution import ProcessGrid, Replicated
 from ._epilog import finish, pick
 from ._orient import AxisOp, build_frame, copy_weights
 from ._types import KERNELS, MODEL, PATHS, DimPlan, NvDistribution, Problem, Role, Translation
 
-__all__ = ["one_rank", "one_d", "model_plan"]
+__all__ = ["one_rank", "one_d", "model_plan", "shared_grid"]
 
 #: one rank: one local GEMM
 _LOCAL = next(k for k in KERNELS if (k.a, k.b, k.d) == ("R", "R", "R"))
@@ -165,12 +165,25 @@ def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     >>> t.path, t.kernel, t.handover("a").target, t.handover("a").copy, t.gather
     ('AG+GEMM', ('M', 'N', 'M'), Slab.X, None, False)
     """
+    if p.algorithm == "summa":
+        return _summa_1d(p, roles)
+    best = _cheapest(p, roles, KERNELS)
+    if best is not None:
+        return best
+    if p.algorithm != "auto":
+        raise ValueError(_needs_message(p))
+    return _general_1d(p, roles)
+
+
+def _cheapest(p: Problem, roles: tuple[Role, Role, Role], kernels: Sequence[_plan.Kernel]) -> Translation | None:
+    """The cheapest fast path among ``kernels`` that the given ``roles`` fit as
+    they are (a Replicated operand cut to the kernel's role; with
+    ``algorithm="auto"``, a Replicated result computed split and allgathered),
+    None when none fits."""
     ga, gb, gd = roles
     order = {name: i for i, name in enumerate(_plan.ALGORITHMS)}
-    if p.algorithm == "summa":
-        raise ValueError(_needs_message(p))
     best: tuple[tuple[float, float, int], Translation] | None = None
-    for kernel in KERNELS:
+    for kernel in kernels:
         if p.algorithm not in ("auto", kernel.algorithm):
             continue
         if not all(g == r or g == "R" for g, r in ((ga, kernel.a), (gb, kernel.b))):
@@ -187,11 +200,56 @@ def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
         key = (t.cost.time, weight, order[kernel.algorithm])
         if best is None or key < best[0]:
             best = (key, t)
-    if best is not None:
-        return best[1]
-    if p.algorithm != "auto":
+    return None if best is None else best[1]
+
+
+def shared_grid(p: Problem) -> ProcessGrid | None:
+    """The one 2-D ProcessGrid that a, b and the result are laid out on (a
+    Replicated one fits any), as a named SUMMA needs; None where there is none.
+
+    >>> from dmatmul import BlockNonCyclic, ProcessGrid, Replicated, Slab
+    >>> d = BlockNonCyclic(ProcessGrid((4, 1)))
+    >>> shared_grid(Problem(8, 8, 8, 4, False, False, (d, Replicated(), d), ("C", "C", None)))
+    ProcessGrid((4, 1), layout='row')
+    >>> shared_grid(Problem(8, 8, 8, 4, False, False, (d, Slab.X, d), ("C", "C", None))) is None
+    True
+    """
+    grids = {d.grid for d in p.distributions if not isinstance(d, Replicated)}
+    grid = grids.pop() if len(grids) == 1 else None
+    return grid if grid is not None and grid.ndim == 2 else None
+
+
+def _summa_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
+    """``algorithm="summa"`` on a ``(P, 1)`` or ``(1, P)`` grid whose layouts are
+    1-D splits (BlockNonCyclic, first_process (0, 0); Replicated also fits):
+    cuBLASMp takes any 2-D block-cyclic grid, 1-D ones included, so the
+    operands are handed over on their grid as they are (uneven splits padded),
+    as ``algorithm="auto"`` hands them where a cuBLASMp path takes them as
+    they are; on a 1-D grid nvmath steers cuBLASMp away from its SUMMA
+    implementation, to a 1-D fast path where the layouts are one, else to its
+    general path. Named and costed as SUMMA on that grid.
+
+    >>> from dmatmul import BlockNonCyclic, ProcessGrid
+    >>> d = BlockNonCyclic(ProcessGrid((4, 1)))
+    >>> t = one_d(Problem(10, 8, 6, 4, False, False, (d, d, d), ("C", "C", None), algorithm="summa"), ("M", "K", "M"))
+    >>> t.algorithm, t.path, t.handover("a").target, t.cost.kernel.algorithm, t.cost.moves
+    ('summa', 'general', Slab.X, 'summa', ())
+    """
+    grid = shared_grid(p)
+    if grid is None:
         raise ValueError(_needs_message(p))
-    return _general_1d(p, roles)
+    auto = dataclasses.replace(p, algorithm="auto")
+    # only cuBLASMp's distributed paths: a local cuBLASLt GEMM per rank is no SUMMA
+    t = _cheapest(auto, roles, tuple(k for k in KERNELS if k.algorithm != "local")) or _general_1d(auto, roles)
+    summa = next(k for k in _plan.KERNELS if k.algorithm == "summa")
+    rows, cols = grid.shape
+    note = (
+        f"algorithm='summa' on the {rows}x{cols} grid, which is 1-D: its layouts are handed to cuBLASMp as they "
+        f"are, and nvmath steers cuBLASMp away from SUMMA on a 1-D grid: expect its {t.path} path"
+    )
+    notes = tuple(n for n in t.notes if not n.startswith("no cuBLASMp fast path")) + (note,)
+    cost = model_plan(p, summa, "G" if t.gather else None, grid=(rows, cols))
+    return dataclasses.replace(t, problem=p, algorithm="summa", notes=notes, cost=cost)
 
 
 def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:

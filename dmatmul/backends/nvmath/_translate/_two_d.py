@@ -2,8 +2,9 @@
 BlockNonCyclic that is not a 1-D split). Each distribution is handed to
 nvmath as its BlockCyclic data (block sizes must agree per dimension, as
 cuBLASMp requires); a Replicated operand is cut to the reference grid. SUMMA
-runs when a, b and the result share one 2-D grid in nvmath's frame, else
-cuBLASMp's general path; a Replicated result is computed on the grid and
+runs when a, b and the result share one 2-D grid in nvmath's frame (not a
+1-D one, (P, 1) or (1, P): nvmath steers cuBLASMp away from SUMMA there),
+else cuBLASMp's general path; a Replicated result is computed on the grid and
 allgathered by dmatmul. Costed as SUMMA on the result's grid (plus the
 re-layouts of the general path and the allgather).
 """
@@ -16,7 +17,7 @@ from .... import _plan
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilog import finish
-from ._one_d import model_plan
+from ._one_d import model_plan, shared_grid
 from ._orient import AxisOp, Frame, build_frame, copy_weights
 from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
 
@@ -149,10 +150,16 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
         shape = (p.n, p.m) if frame.swapped else (p.m, p.n)
         grids = {(h.distribution.grid_shape, h.distribution.grid_layout)  # type: ignore[union-attr]
                  for h in frame.handovers if h.slot in ("A", "B")} | {(result.grid_shape, result.grid_layout)}
-        shared = len(grids) == 1 and not result.is_1d
+        shared = len(grids) == 1
         if not shared:
             return False, "general", ["the operands do not share one 2-D grid: cuBLASMp's general path runs"]
         nprow, npcol = result.grid_shape
+        if result.is_1d:  # nvmath's use_alt_cache: any 1-D distribution on the shared grid
+            rows, cols = nvd_user.grid_shape
+            return True, "general", [
+                f"one shared {rows}x{cols} grid, a 1-D one, on which nvmath steers cuBLASMp away from SUMMA: "
+                "expect its general path"
+            ]
         if result.block_sizes[0] == shape[0] // nprow or result.block_sizes[1] == shape[1] // npcol:
             return True, "general", [
                 "one shared 2-D grid, but the result's block size equals M/nprow or N/npcol, for which nvmath "
@@ -169,7 +176,8 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
         options.append(((0 if path == "SUMMA" else 1, 0 if shared else 1, frame.weight, 0 if swap else 1),
                         frame, path, notes, shared))
     _, frame, path, notes, shared = min(options, key=lambda o: o[0])
-    if p.algorithm == "summa" and not any(o[4] for o in options):
+    # a Slab is no ProcessGrid (nvmath would see it as a (P, 1) or (1, P) one): SUMMA names the grid
+    if p.algorithm == "summa" and (not any(o[4] for o in options) or shared_grid(p) is None):
         raise ValueError(
             f"algorithm='summa' needs a, b and the result on one shared 2-D ProcessGrid (Replicated() also "
             f"fits); given {p.given()}; or use algorithm='auto'"
