@@ -361,14 +361,20 @@ def _fitting_algorithms(
     nranks: int, dists: tuple[Distribution, Distribution, Distribution], ta: bool, tb: bool
 ) -> list[str]:
     """The named algorithms whose kernel takes the operands in their given
-    roles (Replicated fits wherever a Slab is needed; SUMMA: all on one grid).
-    Only a hint for drawing: a refusal of any named algorithm is accepted."""
+    roles (Replicated fits wherever a Slab is needed; SUMMA: all on one grid,
+    whatever its shape: a BlockNonCyclic on a (P, 1) grid has a 1-D role, and is
+    on the grid all the same). Only a hint for drawing: a refusal of any named
+    algorithm is accepted."""
     roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
-    one_grid = len({d.grid for d in dists}) == 1
+    grids = {d.grid for d in dists}
+    one_grid = len(grids) == 1 and None not in grids
     out = []
     for kernel in _plan.KERNELS:
         want = (kernel.a, kernel.b, kernel.d)
-        if all(g == w or (g == "R" and w != "G") for g, w in zip(roles, want)) and (kernel.a != "G" or one_grid):
+        if kernel.algorithm == "summa":
+            if one_grid:
+                out.append(kernel.algorithm)
+        elif all(g == w or (g == "R" and w != "G") for g, w in zip(roles, want)):
             out.append(kernel.algorithm)
     return [name for name in ALGORITHMS if name in out]
 
