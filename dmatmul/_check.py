@@ -41,21 +41,29 @@ from ._spec import ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, P
 from ._reference import add_specials, error_ratio, finite_scale, random_matrix, reference
 
 __all__ = [
-    "Chooser", "NumpyChooser", "Case", "Outcome", "Refusal", "draw_case", "run_case", "combine", "report",
-    "LAYOUT_FAMILIES", "NRANKS", "OnMesh", "PLACEMENTS", "CALLS",
+    "Chooser", "NumpyChooser", "Case", "Outcome", "Refusal", "Reset", "draw_case", "run_case", "combine", "report",
+    "LAYOUT_FAMILIES", "NRANKS", "OnMesh", "PLACEMENTS", "CALLS", "LAYOUTS", "BIAS_KINDS", "lay_out", "rand",
 ]
 
-#: the rank counts the matrix covers in one process (each has its own grid shapes)
-NRANKS = (1, 2, 3, 4, 6, 8)
+#: the rank counts the matrix covers in one process (each has its own grid shapes; 5 and 7 are prime)
+NRANKS = (1, 2, 3, 4, 5, 6, 7, 8)
 #: the table's rows, in order
-LAYOUT_FAMILIES = ("one rank", "1-D", "mixed 1-D/2-D", "2-D, one grid", "different grids", "grid != ranks")
+LAYOUT_FAMILIES = ("one rank", "1-D", "mixed 1-D/2-D", "2-D, one grid", "different grids", "grid != ranks",
+                   "distribution=None")
+#: how a numpy operand is laid out in memory (:func:`lay_out`), simplest first; the last three are
+#: only for matrices (a 1-D bias is both C and F), byte-swapped not for bfloat16 (ml_dtypes has no swapped form)
+LAYOUTS = ("C", "strided", "negative strides", "read-only", "byte-swapped", "F", ".T view")
+_VECTOR_LAYOUTS = LAYOUTS[:5]
+#: what a bias is passed as: a numpy array, a jax.Array, or a Python list
+BIAS_KINDS = ("numpy", "jax", "list")
 
 _KINDS = ("Slab.X", "Slab.Y", "Replicated", "BlockNonCyclic", "BlockCyclic")
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")  # simplest first
 _REAL_EPILOGS = tuple(e for e in EPILOGS if e is not None)
 _COMPLEX_REFUSED = ("relu", "gelu", "relu_bias", "gelu_bias")
-_BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than any drawn dimension
+_BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than most drawn dimensions
 _MAX_DIM = 40
+_LARGE_DIM = 180  # now and then a dimension of 41.._LARGE_DIM (many blocks per rank), kept rare: ~1 s a case
 assert set(_DTYPES) == set(DTYPES)
 
 
@@ -106,8 +114,10 @@ class Refusal:
         return isinstance(e, self.types) and all(re.search(w, text) for w in self.words)
 
 
-#: how a jax.Array operand is placed on a user's mesh (:class:`OnMesh`), simplest first
-PLACEMENTS = ("none", "rows", "cols", "grid")
+#: how a jax.Array operand is placed on a user's mesh (:class:`OnMesh`), simplest first; on a 2-D
+#: mesh the last two are none of dmatmul's distributions (rows over one axis, replicated over the
+#: other; rows over both axes, not in mesh order): distribution=None must refuse them
+PLACEMENTS = ("none", "rows", "cols", "grid", "first axis", "reversed axes")
 #: how dm.matmul is called on such operands
 CALLS = ("eager", "jit", "jit under set_mesh", "jit on constants")
 
@@ -122,7 +132,8 @@ class OnMesh:
     (``mixed``: the first axis of one kind, the others of the other), its
     devices in id order or reversed; ``placements`` say how a, b and c are
     placed (:data:`PLACEMENTS`: unsplit, rows or columns over every axis, rows
-    over the first and columns over the rest; unsplit where it would not
+    over the first and columns over the rest, rows over the first axis only,
+    rows over every axis in reverse order; unsplit where it would not
     split evenly). The result must come back on that mesh."""
 
     shape: tuple[int, ...]
@@ -151,29 +162,64 @@ class OnMesh:
         types = (first,) + ((other if self.mixed else first),) * (len(names) - 1)
         return Mesh(np.array(devs, dtype=object).reshape(self.shape), names, axis_types=types)
 
-    @staticmethod
-    def put(x: Any, mesh: Any, placement: str) -> Any:
-        """``x`` on ``mesh`` as ``placement`` says (unsplit where that would not split evenly)."""
+    def spec(self, placement: str, shape: Sequence[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The mesh axes that split the rows and the columns of a matrix of
+        ``shape`` placed as ``placement`` says (none where it would not split evenly)."""
+        names = ("data", "model")[: len(self.shape)]
+        sizes = dict(zip(names, self.shape))
+        spec = {
+            "none": ((), ()), "rows": (names, ()), "cols": ((), names),
+            "grid": (names[:1], names[1:]) if len(names) > 1 else (names, ()),
+            "first axis": (names[:1], ()), "reversed axes": (names[::-1], ()),
+        }[placement]
+        if any(size % math.prod(sizes[a] for a in axes) for axes, size in zip(spec, shape)):
+            return ((), ())
+        return spec
+
+    def is_dmatmuls(self, placement: str, shape: Sequence[int]) -> bool:
+        """Whether the placement is one of dmatmul's distributions (README, "Your
+        mesh in, your mesh out"): nothing split, or rows or columns over every
+        mesh axis in mesh order, or rows over the leading axes and columns over
+        the trailing ones (or the other way round)."""
+        rows, cols = self.spec(placement, shape)
+        names = ("data", "model")[: len(self.shape)]
+        return not rows + cols or rows + cols == names or cols + rows == names
+
+    def put(self, x: Any, mesh: Any, placement: str) -> Any:
+        """``x`` on ``mesh`` (this mesh, built) as ``placement`` says (unsplit where that would not split evenly)."""
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
-        names = tuple(mesh.axis_names)
-        spec = {
-            "none": (None, None), "rows": (names, None), "cols": (None, names),
-            "grid": (names[0], names[1:] or None) if len(names) > 1 else (names, None),
-        }[placement]
-        for part, size in zip(spec, x.shape):
-            axes = () if part is None else (part,) if isinstance(part, str) else part
-            if size % math.prod(mesh.shape[a] for a in axes):
-                spec = (None, None)
+        spec = (axes or None for axes in self.spec(placement, x.shape))
         return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Reset:
+    """The stateful form of a case: ``with dm.Matmul(...) as mm``, ``mm.plan()``
+    (or not: execute() plans), ``mm.execute()`` twice, then
+    ``mm.reset_operands(...)`` with new values for ``operands`` (same shapes,
+    dtypes, families, layouts and placements) and a new ``alpha``/``beta``
+    where not None, and ``mm.execute()`` again; each result is checked, and
+    the first again after the reset (a result the caller owns)."""
+
+    plan: bool = False
+    operands: tuple[str, ...] = ()  # of "a", "b", "c", "bias"
+    alpha: complex | None = None
+    beta: complex | None = None
+
+    def call(self, new: Sequence[str]) -> str:
+        """The ``reset_operands`` call, ``new`` the source of each new operand."""
+        args = [f"{name}={src}" for name, src in zip(self.operands, new)]
+        args += [f"{name}={v!r}" for name, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
+        return f"mm.reset_operands({', '.join(args)})"
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One product: ``epilog(alpha * op(A) @ op(B) + beta * C [+ bias])`` on
     ``nranks`` ranks with the stored operands distributed as ``distributions``
-    says (a, b, result)."""
+    says (a, b, result; None: ``distribution=None``, dmatmul picks)."""
 
     nranks: int
     m: int
@@ -182,16 +228,25 @@ class Case:
     dtype: str
     transpose_a: bool
     transpose_b: bool
-    distributions: tuple[Distribution, Distribution, Distribution]
+    distributions: tuple[Distribution, Distribution, Distribution] | None
     alpha: complex = 1.0
     beta: complex = 0.0
     use_c: bool = False
     epilog: EpilogName | None = None
     algorithm: AlgorithmName = "auto"
-    family: str = "numpy"
+    family: str = "numpy"  # the result's: jax where any of a, b, c is a jax.Array
     precision: PrecisionName | None = None
     on_mesh: OnMesh | None = None  # jax operands on a user's mesh (ignored under mpiexec)
     specials: bool = False  # a few inf/NaN entries in a, b (and c where it is read)
+    single: bool = False  # distribution= one Distribution (the three of ``distributions`` are equal)
+    families: tuple[str, str, str] | None = None  # a, b, c each its own family (None: all ``family``)
+    layouts: tuple[str, str, str, str] = ("C", "C", "C", "C")  # numpy a, b, c, bias in memory (:data:`LAYOUTS`)
+    bias_column: bool = False  # bias of shape (M, 1), not (M,)
+    bias_dtype: str | None = None  # None: the operands'
+    bias_kind: str = "numpy"  # one of BIAS_KINDS
+    device_ids: tuple[int, ...] | None = None  # devices=[jax.devices()[i] for i in device_ids], not devices=nranks
+    jit: bool = False  # dm.matmul inside jax.jit on its arguments (plain jax operands; a mesh has its own call)
+    reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -203,12 +258,27 @@ class Case:
         return (self.n, self.k) if self.transpose_b else (self.k, self.n)
 
     @property
+    def bias_shape(self) -> tuple[int, ...]:
+        return (self.m, 1) if self.bias_column else (self.m,)
+
+    @property
     def has_bias(self) -> bool:
         return has_bias(self.epilog)
 
     @property
     def grids(self) -> list[ProcessGrid]:
-        return [d.grid for d in self.distributions if d.grid is not None]
+        return [d.grid for d in self.distributions or () if d.grid is not None]
+
+    @property
+    def distribution(self) -> Distribution | tuple[Distribution, Distribution, Distribution] | None:
+        """What ``distribution=`` is given."""
+        if self.distributions is not None and self.single:
+            return self.distributions[0]
+        return self.distributions
+
+    def family_of(self, name: str) -> str:
+        """The array family of operand ``name`` (a, b or c)."""
+        return self.family if self.families is None else self.families["abc".index(name)]
 
     # -- what is expected ----------------------------------------------------------
     @property
@@ -217,6 +287,8 @@ class Case:
         grids = self.grids
         if any(g.size != self.nranks for g in grids):
             return "grid != ranks"
+        if self.distributions is None:
+            return "distribution=None"
         if self.nranks == 1:
             return "one rank"
         if not grids:
@@ -230,21 +302,41 @@ class Case:
         them), and errors it may end in instead of a result.
 
         * a relu/gelu epilog on complex operands: TypeError naming the epilog;
+        * a complex bias on real operands: TypeError naming bias (its
+          imaginary part would be lost);
         * a grid whose size is not the number of ranks: ValueError (or
           DistributionError) naming the grid's shape, its size and the rank count;
+        * with ``distribution=None``, a or b placed on a mesh as none of
+          dmatmul's distributions: ValueError naming the operand and its
+          sharding (allowed, not required, inside ``jax.jit`` on Auto axes,
+          whose types say nothing);
         * a named algorithm may not fit the distributions: ValueError naming
           the algorithm and saying what it needs.
         """
         required: list[Refusal] = []
+        allowed: list[Refusal] = []
         if self.dtype.startswith("complex") and self.epilog in _COMPLEX_REFUSED:
             required.append(Refusal((TypeError,), (re.escape(repr(self.epilog)), "complex"),
                                     f"epilog={self.epilog!r} on {self.dtype}"))
+        if self.has_bias and (self.bias_dtype or self.dtype).startswith("complex") \
+                and not self.dtype.startswith("complex"):
+            required.append(Refusal((TypeError,), (r"\bbias\b", "complex", re.escape(self.dtype)),
+                                    f"bias={self.bias_dtype} on {self.dtype}"))
+        on = self.on_mesh
+        if on is not None and self.distributions is None:  # read off shardings that are none of dmatmul's
+            traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
+            for name, shape, placement in (("a", self.a_shape, on.placements[0]), ("b", self.b_shape,
+                                                                                  on.placements[1])):
+                if self.family_of(name) == "jax" and not on.is_dmatmuls(placement, shape):
+                    # inside jit an Auto axis says nothing: dmatmul may then pick
+                    (allowed if traced_auto else required).append(Refusal(
+                        (ValueError,), (rf"^{name}: its sharding", "not one of dmatmul's distributions"),
+                        f"{name}'s sharding ({placement}) is not one of dmatmul's distributions"))
         for g in dict.fromkeys(self.grids):
             if g.size != self.nranks:
                 required.append(Refusal(
                     (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
-        allowed: list[Refusal] = []
         if self.algorithm != "auto":
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
@@ -252,18 +344,40 @@ class Case:
 
     # -- reproduction --------------------------------------------------------------
     def describe(self, backend: str | None = None, *, mpi: bool = False) -> str:
-        """A line of Python that makes this product (``rand`` is :func:`rand`)."""
-        fam = "" if self.family == "numpy" else f", {self.family!r}"
+        """A line of Python that makes this product (``rand`` is :func:`rand`;
+        ``dm``, ``np`` and ``jax`` the modules)."""
 
-        def operand(shape: tuple[int, ...], specials: bool = False) -> str:
-            return f"rand({shape}, {self.dtype!r}{fam}{', specials=True' if specials else ''})"
+        def operand(name: str, shape: tuple[int, ...], specials: bool = False, seed: int = 0,
+                    fill: bool = False) -> str:
+            if name == "bias":
+                dtype, fam, layout = self.bias_dtype or self.dtype, self.bias_kind, self.layouts[3]
+            else:
+                dtype, fam, layout = self.dtype, self.family_of(name), self.layouts["abc".index(name)]
+            opts = [repr(shape), repr(dtype)]
+            if fam == "jax":
+                opts.append("'jax'")
+            if fill:
+                opts.append("fill=float('nan')")
+            if specials:
+                opts.append("specials=True")
+            if layout != "C" and fam != "jax":
+                opts.append(f"layout={layout!r}")
+            if seed:
+                opts.append(f"seed={seed}")
+            return f"rand({', '.join(opts)}){'.tolist()' if fam == 'list' else ''}"
 
-        args = [operand(self.a_shape, self.specials), operand(self.b_shape, self.specials)]
+        def c_operand(beta: complex, seed: int = 0) -> str:
+            return operand("c", (self.m, self.n), self.specials and beta != 0, seed, fill=beta == 0)
+
+        args = [operand("a", self.a_shape, self.specials), operand("b", self.b_shape, self.specials)]
         if self.use_c:
-            c = operand((self.m, self.n), self.specials and self.beta != 0)
-            args.append(c[:-1] + ", fill=float('nan'))" if self.beta == 0 else c)
-        dists = ", ".join(_dm_repr(d) for d in self.distributions)
-        kw = [f"distribution=({dists})"]
+            args.append(c_operand(self.beta))
+        kw = []
+        if self.distributions is not None:
+            dist = self.distribution
+            shown = _dm_repr(dist) if isinstance(dist, Distribution) else \
+                f"({', '.join(_dm_repr(d) for d in self.distributions)})"
+            kw.append(f"distribution={shown}")
         for name, value, default in (
             ("alpha", self.alpha, 1.0), ("beta", self.beta, 0.0), ("transpose_a", self.transpose_a, False),
             ("transpose_b", self.transpose_b, False), ("epilog", self.epilog, None),
@@ -272,12 +386,27 @@ class Case:
             if value != default or (name == "beta" and self.use_c):
                 kw.append(f"{name}={value!r}")
         if self.has_bias:
-            kw.append(f"bias={operand((self.m,))}")
+            kw.append(f"bias={operand('bias', self.bias_shape)}")
         if backend is not None:
             kw.append(f"backend={backend!r}")
-        if not mpi:
-            kw.append(f"devices={self.nranks}")
-        line = f"dm.matmul({', '.join(args + kw)})"
+        if not mpi and self.on_mesh is None:
+            kw.append(f"devices={self.nranks}" if self.device_ids is None else
+                      f"devices=[jax.devices()[i] for i in {self.device_ids!r}]")
+        if self.reset is not None:
+            r = self.reset
+            beta = self.beta if r.beta is None else r.beta
+            new = [c_operand(beta, seed=1) if name == "c" else
+                   operand(name, self.bias_shape if name == "bias" else getattr(self, f"{name}_shape"),
+                           self.specials and name != "bias", seed=1)
+                   for name in r.operands]
+            steps = ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new),
+                                               "d3 = mm.execute()"]
+            line = f"with dm.Matmul({', '.join(args + kw)}) as mm: {'; '.join(steps)}"
+        elif self.jit and not mpi and self.on_mesh is None:
+            params = ", ".join("abc"[: len(args)])
+            line = f"jax.jit(lambda {params}: dm.matmul({', '.join([*params.split(', '), *kw])}))({', '.join(args)})"
+        else:
+            line = f"dm.matmul({', '.join(args + kw)})"
         if mpi:
             line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
         elif self.on_mesh is not None:
@@ -290,10 +419,11 @@ def _dm_repr(d: Distribution) -> str:
 
 
 def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", *, fill: float | None = None,
-         specials: bool = False, seed: int = 0) -> Any:
+         specials: bool = False, layout: str = "C", seed: int = 0) -> Any:
     """A random operand of ``shape`` (or one full of ``fill``; with
-    ``specials``, a few entries inf or NaN), as the lines of
-    :meth:`Case.describe` use it: ``from dmatmul._check import rand``."""
+    ``specials``, a few entries inf or NaN), numpy laid out in memory as
+    ``layout`` says (:func:`lay_out`), as the lines of :meth:`Case.describe`
+    use it: ``from dmatmul._check import rand``."""
     rng = np.random.default_rng(seed)
     x = random_matrix(rng, shape, dtype)
     if fill is not None:
@@ -306,7 +436,35 @@ def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", 
 
         with jax.enable_x64(dtype in ("float64", "complex128")):
             return jnp.asarray(x)
-    return x
+    return lay_out(x, layout)
+
+
+def lay_out(x: np.ndarray, layout: str) -> np.ndarray:
+    """``x``'s values in a numpy array laid out in memory as ``layout`` (one of
+    :data:`LAYOUTS`) says: C order, a strided view (every other element of a
+    larger array), negative strides, read-only, byte-swapped, Fortran order
+    or the ``.T`` view of a C array (both column-major: for matrices)."""
+    every = (slice(None, None, -1),) * x.ndim
+    if layout == "C":
+        return x
+    if layout == "strided":
+        big = np.zeros(tuple(2 * s + 1 for s in x.shape), x.dtype)
+        view = big[(slice(1, None, 2),) * x.ndim]
+        view[...] = x
+        return view
+    if layout == "negative strides":
+        return x[every].copy()[every]
+    if layout == "read-only":
+        y = x.copy()
+        y.flags.writeable = False
+        return y
+    if layout == "byte-swapped":
+        return x.astype(x.dtype.newbyteorder("S"))
+    if layout == "F":
+        return np.asfortranarray(x)
+    if layout == ".T view":
+        return np.ascontiguousarray(x.T).T
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def _factorizations(p: int) -> list[tuple[int, int]]:
@@ -383,7 +541,21 @@ def _draw_dim(draw: Chooser, zero_one_in: int) -> int:
     return 0 if _rarely(draw, zero_one_in) else draw.integer(1, _MAX_DIM)
 
 
-def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy", "jax")) -> Case:
+def _draw_reset(draw: Chooser, case: Case, alphas: Sequence[complex], betas: Sequence[complex]) -> Reset:
+    """What the stateful form of ``case`` plans, resets and runs again."""
+    plan = draw.boolean()
+    given = ("a", "b") + ("c",) * case.use_c + ("bias",) * case.has_bias
+    operands = [name for name in given if draw.boolean()]
+    # specials: alpha != 0 (BLAS skips A @ B where alpha = 0)
+    alpha = draw.choice([x for x in alphas if x != 0 or not case.specials]) if _rarely(draw, 3) else None
+    beta = draw.choice(betas) if _rarely(draw, 3) else None
+    if case.use_c and case.beta == 0 and beta not in (None, 0) and "c" not in operands:
+        operands.append("c")  # the planned c is NaN (it was not to be read): one that now is read
+    return Reset(plan=plan, operands=tuple(name for name in given if name in operands), alpha=alpha, beta=beta)
+
+
+def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy", "jax"), mpi: bool = False,
+              ndevices: int = max(NRANKS)) -> Case:
     """One random product on ``nranks`` ranks over the whole layout space.
 
     a, b and the result each get a distribution of any kind, drawn
@@ -391,20 +563,35 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     distributions get row- or column-major grids of any
     2-D factorization of ``nranks``, an operand's grid being another's or its
     own; block sizes from 1 to larger than the matrix, any first process.
-    Sizes 1..40 (uneven, prime, smaller than the rank count), K = 0 about once
+    One case in ten passes one Distribution (one of the three) for all, one
+    in ten (in one process) ``distribution=None`` (dmatmul picks, or reads it
+    off the operands' shardings).
+    Sizes 1..40 (uneven, prime, smaller than the rank count; one case in 16
+    has dimensions up to 180), K = 0 about once
     in 12 cases, M or N = 0 about once in 40; every dtype, transposes,
     alpha (0 and complex too), beta with or without C (C full of NaN where
     beta = 0: it must not be read), every epilog (relu/gelu on complex rarely:
-    it must be refused), "auto" or (one case in four) a named algorithm,
-    mostly one that fits the layouts, numpy or jax operands. One real case
+    it must be refused), a bias of shape (M,) or (M, 1), of the operands'
+    dtype or another, numpy, jax or a list; "auto" or (one case in four) a named algorithm,
+    mostly one that fits the layouts, numpy or jax operands (one case in
+    eight, a, b and c each of its own family); numpy operands (one case in
+    five) strided, Fortran-ordered, read-only... (:data:`LAYOUTS`). One real case
     in eight (alpha != 0; no relu/gelu, whose NaN and -inf conventions differ
     between libraries) has a few inf/NaN entries in a, b and a C that is read:
     the result must hold the same non-finite values where numpy's does, and
-    padding must never meet them (0 * inf = NaN).
+    padding must never meet them (0 * inf = NaN). One case in eight is
+    the stateful form (:class:`Reset`). In one process (not ``mpi``): one case
+    in six passes ``devices=`` a list (some of the ``ndevices`` devices, in
+    any order), one plain jax case in four calls ``dm.matmul`` inside
+    ``jax.jit``, one jax case in three puts its operands on a user's mesh.
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
     m, n, k = _draw_dim(draw, 40), _draw_dim(draw, 40), _draw_dim(draw, 12)
+    if _rarely(draw, 16):  # large: one, two or three dimensions of 41.._LARGE_DIM
+        large = [draw.boolean() for _ in range(3)]
+        m, n, k = (draw.integer(_MAX_DIM + 1, _LARGE_DIM) if big or (i == 0 and not any(large)) else dim
+                   for i, (big, dim) in enumerate(zip(large, (m, n, k))))
     ta, tb = draw.boolean(), draw.boolean()
     earlier: list[ProcessGrid] = []
     cyclic: list[BlockCyclic] = []
@@ -412,7 +599,15 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     # products are rare among three independent draws)
     kinds = ("BlockNonCyclic", "BlockCyclic") if _rarely(draw, 4) else _KINDS
     da, db, dd = (_draw_distribution(draw, nranks, earlier, cyclic, kinds) for _ in range(3))  # a, b, result
-    dists = (da, db, dd)
+    dists: tuple[Distribution, Distribution, Distribution] | None = (da, db, dd)
+    single = False
+    if _rarely(draw, 5):  # one Distribution for all, or (one process) none: dmatmul picks
+        form = draw.choice(("single",) if mpi else ("single", "none"))
+        if form == "single":
+            d = draw.choice((da, db, dd))
+            dists, single = (d, d, d), True
+        else:
+            dists = None
     alphas = (1.0, 0.5, -1.5, 0.0) + ((0.5 - 0.25j, 1j) if is_complex else (2.25,))
     betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())
     alpha, beta = draw.choice(alphas), draw.choice(betas)
@@ -425,26 +620,63 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
         epilog = draw.choice(EPILOGS)
     algorithm: AlgorithmName = "auto"
     if _rarely(draw, 4):  # a named algorithm: mostly one that fits the layouts (so that it runs), else any one
-        fitting = _fitting_algorithms(nranks, dists, ta, tb)
+        fitting = _fitting_algorithms(nranks, (da, db, dd) if dists is None else dists, ta, tb)
         if fitting and not _rarely(draw, 3):
             algorithm = draw.choice(fitting)
         elif _rarely(draw, 2):
             algorithm = draw.choice(ALGORITHMS)
+    has_jax = "jax" in families
     family = draw.choice(tuple(families))
+    fams: tuple[str, str, str] | None = None
+    if len(families) > 1 and _rarely(draw, 8):  # a, b and c each of its own family
+        fa, fb, fc = (draw.choice(tuple(families)) for _ in range(3))
+        fc = fc if use_c else fa
+        if len({fa, fb, fc}) > 1:
+            fams = (fa, fb, fc)
+            family = "jax" if "jax" in fams else "numpy"
+        else:
+            family = fa
     precision = draw.choice(PRECISIONS)
+    bias_column, bias_dtype, bias_kind = False, None, "numpy"
+    if has_bias(epilog):
+        bias_column = _rarely(draw, 4)
+        if _rarely(draw, 4):  # another dtype (a complex one on real operands is refused)
+            bias_dtype = draw.choice([d for d in _DTYPES if d != dtype])
+        if _rarely(draw, 3):
+            bias_kind = draw.choice(BIAS_KINDS[1:] if has_jax else ("list",))
+    layouts = ("C", "C", "C", "C")
+    if _rarely(draw, 5):  # numpy operands laid out otherwise in memory
+        abc = fams or (family, family, family)
+        numpy_ = (abc[0] == "numpy", abc[1] == "numpy", abc[2] == "numpy" and use_c,
+                  bias_kind == "numpy" and has_bias(epilog))
+        dtypes = (dtype, dtype, dtype, bias_dtype or dtype)
+        picked = (draw.choice([x for x in (_VECTOR_LAYOUTS if i == 3 else LAYOUTS)
+                               if x != "byte-swapped" or dtypes[i] != "bfloat16"]) for i in range(4))
+        la, lb, lc, lbias = (x if there else "C" for x, there in zip(picked, numpy_))
+        layouts = (la, lb, lc, lbias)
+    case = Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
+                distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
+                algorithm=algorithm, family=family, precision=precision, specials=specials, single=single,
+                families=fams, layouts=layouts, bias_column=bias_column, bias_dtype=bias_dtype, bias_kind=bias_kind)
+    reset = _draw_reset(draw, case, alphas, betas) if _rarely(draw, 8) else None
     on_mesh = None
     if family == "jax" and nranks > 1 and _rarely(draw, 3):  # the user's own mesh, eager or traced
         shapes = [(nranks,)] + [s for s in _factorizations(nranks) if min(s) > 1]
         shape = draw.choice(shapes)
         on_mesh = OnMesh(
             shape=shape, explicit=not draw.boolean(), reversed=draw.boolean(),
-            call=draw.choice(CALLS), placements=(draw.choice(PLACEMENTS), draw.choice(PLACEMENTS),
-                                                 draw.choice(PLACEMENTS)),
+            call="eager" if reset is not None else draw.choice(CALLS),  # a Matmul plans outside jit
+            placements=(draw.choice(PLACEMENTS), draw.choice(PLACEMENTS), draw.choice(PLACEMENTS)),
             mixed=len(shape) > 1 and _rarely(draw, 3),
         )
-    return Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
-                distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
-                algorithm=algorithm, family=family, precision=precision, on_mesh=on_mesh, specials=specials)
+    device_ids = None
+    jit = False
+    if not mpi and on_mesh is None:  # (a mesh's devices are the ranks, and it has its own calls)
+        if has_jax and nranks <= ndevices and _rarely(draw, 6):  # devices= a list: some devices, in any order
+            left = list(range(ndevices))
+            device_ids = tuple(left.pop(left.index(draw.choice(left))) for _ in range(nranks))
+        jit = family == "jax" and reset is None and _rarely(draw, 4)
+    return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit)
 
 
 # --------------------------------------------------------------------------- #
@@ -477,86 +709,209 @@ def _snapshot(x: Any) -> bytes | None:
     return None if x is None else np.asarray(x).tobytes()
 
 
+def _global_operands(rng: np.random.Generator, case: Case, beta: complex) -> dict[str, np.ndarray | None]:
+    """The global numpy a, b, c (full of NaN where ``beta`` = 0: it must not be
+    read) and bias (in its own dtype and shape) of one product of ``case``."""
+    ops: dict[str, np.ndarray | None] = {
+        "a": random_matrix(rng, case.a_shape, case.dtype), "b": random_matrix(rng, case.b_shape, case.dtype),
+        "c": None, "bias": None,
+    }
+    if case.use_c:
+        ops["c"] = c = random_matrix(rng, (case.m, case.n), case.dtype)
+        if beta == 0:
+            c[...] = np.nan  # must not be read
+    if case.has_bias:
+        ops["bias"] = random_matrix(rng, (case.m,), case.bias_dtype or case.dtype).reshape(case.bias_shape)
+    if case.specials:
+        for name in ("a", "b") if ops["c"] is None or beta == 0 else ("a", "b", "c"):
+            add_specials(rng, cast(np.ndarray, ops[name]))
+    return ops
+
+
+def _in_order_blocks(dist: Distribution, shape: tuple[int, int], p: int) -> bool:
+    """Whether ``dist`` deals every rank one even block, in rank order (rank r
+    of a grid the block at ``grid.coords(r)``): what a NamedSharding of the
+    distribution's grid expresses (JAX shards only in even blocks, in order)."""
+    if isinstance(dist, Replicated) or (dist.grid is not None and dist.grid.size != p):
+        return False
+    grid = dist.grid if dist.grid is not None else ProcessGrid((p, 1) if dist == Slab.X else (1, p))
+    pr, pc = grid.shape
+    if shape[0] % pr or shape[1] % pc:
+        return False
+    br, bc = shape[0] // pr, shape[1] // pc
+    for r in range(p):
+        i, j = grid.coords(r)
+        rows, cols = dist.global_indices(r, shape, p)
+        if not (np.array_equal(rows, np.arange(i * br, (i + 1) * br))
+                and np.array_equal(cols, np.arange(j * bc, (j + 1) * bc))):
+            return False
+    return True
+
+
+def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any], close: Any) -> list[str]:
+    """One process, a jax result: it lies on the ranks' devices, and (where the
+    result's distribution is known) each rank's device holds that rank's block
+    (``dist.global_indices``), or every device the whole result where no
+    NamedSharding says the distribution (contract section 1). Where the
+    distribution deals even blocks in rank order and no mesh of the user's
+    fixes the devices' places, the blocks are required. Inside ``jax.jit`` a
+    result on a grid of the other order than a's or b's keeps the product's
+    layout (README, "Your mesh in, your mesh out"): any sharding then."""
+    shards = {s.device: s for s in d.addressable_shards}
+    if set(shards) != set(ranks):
+        return [f"result on devices {sorted(x.id for x in shards)}, expected the ranks' {[x.id for x in ranks]}"]
+    if case.distributions is None or not want.size:
+        return []
+    da, db, dd = case.distributions
+    p = len(ranks)
+    blocks = [dd.global_indices(r, want.shape, p) for r in range(p)]
+    datas = [np.asarray(shards[dev].data) for dev in ranks]
+    if all(x.shape == (len(rows), len(cols)) and close(x, want[np.ix_(rows, cols)])
+           for x, (rows, cols) in zip(datas, blocks)):
+        return []
+    if case.jit and dd.grid is not None and any(g.layout != dd.grid.layout for g in (da.grid, db.grid) if g):
+        return []
+    replicated = all(x.shape == want.shape and close(x, want) for x in datas)
+    if replicated and not (case.on_mesh is None and _in_order_blocks(dd, want.shape, p)):
+        return []
+    where = [f"rank {r}: {x.shape}" for r, x in enumerate(datas)][:4]
+    wanted = "its block" if replicated else "its block, or all the whole result"
+    return [f"result sharded as {d.sharding.spec if hasattr(d.sharding, 'spec') else d.sharding} "
+            f"({', '.join(where)}), not as {_dm_repr(dd)} says: each rank's device must hold {wanted}"]
+
+
 def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed: int = 0) -> Outcome:
-    """Run ``case`` with ``dm.matmul`` and classify the result.
+    """Run ``case`` with ``dm.matmul`` (or ``dm.Matmul``) and classify the result.
 
     In one process the operands are global matrices on ``devices`` (default:
-    ``case.nranks``); under a multi-process run each rank passes its own
+    the case's: its device list, or ``case.nranks``); under a multi-process run each rank passes its own
     blocks (``dm.split``) and checks its block of the result. The data comes
-    from ``rng_seed`` (the same global matrices on every rank).
+    from ``rng_seed`` (the same global matrices on every rank). Every result
+    (each of a stateful case's) is checked against numpy, and a jax one in one
+    process for its sharding; every input must be left as it was.
     """
-    from . import matmul
+    from . import Matmul, matmul
 
     rt = _runtime.active()
     mpi = rt is not None and rt.size > 1
     outcome = functools.partial(Outcome, case=case, backend=backend, mpi=mpi)
     rng = np.random.default_rng(rng_seed)
-    # the operands: numpy arrays, made jax arrays below for a jax case
-    a: Any = random_matrix(rng, case.a_shape, case.dtype)
-    b: Any = random_matrix(rng, case.b_shape, case.dtype)
-    c: Any = None
-    if case.use_c:
-        c = random_matrix(rng, (case.m, case.n), case.dtype)
-        if case.beta == 0:
-            c[...] = np.nan  # must not be read
-    bias = random_matrix(rng, (case.m,), case.dtype) if case.has_bias else None
-    if case.specials:
-        for x in (a, b) if c is None or case.beta == 0 else (a, b, c):
-            add_specials(rng, x)
-    ref = reference(a, b, c, alpha=case.alpha, beta=case.beta, transpose_a=case.transpose_a,
-                    transpose_b=case.transpose_b, epilog=case.epilog, bias=bias)
-    scale = finite_scale(ref)
-    da, db, dd = case.distributions
+    reset = case.reset
+    final_beta = case.beta if reset is None or reset.beta is None else reset.beta
+    ops = _global_operands(rng, case, case.beta)  # the global numpy operands, passed below as the case says
+    new = _global_operands(rng, case, final_beta) if reset is not None else {}
+    ta, tb = case.transpose_a, case.transpose_b
+
+    def ref_of(o: dict[str, Any], alpha: complex, beta: complex) -> np.ndarray:
+        return reference(o["a"], o["b"], o["c"], alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb,
+                         epilog=case.epilog, bias=o["bias"])
+
+    refs = [ref_of(ops, case.alpha, case.beta)]
+    if reset is not None:
+        after = {name: new[name] if name in reset.operands else ops[name] for name in ops}
+        refs.append(ref_of(after, case.alpha if reset.alpha is None else reset.alpha, final_beta))
+    dists = case.distributions
+    dd = dists[2] if dists is not None else None
+    kwargs: dict[str, Any] = {}
+    want_shape: tuple[int, int] | None = (case.m, case.n)
     if mpi:
-        assert rt is not None
+        assert rt is not None and dists is not None  # distribution=None is not drawn under mpiexec
 
         def local(x: np.ndarray, d: Distribution) -> np.ndarray:
             blocks = split(x, d, nranks=None if d.grid is not None else rt.size)
             return blocks[rt.rank % len(blocks)]  # a grid of another size is refused: any block will do
 
-        a, b = local(a, da), local(b, db)
-        c = None if c is None else local(c, dd)
+        assert dd is not None
         want_shape = dd.shape(rt.rank, (case.m, case.n), rt.size) if dd.grid is None or dd.grid.size == rt.size \
             else None
-        kwargs: dict[str, Any] = {}
-    else:
-        want_shape = (case.m, case.n)
-        kwargs = {"devices": case.nranks if devices is None else devices}
-    x64: Any = contextlib.nullcontext()
     on = None if mpi else case.on_mesh
+    uses_jax = case.family == "jax" or (case.has_bias and case.bias_kind == "jax")
+    x64: Any = contextlib.nullcontext()
     mesh: Any = None
-    if case.family == "jax":
+    ranks: list[Any] = []  # one process, jax: the ranks' devices
+    if uses_jax:
         import jax
-        import jax.numpy as jnp
 
         if case.dtype in ("float64", "complex128"):  # as a user of 64-bit jax arrays runs
             x64 = jax.enable_x64(True)
-        with x64:
-            a, b = jnp.asarray(a), jnp.asarray(b)
-            c = None if c is None else jnp.asarray(c)
-            if on is not None:  # placed on the user's mesh, whose devices are then the ranks
-                mesh = on.build(jax.devices())
-                a, b = on.put(a, mesh, on.placements[0]), on.put(b, mesh, on.placements[1])
-                c = None if c is None else on.put(c, mesh, on.placements[2])
-                kwargs = {}
-    before = [_snapshot(x) for x in (a, b, c, bias)]
+        if on is not None:  # placed on the user's mesh, whose devices are then the ranks
+            mesh = on.build(jax.devices())
+            ranks = list(mesh.devices.flat)
+    if not mpi and on is None:
+        if case.device_ids is not None:
+            import jax
+
+            kwargs["devices"] = ranks = [jax.devices()[i] for i in case.device_ids]
+        else:
+            kwargs["devices"] = case.nranks if devices is None else devices
+            if uses_jax:
+                import jax
+
+                ranks = list(devices) if isinstance(devices, Sequence) else jax.devices()[: kwargs["devices"]]
+
+    def passed(x: np.ndarray | None, name: str) -> Any:
+        """Global ``x`` as operand ``name`` is passed: this rank's block, its family, its layout."""
+        if x is None:
+            return None
+        if mpi and name != "bias":
+            assert dists is not None
+            x = local(x, dists["abc".index(name)])
+        fam = case.bias_kind if name == "bias" else case.family_of(name)
+        layout = case.layouts[("a", "b", "c", "bias").index(name)]
+        if fam == "list":
+            return x.tolist()
+        if fam == "numpy":
+            return lay_out(x, layout)
+        import jax
+        import jax.numpy as jnp
+
+        with jax.enable_x64(x.dtype.name in ("float64", "complex128")):
+            y = jnp.asarray(x)
+        if mesh is not None and name != "bias":
+            assert on is not None
+            y = on.put(y, mesh, on.placements["abc".index(name)])
+        return y
+
+    args = {name: passed(x, name) for name, x in ops.items()}
+    news = {name: passed(new[name], name) for name in reset.operands} if reset is not None else {}
+    inputs = list(args.items()) + [(f"new {name}", x) for name, x in news.items()]
+    before = [_snapshot(x) for _, x in inputs]
     required, allowed = case.refusals()
+    options = dict(distribution=case.distribution, alpha=case.alpha, beta=case.beta, transpose_a=ta,
+                   transpose_b=tb, epilog=case.epilog, bias=args["bias"],
+                   backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
+                   algorithm=case.algorithm, precision=case.precision, **kwargs)
 
     def call(a: Any, b: Any, c: Any) -> Any:
-        return matmul(a, b, c, distribution=case.distributions, alpha=case.alpha, beta=case.beta,
-                      transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog, bias=bias,
-                      backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
-                      algorithm=case.algorithm, precision=case.precision, **kwargs)
+        return matmul(a, b, c, **options)
 
+    results: list[tuple[str, Any, np.ndarray]] = []  # (what, result, global reference)
     try:
         with x64:
-            if on is None or on.call == "eager":
-                d = call(a, b, c)
+            a, b, c = args["a"], args["b"], args["c"]
+            if reset is not None:
+                with Matmul(a, b, c, **options) as mm:
+                    if reset.plan:
+                        mm.plan()
+                    d1 = mm.execute()
+                    results += [("execute()", d1, refs[0]), ("execute() again", mm.execute(), refs[0])]
+                    mm.reset_operands(**news, alpha=reset.alpha, beta=reset.beta)
+                    results.append((reset.call(list(news)) + "; execute()", mm.execute(), refs[1]))
+                    results.append(("the first execute() after the reset", d1, refs[0]))
+            elif on is None and not case.jit:
+                results.append(("", call(a, b, c), refs[0]))
+            elif on is None:
+                import jax
+
+                results.append(("", jax.jit(call)(a, b, c), refs[0]))
+            elif on.call == "eager":
+                results.append(("", call(a, b, c), refs[0]))
             else:
                 import jax
 
                 with jax.set_mesh(mesh) if on.call == "jit under set_mesh" else contextlib.nullcontext():
                     d = jax.jit(lambda: call(a, b, c))() if on.call == "jit on constants" else jax.jit(call)(a, b, c)
+                results.append(("", d, refs[0]))
     except Exception as e:  # noqa: BLE001 - every exception is classified
         if any(r.matches(e) for r in required + allowed):
             return outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")
@@ -565,35 +920,45 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
     problems = []
     if required:
         problems.append(f"no error, expected one: {'; '.join(r.why for r in required)}")
-    changed = [name for name, x, x0 in zip(("a", "b", "c", "bias"), (a, b, c, bias), before) if _snapshot(x) != x0]
+    changed = [name for (name, x), x0 in zip(inputs, before) if _snapshot(x) != x0]
     if changed:
         problems.append(f"input(s) modified: {', '.join(changed)}")
-    fam = family(d)
-    if fam != case.family:
-        shown = fam if fam != "other" else f"{type(d).__module__}.{type(d).__name__}"
-        problems.append(f"result is {shown}, expected {case.family}")
-        return outcome(status="failed", ratio=math.nan, message="; ".join(problems))
-    if fam == "numpy" and not d.flags.writeable:
-        problems.append("numpy result is read-only")
-    if mesh is not None and getattr(d.sharding, "mesh", None) != mesh:
-        problems.append(f"result not on the operands' mesh: {d.sharding}")
-    if np.dtype(d.dtype).name != case.dtype:
-        problems.append(f"result dtype {np.dtype(d.dtype).name}, expected {case.dtype}")
-    ratio = math.nan
-    if want_shape is not None and tuple(d.shape) != tuple(want_shape):
-        problems.append(f"result shape {tuple(d.shape)}, expected {tuple(want_shape)}")
-    elif want_shape is not None:
-        want = split(ref, dd, nranks=rt.size)[rt.rank] if mpi and rt is not None else ref
+    slack = _reduced_precision_slack(case, backend)
+    ratios = []
+    for what, d, ref in results:
+        said = f"{what}: " if what else ""
+        fam = family(d)
+        if fam != case.family:
+            shown = fam if fam != "other" else f"{type(d).__module__}.{type(d).__name__}"
+            problems.append(f"{said}result is {shown}, expected {case.family}")
+            continue
+        if fam == "numpy" and not d.flags.writeable:
+            problems.append(f"{said}numpy result is read-only")
+        if mesh is not None and getattr(d.sharding, "mesh", None) != mesh:
+            problems.append(f"{said}result not on the operands' mesh: {d.sharding}")
+        if np.dtype(d.dtype).name != case.dtype:
+            problems.append(f"{said}result dtype {np.dtype(d.dtype).name}, expected {case.dtype}")
+        if want_shape is None:
+            continue
+        if tuple(d.shape) != tuple(want_shape):
+            problems.append(f"{said}result shape {tuple(d.shape)}, expected {tuple(want_shape)}")
+            continue
+        assert dd is not None or not mpi
+        want = split(ref, dd, nranks=rt.size)[rt.rank] if mpi and rt is not None and dd is not None else ref
+        scale = finite_scale(ref)
         try:  # a jax.Array's computation may fail only when it is read
             host = np.asarray(d)
         except Exception as e:  # noqa: BLE001
-            problems.append(f"reading the result raised {type(e).__name__}: {e}")
-        else:
-            ratio = error_ratio(host, want, case.dtype, scale) / _reduced_precision_slack(case, backend)
-            if math.isnan(ratio):  # NaN in the result
-                ratio = math.inf
-            if not ratio <= 1.0:
-                problems.append(f"max error {ratio:.3g} x the tolerance")
+            problems.append(f"{said}reading the result raised {type(e).__name__}: {e}")
+            continue
+        ratio = error_ratio(host, want, case.dtype, scale) / slack
+        ratios.append(math.inf if math.isnan(ratio) else ratio)  # NaN in the result
+        if not ratios[-1] <= 1.0:
+            problems.append(f"{said}max error {ratios[-1]:.3g} x the tolerance")
+        elif fam == "jax" and not mpi:
+            close = lambda x, y: error_ratio(x, y, case.dtype, scale) <= slack  # noqa: E731
+            problems += [said + p for p in _sharding_problems(d, case, ref, ranks, close)]
+    ratio = max(ratios) if ratios else math.nan
     if problems:
         return outcome(status="failed", ratio=ratio, message="; ".join(problems))
     return outcome(status="passed", ratio=ratio)

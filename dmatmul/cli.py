@@ -252,7 +252,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             flush=True)
         for i in indices:
             chooser = _check.NumpyChooser([args.seed, i])
-            case = _check.draw_case(chooser, chooser.choice(ranks), families=families)
+            case = _check.draw_case(chooser, chooser.choice(ranks), families=families, mpi=rt is not None,
+                                    ndevices=ndev)
             try:
                 out = _check.run_case(case, backend=name, rng_seed=args.seed * 100_003 + i)
             except Exception as e:  # noqa: BLE001 - a bug of the check itself still counts
