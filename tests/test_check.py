@@ -36,15 +36,36 @@ def _kind(d):
     return repr(d) if not d.grid else type(d).__name__
 
 
+def _draws(seed, count, **kw):
+    for i in range(count):
+        chooser = ck.NumpyChooser([seed, i])
+        yield ck.draw_case(chooser, chooser.choice(ck.NRANKS), **kw)
+
+
+#: the dimensions drawn on top of the layout space, each with a predicate: drawn in this case
+NEW_DIMENSIONS = {
+    "distribution=None": lambda c: c.distributions is None,
+    "one Distribution": lambda c: c.single,
+    "dm.Matmul": lambda c: c.reset is not None,
+    "numpy layouts": lambda c: c.layouts != ("C",) * 4,
+    "bias (M, 1)": lambda c: c.has_bias and c.bias_column,
+    "bias of another dtype": lambda c: c.has_bias and c.bias_dtype is not None,
+    "bias not numpy": lambda c: c.has_bias and c.bias_kind != "numpy",
+    "mixed families": lambda c: c.families is not None,
+    "devices list": lambda c: c.device_ids is not None,
+    "5 or 7 ranks": lambda c: c.nranks in (5, 7),
+    "large": lambda c: max(c.m, c.n, c.k) > 40,
+    "jit on plain operands": lambda c: c.jit,
+}
+
+
 def test_the_generator_covers_the_whole_layout_space():
     seen = collections.defaultdict(set)
-    for i in range(3000):
-        chooser = ck.NumpyChooser([12345, i])
-        nranks = chooser.choice(ck.NRANKS)
-        case = ck.draw_case(chooser, nranks)
-        for name, d in zip(("a", "b", "result"), case.distributions):
+    for case in _draws(12345, 5000):
+        nranks = case.nranks
+        for name, d in zip(("a", "b", "result"), case.distributions or ()):
             seen[f"kind of {name}"].add(_kind(d))
-        for d, shape in zip(case.distributions, (case.a_shape, case.b_shape, (case.m, case.n))):
+        for d, shape in zip(case.distributions or (), (case.a_shape, case.b_shape, (case.m, case.n))):
             if d.grid is not None and d.grid.size == nranks:
                 seen[f"grids on {nranks}"].add((d.grid.shape, d.grid.layout))
                 seen["first_process"].add(d.first_process != (0, 0))
@@ -73,6 +94,41 @@ def test_the_generator_covers_the_whole_layout_space():
             seen["placements"].update(on.placements)
         required, allowed = case.refusals()
         seen["refusals"].update(r.why.split()[0] for r in required + allowed)
+        # the dimensions drawn on top, each independently of the others
+        seen["nranks"].add(nranks)
+        seen["distribution="].add((case.distributions is None, case.single, case.family, on is not None))
+        if case.reset is not None:
+            r = case.reset
+            seen["reset"].update(r.operands)
+            seen["reset"].update(name for name, v in (("alpha", r.alpha), ("beta", r.beta)) if v is not None)
+            seen["reset"].update({"plan()" if r.plan else "no plan()", case.family, "on a mesh" if on else "no mesh"})
+        for name, layout in zip(("a", "b", "c", "bias"), case.layouts):
+            seen[f"layout of {name}"].add(layout)
+            if layout != "C" and name != "bias":
+                assert case.family_of(name) == "numpy", case
+        if case.has_bias:
+            seen["bias"].add((case.bias_column, case.bias_kind))
+            seen["bias dtype"].add((case.bias_dtype, case.dtype.startswith("complex")))
+        if case.families is not None:
+            seen["families"].add(case.families)
+            assert case.family == ("jax" if "jax" in case.families else "numpy")
+        if case.device_ids is not None:
+            ids = case.device_ids
+            assert len(ids) == nranks and len(set(ids)) == nranks and on is None
+            seen["devices list"].add((nranks, list(ids) == sorted(ids), ids == tuple(range(nranks))))
+        for name, dim in (("M", case.m), ("N", case.n), ("K", case.k)):
+            assert dim <= 180
+            if dim > 40:
+                seen["large"].add(name)
+        if case.jit:
+            assert case.family == "jax" and on is None and case.reset is None
+            seen["jit"].add((case.device_ids is not None, case.distributions is None))
+        for name, drawn in NEW_DIMENSIONS.items():
+            if drawn(case):
+                for what, value in (("dtype", case.dtype), ("layout family", case.layout_family),
+                                    ("family", case.family), ("algorithm", case.algorithm != "auto"),
+                                    ("epilog", case.epilog), ("c", case.use_c), ("nranks", nranks)):
+                    seen[f"{name} with {what}"].add(value)
     kinds = {"Slab.X", "Slab.Y", "Replicated()", "BlockNonCyclic", "BlockCyclic"}
     for name in ("a", "b", "result"):
         assert seen[f"kind of {name}"] == kinds
@@ -93,7 +149,7 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["algorithm"] == {"auto", *dm.ALGORITHMS}
     assert seen["array family"] == {"numpy", "jax"}
     assert seen["precision"] == {None, "default", "high", "highest"}
-    assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm"}
+    assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm", "bias", "a's", "b's"}
     assert seen["on a user's mesh"] == {
         (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
         for dims in (1, 2) for mixed in ((False, True) if dims == 2 else (False,))
@@ -103,6 +159,45 @@ def test_the_generator_covers_the_whole_layout_space():
     assert {d for d, *_ in specials} == {d for d in dm.DTYPES if not d.startswith("complex")}
     assert {e for _, e, *_ in specials} == {None, "bias"} and {c for *_, c, _ in specials} == {True, False}
     assert {f for *_, f in specials} == set(ck.LAYOUT_FAMILIES)
+    # the dimensions drawn on top
+    assert seen["nranks"] == set(ck.NRANKS) and {5, 7} <= set(ck.NRANKS)
+    assert seen["distribution="] == {  # a triple, one Distribution, None; numpy and jax; on a mesh or not
+        (none, single, fam, mesh) for none, single in ((False, False), (False, True), (True, False))
+        for fam in ("numpy", "jax") for mesh in ((False, True) if fam == "jax" else (False,))}
+    assert seen["reset"] == {"a", "b", "c", "bias", "alpha", "beta", "plan()", "no plan()", "numpy", "jax",
+                             "on a mesh", "no mesh"}
+    for name in ("a", "b", "c"):
+        assert seen[f"layout of {name}"] == set(ck.LAYOUTS), name
+    assert seen["layout of bias"] == set(ck.LAYOUTS) - {"F", ".T view"}
+    assert seen["bias"] == {(column, kind) for column in (False, True) for kind in ck.BIAS_KINDS}
+    assert seen["bias dtype"] == {(d, cx) for d in (None, *dm.DTYPES) for cx in (False, True)}
+    assert len(seen["families"]) == 6  # a, b, c each numpy or jax, not all alike
+    devs = seen["devices list"]
+    assert {p for p, *_ in devs} == set(ck.NRANKS) and (8, False, False) in devs and (3, False, False) in devs
+    assert seen["large"] == {"M", "N", "K"}
+    assert seen["jit"] == {(lst, none) for lst in (False, True) for none in (False, True)}
+    for name in NEW_DIMENSIONS:  # drawn with the rest of the space, not in one fixed combination
+        assert seen[f"{name} with dtype"] == set(dm.DTYPES), name
+        assert len(seen[f"{name} with layout family"]) >= (1 if name == "distribution=None" else 4), name
+        assert len(seen[f"{name} with nranks"]) >= 2, name
+        for what in ("algorithm", "c"):
+            assert seen[f"{name} with {what}"] == {False, True}, (name, what)
+        assert len(seen[f"{name} with epilog"]) >= 2, name
+        if name not in ("jit on plain operands", "mixed families"):
+            assert seen[f"{name} with family"] == {"numpy", "jax"}, name
+
+
+def test_under_mpiexec_the_generator_draws_only_what_a_rank_can_pass():
+    """No distribution=None (required there), no devices=, no jax.jit (refused
+    under mpiexec); the rest of the new dimensions are drawn."""
+    seen = collections.Counter()
+    for i in range(1500):
+        case = ck.draw_case(ck.NumpyChooser([321, i]), 4, mpi=True)
+        assert case.distributions is not None and case.device_ids is None and not case.jit
+        for name, drawn in NEW_DIMENSIONS.items():
+            seen[name] += bool(drawn(case))
+    assert {name for name, count in seen.items() if count} == set(NEW_DIMENSIONS) - {
+        "distribution=None", "devices list", "5 or 7 ranks", "jit on plain operands"}
 
 
 def test_every_family_is_common_enough():
@@ -117,29 +212,101 @@ def test_every_family_is_common_enough():
 # --------------------------------------------------------------------------- #
 # reproduction lines, expectations, the report
 # --------------------------------------------------------------------------- #
+def _layout_of(x):
+    """How a numpy array lies in memory (one of ck.LAYOUTS), for arrays with every dimension >= 2."""
+    if not x.flags.writeable:
+        return "read-only"
+    if not x.dtype.isnative:
+        return "byte-swapped"
+    if any(s < 0 for s in x.strides):
+        return "negative strides"
+    if x.flags.c_contiguous:
+        return "C"
+    if x.flags.f_contiguous:
+        return "F" if x.base is None else ".T view"
+    return "strided"
+
+
+def test_lay_out_makes_each_layout():
+    x = np.arange(12.0).reshape(3, 4)
+    for layout in ck.LAYOUTS:
+        y = ck.lay_out(x, layout)
+        assert _layout_of(y) == layout and np.array_equal(y, x) and np.shares_memory(x, y) == (layout == "C")
+    assert _layout_of(ck.rand((3, 4), "float32", layout="F")) == "F"
+
+
 def test_describe_is_the_python_call():
-    for i in range(200):
-        chooser = ck.NumpyChooser([99, i])
-        case = ck.draw_case(chooser, chooser.choice(ck.NRANKS))
+    """Each case's line rebuilds it: the call (dm.matmul, inside jax.jit, or
+    with dm.Matmul and its reset), its options, and every operand's shape,
+    dtype, family and memory layout."""
+    jax = pytest.importorskip("jax")
+    defaults = {"alpha": 1.0, "beta": 0.0, "transpose_a": False, "transpose_b": False, "epilog": None,
+                "algorithm": "auto"}
+    namespace = {"dm": dm, "np": np, "jax": jax, "rand": ck.rand}
+    forms = collections.Counter()
+    for case in _draws(99, 300):
         line = case.describe("jax")
-        call = ast.parse(line).body[0].value
-        assert isinstance(call, ast.Call) and ast.unparse(call.func) == "dm.matmul"
+        stmt = ast.parse(line).body[0]
+        call = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and ast.unparse(n.func) in ("dm.matmul", "dm.Matmul")]
+        assert len(call) == 1, line
+        call = call[0]
         kw = {k.arg: k.value for k in call.keywords}
-        namespace = {"dm": dm, "np": np}
-        assert eval(ast.unparse(kw["distribution"]), namespace) == case.distributions
-        assert eval(ast.unparse(kw["devices"])) == case.nranks
-        for name in ("alpha", "beta", "transpose_a", "transpose_b", "epilog", "algorithm"):
-            default = {"alpha": 1.0, "beta": 0.0, "transpose_a": False, "transpose_b": False, "epilog": None,
-                       "algorithm": "auto"}[name]
-            got = eval(ast.unparse(kw[name])) if name in kw else default
-            assert got == getattr(case, name), (name, line)
-        assert len(call.args) == 2 + case.use_c and ("bias" in kw) == case.has_bias
-        namespace["rand"] = ck.rand
-        shapes = [case.a_shape, case.b_shape, (case.m, case.n)]
-        for arg, shape in zip(call.args + ([kw["bias"]] if case.has_bias else []),
-                              shapes[: len(call.args)] + [(case.m,)]):
-            x = eval(ast.unparse(arg), namespace)
-            assert x.shape == shape and x.dtype.name == case.dtype and dm._matmul.family(x) == case.family
+        value = lambda node: eval(ast.unparse(node), namespace)  # noqa: E731
+        if case.distributions is None:
+            assert "distribution" not in kw, line
+        elif case.single:
+            assert isinstance(value(kw["distribution"]), dm.Distribution) and (value(kw["distribution"]),) * 3 == \
+                case.distributions
+        else:
+            assert value(kw["distribution"]) == case.distributions
+        if case.on_mesh is not None:
+            assert "devices" not in kw and case.on_mesh.describe() in line
+        elif case.device_ids is not None:
+            assert value(kw["devices"]) == [jax.devices()[i] for i in case.device_ids]
+        else:
+            assert value(kw["devices"]) == case.nranks
+        for name, default in defaults.items():
+            assert (value(kw[name]) if name in kw else default) == getattr(case, name), (name, line)
+        operands = [(arg, name) for arg, name in zip(call.args, "abc")]
+        if case.jit:  # jax.jit(lambda a, b[, c]: dm.matmul(a, b[, c], ...))(rand(...), ...)
+            assert isinstance(stmt, ast.Expr) and ast.unparse(stmt.value.func).startswith("jax.jit(lambda ")
+            assert [ast.unparse(a) for a in call.args] == list("abc"[: len(call.args)])
+            operands = list(zip(stmt.value.args, "abc"))
+        assert len(operands) == 2 + case.use_c and ("bias" in kw) == case.has_bias
+        if case.has_bias:
+            operands.append((kw["bias"], "bias"))
+        if case.reset is not None:  # with dm.Matmul(...) as mm: [mm.plan(); ]d1 = mm.execute(); ...
+            assert isinstance(stmt, ast.With) and ast.unparse(call.func) == "dm.Matmul"
+            steps = [ast.unparse(s) for s in stmt.body]
+            assert steps[: 2 + case.reset.plan] == ["mm.plan()"] * case.reset.plan + ["d1 = mm.execute()",
+                                                                                     "d2 = mm.execute()"]
+            assert steps[-1] == "d3 = mm.execute()" and steps[-2].startswith("mm.reset_operands(")
+            reset = stmt.body[-2].value
+            rkw = {k.arg: k.value for k in reset.keywords}
+            assert [k for k in rkw if k not in ("alpha", "beta")] == list(case.reset.operands)
+            for name in ("alpha", "beta"):
+                assert (value(rkw[name]) if name in rkw else None) == getattr(case.reset, name)
+            operands += [(rkw[name], name) for name in case.reset.operands]
+        else:
+            assert not case.jit or case.on_mesh is None
+        forms[type(stmt).__name__, case.jit] += 1
+        for arg, name in operands:
+            x = value(arg)
+            if name == "bias":
+                shape, dtype, fam, layout = case.bias_shape, case.bias_dtype or case.dtype, case.bias_kind, \
+                    case.layouts[3]
+            else:
+                shape = {"a": case.a_shape, "b": case.b_shape, "c": (case.m, case.n)}[name]
+                dtype, fam, layout = case.dtype, case.family_of(name), case.layouts["abc".index(name)]
+            if fam == "list":
+                assert isinstance(x, list) and np.asarray(x).shape == shape, (name, line)
+                assert not x or np.iscomplexobj(np.asarray(x)) == dtype.startswith("complex"), (name, line)
+                continue
+            assert x.shape == shape and x.dtype.name == dtype and dm._matmul.family(x) == fam, (name, line)
+            if fam == "numpy" and min(shape) >= 2:
+                assert _layout_of(x) == (layout if len(shape) == 2 or layout not in ("F", ".T view") else "C"), \
+                    (name, layout, line)
+    assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)}, forms
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
 
 
@@ -169,6 +336,12 @@ def test_expected_refusals():
     assert not required and allowed[0].matches(ValueError("algorithm='summa' does not fit ...; it needs one of: ..."))
     assert not allowed[0].matches(NotImplementedError("algorithm='summa' needs"))
     assert _case().refusals() == ([], [])
+    required, _ = _case(epilog="bias", bias_dtype="complex64").refusals()  # a complex bias on real operands
+    assert len(required) == 1 and required[0].matches(TypeError(
+        "bias is complex (complex64) but a and b are real (float32): its imaginary part would be lost"))
+    assert not required[0].matches(ValueError("bias is complex (complex64) but a and b are real (float32)"))
+    assert _case(epilog="bias", bias_dtype="float64").refusals() == ([], [])
+    assert _case(epilog="bias", bias_dtype="float32", dtype="complex128").refusals() == ([], [])
 
 
 def test_an_expected_refusal_counts_as_refused_and_a_missing_one_fails(monkeypatch):
@@ -362,3 +535,4 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
     assert [ck.run_case(c).status for c in cases] == ["passed"] * 3
+
