@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import itertools
 import os
 import pathlib
 import subprocess
@@ -536,3 +537,81 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
     assert [ck.run_case(c).status for c in cases] == ["passed"] * 3
 
+
+# --------------------------------------------------------------------------- #
+# the dimensions drawn on top catch what they cover
+# --------------------------------------------------------------------------- #
+def _simple(case):
+    """A case of "auto", no inf/NaN, sizes 2..40."""
+    return (case.algorithm == "auto" and not case.specials
+            and 2 <= min(case.m, case.n, case.k) and max(case.m, case.n, case.k) <= 40)
+
+
+def _passes(case):
+    """A case that must pass (no error expected or allowed)."""
+    return _simple(case) and not any(case.refusals())
+
+
+def _read_as_c_order(as_matrix):
+    """as_matrix, broken: a column-major numpy operand read as if its memory were row-major."""
+    def broken(x, name):
+        x = as_matrix(x, name)
+        if isinstance(x, np.ndarray) and x.flags.f_contiguous and not x.flags.c_contiguous:
+            x = np.lib.stride_tricks.as_strided(x, x.shape, (x.shape[1] * x.itemsize, x.itemsize))
+        return x
+    return broken
+
+
+def _reset_ignores_a(reset):
+    def broken(self, a, *args):
+        return reset(self, None, *args)
+    return broken
+
+
+def _in_order(case):
+    dd = case.distributions[2]
+    return case.nranks > 1 and ck._in_order_blocks(dd, (case.m, case.n), case.nranks)
+
+
+#: (what is broken, the cases that must catch it, how it is broken, what the failure says)
+BROKEN = {
+    "distributions read off the shardings as Replicated()": (  # then none is refused
+        lambda c: c.distributions is None and c.on_mesh is not None and c.on_mesh.call == "eager"
+        and [r.why.split()[0] for r in c.refusals()[0]] in (["a's"], ["b's"]),
+        lambda mp, J: mp.setattr(J._backend, "_infer_distribution", lambda *a, **k: dm.Replicated()),
+        "no error, expected one: "),
+    "results replicated where a NamedSharding says the distribution": (
+        lambda c: _passes(c) and c.family == "jax" and c.on_mesh is None and not c.jit
+        and c.distributions is not None and _in_order(c),
+        lambda mp, J: mp.setattr(J._layout, "expressible", lambda placement: False), "result sharded as"),
+    "devices=[...] taken as the first len(devices) devices": (
+        lambda c: _passes(c) and c.family == "jax" and c.device_ids is not None and c.nranks > 1
+        and 0 not in c.device_ids,
+        lambda mp, J: mp.setattr(dm._matmul, "check_devices",
+                                 lambda d, spmd: len(d) if isinstance(d, list) else d), "result on devices"),
+    "column-major numpy operands read as row-major": (
+        lambda c: _passes(c) and c.layouts[0] in ("F", ".T view") and c.m < c.k,
+        lambda mp, J: mp.setattr(dm._matmul, "as_matrix", _read_as_c_order(dm._matmul.as_matrix)), "max error"),
+    "Matmul.reset_operands(a=...) ignored": (
+        lambda c: _passes(c) and c.reset is not None and "a" in c.reset.operands and c.alpha != 0
+        and c.reset.alpha != 0,
+        lambda mp, J: mp.setattr(dm.Matmul, "_reset", _reset_ignores_a(dm.Matmul._reset)), "reset_operands("),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN))
+def test_a_drawn_dimension_catches_what_it_covers(monkeypatch, broken):
+    """Break what one dimension drawn on top covers: the check fails its
+    cases, saying why (the same cases pass in the random matrix, unbroken)."""
+    pytest.importorskip("jax")
+    from dmatmul.backends import jax as J
+
+    drawn, breaks, words = BROKEN[broken]
+    cases = list(itertools.islice((c for c in _draws(777, 20000) if _simple(c) and drawn(c)), 2))
+    assert len(cases) == 2, broken
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})  # plans made with the code broken stay here
+    with monkeypatch.context() as mp:
+        breaks(mp, J)
+        outs = [ck.run_case(c, rng_seed=3) for c in cases]
+    assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
+        [(o.message, o.describe()) for o in outs]
