@@ -245,7 +245,7 @@ class Case:
     bias_dtype: str | None = None  # None: the operands'
     bias_kind: str = "numpy"  # one of BIAS_KINDS
     device_ids: tuple[int, ...] | None = None  # devices=[jax.devices()[i] for i in device_ids], not devices=nranks
-    jit: bool = False  # dm.matmul inside jax.jit on its arguments (plain jax operands; a mesh has its own call)
+    jit: bool = False  # dm.matmul inside jax.jit, jax operands its arguments (not on a mesh: it has its own calls)
     reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
 
     # -- shapes ------------------------------------------------------------------
@@ -402,9 +402,11 @@ class Case:
             steps = ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new),
                                                "d3 = mm.execute()"]
             line = f"with dm.Matmul({', '.join(args + kw)}) as mm: {'; '.join(steps)}"
-        elif self.jit and not mpi and self.on_mesh is None:
-            params = ", ".join("abc"[: len(args)])
-            line = f"jax.jit(lambda {params}: dm.matmul({', '.join([*params.split(', '), *kw])}))({', '.join(args)})"
+        elif self.jit and not mpi and self.on_mesh is None:  # jax operands its arguments, numpy ones constants
+            traced = [name for name in "abc"[: len(args)] if self.family_of(name) == "jax"]
+            inside = [name if name in traced else arg for name, arg in zip("abc", args)]
+            line = (f"jax.jit(lambda {', '.join(traced)}: dm.matmul({', '.join(inside + kw)}))"
+                    f"({', '.join(arg for name, arg in zip('abc', args) if name in traced)})")
         else:
             line = f"dm.matmul({', '.join(args + kw)})"
         if mpi:
@@ -903,7 +905,10 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
             elif on is None:
                 import jax
 
-                results.append(("", jax.jit(call)(a, b, c), refs[0]))
+                # the jax operands its arguments; numpy ones closed over (JAX would make them tracers)
+                traced = {name: x for name, x in (("a", a), ("b", b), ("c", c)) if family(x) == "jax"}
+                d = jax.jit(lambda ops: call(**{"a": a, "b": b, "c": c, **ops}))(traced)
+                results.append(("", d, refs[0]))
             elif on.call == "eager":
                 results.append(("", call(a, b, c), refs[0]))
             else:
