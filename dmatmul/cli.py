@@ -268,7 +268,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     say(_check.report(outcomes))
     failed = sum(o.status == "failed" for o in outcomes)
     if failed:
-        say(f"reproduce one: dmatmul check --seed {args.seed} --case <#> --backend <backend> -v")
+        # the cases drawn depend on the seed, the case number, the backend and (in one process) the devices
+        where = f"mpiexec -n {rt.size} " if rt else ""
+        devices = "" if rt else f" --devices {args.devices}"
+        say(f"reproduce one: {where}dmatmul check --seed {args.seed} --case <#> --backend <backend>{devices} -v")
     if rt:
         dm.finalize()
     return 1 if failed else 0
