@@ -585,7 +585,8 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     the stateful form (:class:`Reset`). In one process (not ``mpi``): one case
     in six passes ``devices=`` a list (some of the ``ndevices`` devices, in
     any order), one plain jax case in four calls ``dm.matmul`` inside
-    ``jax.jit``, one jax case in three puts its operands on a user's mesh.
+    ``jax.jit``, one jax case in three (two in three with
+    ``distribution=None``) puts its operands on a user's mesh.
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
@@ -662,7 +663,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
                 families=fams, layouts=layouts, bias_column=bias_column, bias_dtype=bias_dtype, bias_kind=bias_kind)
     reset = _draw_reset(draw, case, alphas, betas) if _rarely(draw, 8) else None
     on_mesh = None
-    if family == "jax" and nranks > 1 and _rarely(draw, 3):  # the user's own mesh, eager or traced
+    # the user's own mesh, eager or traced: one jax case in three, two in three with distribution=None (the
+    # shardings then say the layout: a, b, c placed on the mesh, or not all, each its own way)
+    if family == "jax" and nranks > 1 and (_rarely(draw, 3) if dists is not None else draw.integer(0, 2) > 0):
         shapes = [(nranks,)] + [s for s in _factorizations(nranks) if min(s) > 1]
         shape = draw.choice(shapes)
         on_mesh = OnMesh(
