@@ -130,6 +130,8 @@ def allgather_matmul(
     Raises:
       ValueError: an operand is not 2-D, the inner dimensions differ, or
         ``axis_name`` is not an axis of the enclosing ``shard_map``'s mesh.
+      TypeError: ``preferred_element_type`` is not a dtype, or one that
+        ``jnp.dot`` refuses for these operands.
     """
     name = "allgather_matmul"
     if not isinstance(bidirectional, (bool, np.bool_)):
@@ -170,6 +172,8 @@ def matmul_reduce_scatter(
       ValueError: an operand is not 2-D, the inner dimensions differ, ``M`` is
         not a multiple of ``P``, or ``axis_name`` is not an axis of the
         enclosing ``shard_map``'s mesh.
+      TypeError: ``preferred_element_type`` is not a dtype, or one that
+        ``jnp.dot`` refuses for these operands.
     """
     name = "matmul_reduce_scatter"
     ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
@@ -255,7 +259,7 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
             "inside a function run by jax.shard_map whose mesh has that axis"
         ) from e
     # the product's dtype, as jnp.dot chooses it
-    dtype = jnp.result_type(x, y) if preferred is None else np.dtype(jax.dtypes.canonicalize_dtype(preferred))
+    dtype = jnp.result_type(x, y) if preferred is None else _preferred(name, x, y, preferred)
     # As jnp.dot does, type both operands as varying over the union of their
     # axes and the ring's (a no-op with check_vma off); the transposes of these
     # casts sum the gradients of operands that were invariant.
@@ -265,6 +269,28 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     y = _vary(y, order)
     ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype)
     return ring, x, y
+
+
+def _preferred(name: str, x: jax.Array, y: jax.Array, preferred: Any) -> np.dtype:
+    """``preferred_element_type`` as a dtype, where jnp.dot takes it for these
+    operands (it refuses, e.g., one narrower than a complex operand's); else a
+    TypeError naming the argument, the operands' dtypes and the fix."""
+    dims = (((1,), (0,)), ((), ()))
+    try:
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(preferred))
+        jax.eval_shape(
+            functools.partial(lax.dot_general, dimension_numbers=dims, preferred_element_type=dtype),
+            jax.ShapeDtypeStruct((1, 1), x.dtype),
+            jax.ShapeDtypeStruct((1, 1), y.dtype),
+        )
+    except TypeError as e:
+        product, why = jnp.result_type(x, y), str(e).rstrip(".")
+        raise TypeError(
+            f"{name}: preferred_element_type={preferred!r} cannot be the dtype of the product of x ({x.dtype}) "
+            f"and y ({y.dtype}); jnp.dot refuses it too ({why}). Pass preferred_element_type=None (the product "
+            f"is then {product}) or a dtype at least as wide as {product}"
+        ) from e
+    return dtype
 
 
 def _vma(x: jax.Array) -> frozenset:
