@@ -11,7 +11,7 @@ reverse mode by jax.grad or jax.vjp. The result and both gradients are checked
 against numpy and against the formulation the functions claim to equal
 (``all_gather(x) @ y``, ``psum_scatter(x @ y)``, with ``jnp.dot``), run through
 the same ``shard_map`` with the same specs and differentiated the same way.
-DMATMUL_LONG=1 draws 600 cases instead of 40.
+DMATMUL_LONG=1 draws 600 cases instead of 60.
 
 Where JAX cannot run its own formulation, a block must fail as it does (the
 same exception type) or run and match numpy. JAX 0.10 on the CPU cannot:
@@ -339,7 +339,7 @@ def pinned(**kw) -> Block:
                   preferred="float16"))  # refused, as jnp.dot refuses it
 @example(c=pinned(op="matmul_reduce_scatter", shape=(2, 2), explicit=(False, False), devices=(3, 2, 1, 0),
                   axis="model", m=0, k=5))  # empty blocks: against numpy only
-@settings(max_examples=600 if LONG else 40, deadline=None)
+@settings(max_examples=600 if LONG else 60, deadline=None)
 def test_generated_blocks(c):
     with jax.enable_x64(c.x64):
         run_block(c)
