@@ -293,6 +293,14 @@ def _preferred(name: str, x: jax.Array, y: jax.Array, preferred: Any) -> np.dtyp
     return dtype
 
 
+def _cotangent(g: jax.Array, x: jax.Array) -> jax.Array:
+    """The gradient ``g`` typed as its operand ``x``: of a real operand (multiplied by
+    a complex one), the real part, as JAX's own transpose of a dot takes it."""
+    if jnp.iscomplexobj(g) and not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        g = jnp.real(g)
+    return g.astype(x.dtype)
+
+
 def _vma(x: jax.Array) -> frozenset:
     aval = jax.typeof(x)
     mat = getattr(aval, "mat", None)  # JAX 0.10
@@ -359,7 +367,7 @@ def _allgather_matmul_grads(ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Arr
         return acc + ring.mm(blk, rows, 0, 0)
 
     dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ring.zeros(y.shape), step, ring.p, ring.axis)
-    return dx.astype(x.dtype), dy.astype(y.dtype)
+    return _cotangent(dx, x), _cotangent(dy, y)
 
 
 _allgather_matmul.defvjp(_allgather_matmul_fwd, _allgather_matmul_bwd)
@@ -392,7 +400,7 @@ def _matmul_reduce_scatter_grads(
         return dx, dy + ring.mm(lax.dynamic_slice_in_dim(x, j * m, m, axis=0), blk, 0, 0)
 
     dx, dy = ring_allgather(dz, (ring.zeros(x.shape), ring.zeros(y.shape)), step, ring.p, ring.axis)
-    return dx.astype(x.dtype), dy.astype(y.dtype)
+    return _cotangent(dx, x), _cotangent(dy, y)
 
 
 _matmul_reduce_scatter.defvjp(_matmul_reduce_scatter_fwd, _matmul_reduce_scatter_bwd)
