@@ -67,20 +67,9 @@ def _traced(operands: Operands) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
 
 
-def _in_trace() -> bool:
-    """Whether a JAX transformation (``jit``, ``grad``...) is tracing now, also
-    where no operand is one of its values (closed-over constants); where JAX
-    does not say, False (``jax.set_mesh`` then names the trace)."""
-    return in_jax_trace()
-
-
-def _tracing_values(*xs: Any) -> bool:
-    """Whether a computation on ``xs`` runs inside a user's trace: on its values, or on constants of it."""
-    return in_jax_trace(*xs)
-
-
 def _tracing(operands: Operands) -> bool:
-    return _tracing_values(operands.a, operands.b, operands.c, operands.bias)
+    """Whether the product runs inside a user's trace: on its values, or on constants of it."""
+    return in_jax_trace(operands.a, operands.b, operands.c, operands.bias)
 
 
 def _type_mesh(x: Any) -> AbstractMesh | None:
@@ -148,7 +137,7 @@ def _auto_typed(x: jax.Array) -> jax.Array:
 def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
     """The user's mesh a one-process product on jax.Arrays runs on (:func:`user_mesh`),
     unless ``devices=`` says otherwise; None under mpiexec and for other arrays."""
-    wanted = spec.family == "jax" or _in_trace()  # numpy constants inside a trace give one of its values
+    wanted = spec.family == "jax" or in_jax_trace()  # numpy constants inside a trace give one of its values
     return user_mesh(operands) if wanted and not spec.spmd and spec.devices is None else None
 
 
@@ -556,7 +545,7 @@ class JaxPlan:
             return d
         dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
         geom = self._result_geometry(None)
-        if _tracing_values(d) and tuple(geom.mesh.devices.flat) != tuple(self.geom.mesh.devices.flat):
+        if in_jax_trace(d) and tuple(geom.mesh.devices.flat) != tuple(self.geom.mesh.devices.flat):
             return d  # one trace lists its devices in one order: the result stays as computed (Slab.X) there
         return jax.device_put(d, geom.sharding(_layout.placement_of(dist, geom, shape, (None, None))))
 
@@ -817,7 +806,7 @@ class JaxPlan:
         with _x64(self.spec.dtype):
             if self.traced:
                 return self._execute_traced(operands)
-            if self.user_mesh is not None and _in_trace():
+            if self.user_mesh is not None and in_jax_trace():
                 # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
                 if self._twin is None:
                     self._twin = JaxPlan(self.spec, operands)
@@ -853,7 +842,7 @@ class JaxPlan:
         bias = operands.bias if spec.has_bias else None
         if spec.spmd:
             return self._execute_local_blocks(operands, c, bias)
-        if operands.family == "numpy" and not _in_trace():  # (in a trace: staged there, as jax.Arrays are)
+        if operands.family == "numpy" and not in_jax_trace():  # (in a trace: staged there, as jax.Arrays are)
             fn = self._function("padded")
             a = _layout.host_to_device(operands.a, given["a"], geom)
             b = _layout.host_to_device(operands.b, given["b"], geom)
@@ -1019,7 +1008,7 @@ class JaxBackend:
         """An empty product's result, one process (:func:`place_result`): a
         jax.Array for jax operands, and for any operands inside a trace (as a
         product with elements returns there)."""
-        return place_result(result, spec, operands) if operands.family == "jax" or _in_trace() else result
+        return place_result(result, spec, operands) if operands.family == "jax" or in_jax_trace() else result
 
     def fits(self, spec: Spec, operands: Operands) -> None:
         """The refusal of ``spec``'s named algorithm, where it does not fit, as
@@ -1067,7 +1056,7 @@ class JaxBackend:
         if manual:
             raise ValueError(_inside_shard_map(manual))
         key: Any = spec
-        if (spec.family == "jax" or _in_trace()) and not spec.spmd:
+        if (spec.family == "jax" or in_jax_trace()) and not spec.spmd:
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (spec, mesh, mesh is not None and _tracing(operands))
