@@ -382,3 +382,15 @@ def test_bfloat16_jax_operands(dists, tb, algorithm, ndev):
     d = dm.matmul(jnp.asarray(a), jnp.asarray(b), distribution=dists, transpose_b=tb, algorithm=algorithm,
                   devices=ndev, backend="jax")
     assert_close(np.asarray(d), reference(a, b, transpose_b=tb), "bfloat16")
+
+
+def test_half_precision_widens_on_the_devices_it_runs_on(monkeypatch):
+    """CPU devices of a machine whose default JAX backend is a GPU: the CPU
+    dot thunk's refusal of BF16 x BF16 = F32 is a property of the devices the
+    product runs on, not of ``jax.default_backend()``."""
+    rng = np.random.default_rng(5)
+    a, b, _ = operands(rng, 8, 8, 8, False, True, dtype="bfloat16")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    d = dm.matmul(jnp.asarray(a), jnp.asarray(b), distribution=(R, Y, Y), transpose_b=True, devices=3,
+                  backend="jax")
+    assert_close(np.asarray(d), reference(a, b, transpose_b=True), "bfloat16")

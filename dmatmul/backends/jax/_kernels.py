@@ -51,6 +51,13 @@ __all__ = [
 ]
 
 
+def _platform() -> str:
+    """The platform of the devices being traced for: the abstract mesh's
+    (inside ``shard_map`` or under ``jax.set_mesh``), else JAX's default."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return getattr(device, "platform", None) or jax.default_backend()
+
+
 def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype: Any) -> jax.Array:
     """The 2-D product contracting axis ``ka`` of ``a`` with axis ``kb`` of ``b``
     (``a.T @ b`` is ``contract(a, b, 0, 0, ...)``), no transpose materialized;
@@ -59,8 +66,10 @@ def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype
     On CPU, half-precision operands accumulated in float32 are widened first:
     XLA's CPU dot thunk refuses some BF16 x BF16 = F32 dots at run time
     ("UNIMPLEMENTED: Unsupported element type for DotThunk"), and the CPU has
-    no half-precision GEMM to lose."""
-    if (dtype is not None and jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "cpu"
+    no half-precision GEMM to lose. The platform is the one the product runs
+    on (the mesh being traced), not JAX's default backend: CPU devices of a
+    GPU machine widen too."""
+    if (dtype is not None and jnp.dtype(dtype) == jnp.float32 and _platform() == "cpu"
             and jnp.dtype(a.dtype).itemsize == 2 and jnp.dtype(b.dtype).itemsize == 2):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=precision, preferred_element_type=dtype)
