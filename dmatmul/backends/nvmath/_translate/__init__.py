@@ -132,4 +132,7 @@ def translate(problem: Problem) -> Translation:
     )
     if None not in roles:
         return one_d(p, roles)  # type: ignore[arg-type]
-    return two_d(p, roles)
+    try:
+        return two_d(p, roles)
+    except NotImplementedError as e:  # cuBLASMp's limits, not the contract's: say where it runs as given
+        raise NotImplementedError(f"{e}; or run it as given with backend='jax', which takes any layout") from None
