@@ -228,7 +228,11 @@ def test_unavailable_names_what_is_missing_and_the_extra():
 def test_orders():
     assert T.order_of(np.zeros((3, 4))) == "C"
     assert T.order_of(np.zeros((3, 4), order="F")) == "F"
-    assert T.order_of(np.zeros((3, 1))) == "CF" and T.order_of(np.zeros((0, 4))) == "CF"
+    assert T.order_of(np.zeros((1, 1))) == "CF" and T.order_of(np.zeros((0, 4))) == "CF"
+    # vectors: the order they were made in (numpy's flags call both kinds of vector C and F)
+    assert T.order_of(np.zeros((3, 1))) == "C" and T.order_of(np.zeros((3, 1), order="F")) == "F"
+    assert T.order_of(np.zeros((1, 3))) == "C" and T.order_of(np.zeros((1, 3), order="F")) == "F"
+    assert T.order_of(np.zeros((3, 4))[1:2]) == "C" and T.order_of(np.zeros((3, 4))[:, 1:2]) == "X"
     assert T.order_of(np.zeros((4, 6))[::2, ::2]) == "X"
     assert T.combine_orders(["C", "CF"]) == "C" and T.combine_orders(["F", "CF"]) == "F"
     assert T.combine_orders(["CF", "CF"]) == "CF" and T.combine_orders(["C", "F"]) == "X"
@@ -1039,16 +1043,19 @@ def test_unavailable_when_cublasmp_does_not_load(fake_nvmath):
 
 
 @pytest.mark.mpi
-def test_fake_backend_under_mpiexec():
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_fake_backend_under_mpiexec(nprocs):
     """The whole backend (runtime start-up, agreement on memory orders, nvmath
-    calls, MPI allgather of replicated results) on 4 real processes, nvmath
-    replaced by the fake: every 1-D triple x transposes, a sample of the
-    alpha/beta/c x epilog x dtype variants, plan reuse."""
+    calls, MPI allgather of replicated results) on 2 and 4 real processes,
+    nvmath replaced by the fake: every 1-D triple x transposes, a sample of the
+    alpha/beta/c x epilog x dtype variants, plan reuse. (On 2, m = 3 splits
+    into a row block of 1: a vector block, which nvmath reads by its strides.)"""
     mpiexec = shutil.which("mpiexec") or str(pathlib.Path(sys.executable).parent / "mpiexec")
     if not os.path.exists(mpiexec) or importlib.util.find_spec("mpi4py") is None:
         pytest.skip("mpiexec / mpi4py not installed")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    out = subprocess.run([mpiexec, "-n", "4", sys.executable, str(GPU_DIR / "nvmath_products.py"), "--fake", "--quick"],
+    out = subprocess.run([mpiexec, "-n", str(nprocs), sys.executable, str(GPU_DIR / "nvmath_products.py"), "--fake",
+                          "--quick"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "cases match numpy" in out.stdout and "MISMATCH" not in out.stdout
@@ -1125,3 +1132,24 @@ def test_fake_backend_plan_cache_borrows(fake_nvmath, monkeypatch):
     assert names().count("free") == 1  # the last borrow returned: freed
     nv.BACKEND.clear()
     assert names().count("free") == 3  # the two still cached
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("shapes", [
+    ((1, 6), (6, 5), None),   # a row: a C-order (1, k) is "F-contiguous" to numpy's flags, not to nvmath
+    ((4, 6), (6, 1), (4, 1)),  # columns: a C-order (m, 1) has the leading dimension 1 < m
+    ((4, 1), (1, 5), None),   # K = 1: an outer product of two vectors
+    ((1, 1), (1, 3), (1, 3)),
+])
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_fake_backend_vector_blocks(fake_nvmath, order, shapes, transpose_a):
+    """Blocks one row or one column wide, in either memory order: nvmath reads
+    element strides (ascending, dense) and takes ``strides[1]`` as the leading
+    dimension, which must cover the rows; the fake checks both."""
+    rng = np.random.default_rng(3)
+    sa, sb, sc = shapes
+    a = np.array(rng.standard_normal(sa[::-1] if transpose_a else sa), order=order)
+    b = np.array(rng.standard_normal(sb), order=order)
+    c = None if sc is None else np.array(rng.standard_normal(sc), order=order)
+    d = dm.matmul(a, b, c, beta=0.0 if c is None else 1.5, transpose_a=transpose_a, backend="nvmath")
+    assert_close(d, reference(a, b, c, beta=0.0 if c is None else 1.5, transpose_a=transpose_a), "float64")

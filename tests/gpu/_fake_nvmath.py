@@ -204,7 +204,18 @@ class HostMatmulOptions:
 
 
 def _is_f(x: np.ndarray) -> bool:
-    return bool(x.flags.f_contiguous)
+    """nvmath's Fortran test on element strides (not numpy's flags, which
+    ignore a length-1 dimension's stride): ascending, the smallest 1, each the
+    one before times its extent; then cuBLASMp's leading dimension
+    (``strides[1]``) must cover the local rows. So a C-order ``(1, n)`` row
+    fails the first test and a C-order ``(m, 1)`` column the second."""
+    st = [s // x.itemsize for s in x.strides]
+    if st != sorted(st):
+        return False
+    pairs = sorted(zip(st, x.shape))
+    if pairs[0][0] != 1 or any(pairs[i][0] != pairs[i - 1][0] * pairs[i - 1][1] for i in range(1, len(pairs))):
+        return False
+    return st[1] >= max(1, x.shape[0])
 
 
 def _check_numpy(x: Any, name: str) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from ... import _runtime
 from ..._spec import Operands, Spec, family
 from . import _engine, _pipeline
-from ._translate import Problem, Translation, combine_orders, order_of, overlap, translate
+from ._translate import Problem, Translation, as_dense, combine_orders, order_of, overlap, translate
 
 __all__ = ["NvmathBackend", "NvmathPlan"]
 
@@ -131,9 +131,9 @@ class NvmathPlan:
                 continue
             got = order_of(x)
             if want in ("C", "CF") and got not in ("C", "CF"):
-                out[i] = self._xp.ascontiguousarray(x)
+                out[i] = as_dense(self._xp, x, "C")[0]
             elif want == "F" and got not in ("F", "CF"):
-                out[i] = self._xp.asfortranarray(x)
+                out[i] = as_dense(self._xp, x, "F")[0]
         return out
 
     def _prepare(self, arrays: list[Any]) -> _pipeline.Prepared:

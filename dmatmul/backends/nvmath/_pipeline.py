@@ -30,7 +30,7 @@ import numpy as np
 from ... import _epilogue
 from ..._epilogue import has_bias
 from ..._distribution import join
-from ._translate import Handover, Translation
+from ._translate import Handover, Translation, as_dense, dense
 
 __all__ = ["Prepared", "prepare", "localize", "fused_bias", "finish", "post_epilogue", "assemble", "Selection", "Program"]
 
@@ -119,23 +119,18 @@ def localize(h: Handover, tr: Translation, rank: int, x: Any, xp: Any) -> tuple[
         copied = True
     if target is None:  # cuBLASLt takes either order
         if not (_c_contiguous(y) or _f_contiguous(y)):
-            y, copied = xp.ascontiguousarray(y), True
+            y, copied = as_dense(xp, y, "C")[0], True
         return y, copied
-    if h.transposed:
-        if not _c_contiguous(y):
-            y, copied = xp.ascontiguousarray(y), True
-        return y.T, copied
-    if not _f_contiguous(y):
-        y, copied = xp.asfortranarray(y), True
-    return y, copied
+    y, again = as_dense(xp, y, "C" if h.transposed else "F")
+    return (y.T if h.transposed else y), copied or again
 
 
 def _c_contiguous(x: Any) -> bool:
-    return bool(x.flags.c_contiguous)
+    return dense(x, "C")
 
 
 def _f_contiguous(x: Any) -> bool:
-    return bool(x.flags.f_contiguous)
+    return dense(x, "F")
 
 
 @dataclasses.dataclass

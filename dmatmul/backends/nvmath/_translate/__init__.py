@@ -36,7 +36,8 @@ the product is computed in one of two *frames*:
 
 *Copies* (the decision table, see :func:`._orient.orient`): a local block is handed
 over without a copy when it is F-contiguous (as it is) or C-contiguous (as
-its transposed view). A copy happens when (1) the dimension is padded (uneven
+its transposed view), judged by its strides as nvmath reads them (a vector
+is in the order it was made in: :func:`._orient.dense`). A copy happens when (1) the dimension is padded (uneven
 Slab), (2) a Replicated operand is cut to a split that is not a contiguous
 range of its memory order, (3) the block is neither C- nor F-contiguous, (4)
 ``c`` is in the wrong order for the frame the fast path needs, or (5)
@@ -81,7 +82,7 @@ from .... import _plan
 from ...._errors import DistributionError
 from ._epilog import refused_epilog
 from ._one_d import one_d, one_rank
-from ._orient import combine_orders, order_of
+from ._orient import as_dense, combine_orders, dense, order_of
 from ._overlap import Memory, overlap
 from ._two_d import two_d
 from ._types import KERNELS, PATHS, DimPlan, Handover, NvDistribution, Order, Path, Problem, Translation
@@ -100,6 +101,8 @@ __all__ = [
     "PATHS",
     "translate",
     "order_of",
+    "dense",
+    "as_dense",
     "combine_orders",
     "refused_epilog",
 ]

@@ -17,28 +17,60 @@ from typing import Any, Literal
 from ...._distribution import Distribution
 from ._types import DimPlan, Handover, NvDistribution, Order, Problem
 
-__all__ = ["AxisOp", "order_of", "combine_orders", "orient", "why_ops", "Frame", "build_frame", "copy_weights"]
+__all__ = ["AxisOp", "dense", "as_dense", "order_of", "combine_orders", "orient", "why_ops", "Frame", "build_frame", "copy_weights"]
 
 AxisOp = Literal["keep", "slice", "pad", "gather"]
 
 
-def order_of(x: Any) -> Order:
-    """The memory order of a 2-D array (numpy, cupy, or anything with ``flags``).
-
-    "CF" for a block that is both (a vector, or empty), "X" for neither.
-    Arrays without ``flags`` (jax) count as C-order.
+def dense(x: Any, order: Literal["C", "F"]) -> bool:
+    """Whether 2-D ``x`` has the strides a fresh ``order`` array of its shape
+    has: what cuBLASMp reads, with the leading dimension equal to the extent
+    (nvmath passes ``strides[1]`` of a Fortran block as its leading dimension).
+    numpy's and CuPy's ``flags`` ignore the stride of a length-1 dimension, so
+    a C-order row ``(1, n)`` is "F-contiguous" to them, but not to nvmath (its
+    strides ``(n, 1)`` are not ascending), and a C-order column ``(m, 1)`` has
+    the leading dimension 1 < m.
 
     >>> import numpy as np
-    >>> order_of(np.zeros((2, 3))), order_of(np.zeros((2, 3), order="F")), order_of(np.zeros((1, 3)))
-    ('C', 'F', 'CF')
-    >>> order_of(np.zeros((4, 4))[:, :2])
-    'X'
+    >>> dense(np.zeros((1, 3)), "F"), dense(np.zeros((1, 3), order="F"), "F"), dense(np.zeros((3, 1)), "F")
+    (False, True, False)
     """
-    flags = getattr(x, "flags", None)
-    if flags is None:
+    if x.size == 0:
+        return True
+    item = x.dtype.itemsize
+    s0, s1 = x.strides
+    if s0 % item or s1 % item:
+        return False
+    rows, cols = x.shape
+    return (s0 // item, s1 // item) == ((cols, 1) if order == "C" else (1, rows))
+
+
+def order_of(x: Any) -> Order:
+    """The memory order of a 2-D array (numpy, cupy, or anything with ``strides``),
+    as nvmath reads it (:func:`dense`).
+
+    "CF" for a block that is both (1 x 1, or empty), "X" for neither.
+    Arrays without ``strides`` (jax) count as C-order.
+
+    >>> import numpy as np
+    >>> order_of(np.zeros((2, 3))), order_of(np.zeros((2, 3), order="F")), order_of(np.zeros((1, 1)))
+    ('C', 'F', 'CF')
+    >>> order_of(np.zeros((4, 4))[:, :2]), order_of(np.zeros((1, 3))), order_of(np.zeros((3, 1), order="F"))
+    ('X', 'C', 'F')
+    """
+    if getattr(x, "strides", None) is None:
         return "C"
-    c, f = bool(flags.c_contiguous), bool(flags.f_contiguous)
+    c, f = dense(x, "C"), dense(x, "F")
     return "CF" if c and f else "C" if c else "F" if f else "X"
+
+
+def as_dense(xp: Any, x: Any, order: Literal["C", "F"]) -> tuple[Any, bool]:
+    """``x`` laid out as :func:`dense` says (a copy where it is not), and
+    whether it is a copy. ``ascontiguousarray`` would keep a vector whose
+    flags already say yes."""
+    if dense(x, order):
+        return x, False
+    return xp.array(x, order=order, copy=True), True
 
 
 def combine_orders(orders: Sequence[Order | None]) -> Order | None:
