@@ -68,6 +68,6 @@ def fake_nvmath():
     try:
         yield _fake_nvmath
     finally:
+        reset()  # the plans are freed while the fake runtime still lives, as at exit
         _fake_nvmath.uninstall()
-        reset()
         sys.path.remove(str(GPU_DIR))

@@ -1153,3 +1153,38 @@ def test_fake_backend_vector_blocks(fake_nvmath, order, shapes, transpose_a):
     c = None if sc is None else np.array(rng.standard_normal(sc), order=order)
     d = dm.matmul(a, b, c, beta=0.0 if c is None else 1.5, transpose_a=transpose_a, backend="nvmath")
     assert_close(d, reference(a, b, c, beta=0.0 if c is None else 1.5, transpose_a=transpose_a), "float64")
+
+
+_EXIT_SCRIPT = """
+import atexit, os, sys
+sys.path.insert(0, sys.argv[1])
+import _fake_nvmath as F
+atexit.register(lambda: os.write(1, f"at exit: {[n for n, _ in F.CALLS if n in ('free', 'finalize')]}\\n".encode()))
+F.install()
+import numpy as np, dmatmul as dm
+d = dm.matmul(np.ones((4, 3)), np.ones((3, 6)), distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X), backend="nvmath")
+assert np.allclose(dm.join(dm.runtime().comm.allgather(d), dm.Slab.X, (8, 12)), 3.0)  # each rank: its blocks
+if sys.argv[2] == "finalize":
+    dm.finalize()
+    os.write(1, f"after dm.finalize: {[n for n, _ in F.CALLS if n in ('free', 'finalize')]}\\n".encode())
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("end", ["exit", "finalize"])
+def test_fake_backend_frees_its_plans_before_nvmath_finalizes_at_exit(end):
+    """nvmath.distributed registers its finalize (which destroys cuBLASMp's
+    grids) at exit when it starts; dmatmul's cached plans must be freed before
+    it runs (a free after it is a use after free in cuBLASMp). ``dm.finalize()``
+    frees them at once."""
+    mpiexec = shutil.which("mpiexec") or str(pathlib.Path(sys.executable).parent / "mpiexec")
+    if not os.path.exists(mpiexec) or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpiexec / mpi4py not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    out = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", _EXIT_SCRIPT, str(GPU_DIR), end],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    if end == "finalize":
+        assert out.stdout.count("after dm.finalize: ['free']") == 2, out.stdout + out.stderr
+    assert out.stdout.count("at exit: ['free', 'finalize']") == 2, out.stdout + out.stderr
+    assert "after nvmath.distributed.finalize" not in out.stderr

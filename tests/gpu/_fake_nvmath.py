@@ -18,6 +18,7 @@ the right numbers. ``install()`` puts the fake modules in ``sys.modules``;
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import enum
 import importlib.machinery
@@ -107,7 +108,14 @@ def initialize(device_id: int, process_group: Any, backends: Any) -> None:
         raise ValueError("Need to specify at least one of ('nvshmem', 'nccl') communication backends")
     comm = process_group.comm if isinstance(process_group, MPIProcessGroup) else process_group
     CALLS.append(("initialize", {"device_id": device_id, "backends": backends, "nranks": comm.Get_size()}))
+    global _finalize_at_exit
+    if not _finalize_at_exit:  # as nvmath: its finalize runs at exit, in atexit's last-registered-first order
+        atexit.register(finalize)
+        _finalize_at_exit = True
     _ctx = DistributedContext(device_id, comm, "nvshmem" in backends, 1 if "nccl" in backends else None)
+
+
+_finalize_at_exit = False
 
 
 def get_context() -> DistributedContext | None:
@@ -116,6 +124,8 @@ def get_context() -> DistributedContext | None:
 
 def finalize() -> None:
     global _ctx
+    if _ctx is not None:
+        CALLS.append(("finalize", {}))
     _ctx = None
 
 
@@ -403,6 +413,10 @@ class Matmul:
         return out
 
     def free(self) -> None:
+        if _ctx is None and not self.freed:  # cuBLASMp frees its workspace on grids finalize destroyed
+            sys.stderr.write("fake nvmath: Matmul.free() after nvmath.distributed.finalize() "
+                             "(a use after free in cuBLASMp)\n")
+            raise RuntimeError("Matmul.free() after nvmath.distributed.finalize()")
         self.freed = True
         CALLS.append(("free", {}))
 

@@ -258,7 +258,7 @@ class NvmathBackend:
         self._plans: collections.OrderedDict[Any, NvmathPlan] = collections.OrderedDict()
         self._lock = threading.RLock()
         self._evicted: list[NvmathPlan] = []
-        atexit.register(self.clear)
+        self._exit_hook = False
 
     @staticmethod
     def _key(spec: Spec, operands: Operands) -> Any:
@@ -294,6 +294,16 @@ class NvmathBackend:
             return _Borrowed(plan, self)
         if plan is not None:  # another rank missed: plan again, everywhere
             self._retire(self._plans.pop(key))
+        if not self._exit_hook:
+            # nvmath.distributed registers its finalize (which destroys cuBLASMp's grids and the NCCL
+            # communicator) at exit when it starts; atexit runs the last registered first, so the hook
+            # that frees dmatmul's plans is registered after the start-up, to run before it
+            if spec.spmd:
+                _runtime.ensure("nvmath")  # the runtime's backend: dm.finalize() frees the plans too
+            else:
+                _engine.start(False)
+            atexit.register(self.clear)
+            self._exit_hook = True
         plan = NvmathPlan(spec, operands)
         if self.cache_size <= 0:  # no cache: the plan is retired at once, freed when its borrow returns
             self._evicted.append(plan)
