@@ -1188,3 +1188,40 @@ def test_fake_backend_frees_its_plans_before_nvmath_finalizes_at_exit(end):
         assert out.stdout.count("after dm.finalize: ['free']") == 2, out.stdout + out.stderr
     assert out.stdout.count("at exit: ['free', 'finalize']") == 2, out.stdout + out.stderr
     assert "after nvmath.distributed.finalize" not in out.stderr
+
+
+_ORDERS_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import _fake_nvmath as F
+F.install()
+import numpy as np, dmatmul as dm
+rng = np.random.default_rng(dm.init().rank)
+a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 6))
+X, Y = dm.Slab.X, dm.Slab.Y
+want = dm.join(dm.runtime().comm.allgather(a), X, (8, 3)) @ dm.join(dm.runtime().comm.allgather(b), Y, (3, 12))
+# rank 1's a in Fortran order first, then every rank's in C order: each rank's own key changes differently
+r = dm.runtime().rank
+for order in ("F" if r == 1 else "C", "C", "C", "F" if r == 0 else "C"):
+    d = dm.matmul(np.array(a, order=order), b, distribution=(X, Y, X), backend="nvmath")
+    assert np.allclose(dm.join(dm.runtime().comm.allgather(d), X, (8, 12)), want)
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_fake_backend_ranks_plan_and_free_alike_when_their_memory_orders_change():
+    """The plan cache's key is every rank's: where one rank's operand changes
+    memory order between calls and another's does not, no rank hits while
+    another misses (a miss retires the old plan: freeing it is collective)."""
+    mpiexec = shutil.which("mpiexec") or str(pathlib.Path(sys.executable).parent / "mpiexec")
+    if not os.path.exists(mpiexec) or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpiexec / mpi4py not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    try:
+        out = subprocess.run(["timeout", "-s", "KILL", "120", mpiexec, "-n", "2", sys.executable, "-c", _ORDERS_SCRIPT,
+                              str(GPU_DIR)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=180)
+    except subprocess.TimeoutExpired as e:  # pragma: no cover - a hang
+        raise AssertionError(f"hung: {e}") from None
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert out.stdout.count("ok") == 2

@@ -116,6 +116,7 @@ def initialize(device_id: int, process_group: Any, backends: Any) -> None:
 
 
 _finalize_at_exit = False
+_serial = 0
 
 
 def get_context() -> DistributedContext | None:
@@ -306,6 +307,9 @@ class Matmul:
         self.a, self.b, self.c = a, b, c
         self.alpha, self.beta = (1.0 if alpha is None else alpha), (0.0 if beta is None or c is None else beta)
         self.strides = [x.strides for x in ops]
+        global _serial
+        _serial += 1
+        self.serial = _serial  # the ranks create their Matmuls in one order: the n-th is the same on every rank
         self.epilog: MatmulEpilogue | None = None
         self.bias: Any = None
         self.planned = False
@@ -417,6 +421,10 @@ class Matmul:
             sys.stderr.write("fake nvmath: Matmul.free() after nvmath.distributed.finalize() "
                              "(a use after free in cuBLASMp)\n")
             raise RuntimeError("Matmul.free() after nvmath.distributed.finalize()")
+        if not self.freed:  # a collective call, as nvmath documents it: every rank frees the same Matmul
+            serials = self.comm.allgather(self.serial)
+            if len(set(serials)) > 1:
+                raise RuntimeError(f"fake nvmath: Matmul.free() is collective; the ranks freed Matmuls {serials}")
         self.freed = True
         CALLS.append(("free", {}))
 

@@ -247,9 +247,9 @@ class NvmathBackend:
     """The cuBLASMp backend. Plans are cached (bounded, least recently used
     out) per Spec, local memory orders and where the operands live, so
     repeated ``dm.matmul`` calls on one problem plan (and create nvmath's
-    Matmul) once; see :class:`_Borrowed` for who frees what. Under mpiexec a
-    cache hit is used only when every rank hits (one small collective per
-    plan lookup, never per execute)."""
+    Matmul) once; see :class:`_Borrowed` for who frees what. Under mpiexec the key
+    is every rank's (one small collective per plan lookup, never per
+    execute), so the ranks hit, miss and evict (free, a collective) alike."""
 
     name = "nvmath"
     cache_size = 16
@@ -282,18 +282,17 @@ class NvmathBackend:
 
     def _plan(self, spec: Spec, operands: Operands) -> _Borrowed:
         key = self._key(spec, operands)
-        plan = self._plans.get(key)
-        hit = plan is not None
         if spec.spmd:
             rt = _runtime.active()
             if rt is not None and rt.size > 1:
-                hit = all(rt.comm.allgather(hit))
-        if hit:
-            assert plan is not None
+                # every rank's key: the same on every rank, so the ranks hit, miss and evict alike (freeing
+                # a plan is collective in cuBLASMp: a rank whose memory order differs from the last call's
+                # must not make the others free alone)
+                key = tuple(rt.comm.allgather(key))
+        plan = self._plans.get(key)
+        if plan is not None:
             self._plans.move_to_end(key)
             return _Borrowed(plan, self)
-        if plan is not None:  # another rank missed: plan again, everywhere
-            self._retire(self._plans.pop(key))
         if not self._exit_hook:
             # nvmath.distributed registers its finalize (which destroys cuBLASMp's grids and the NCCL
             # communicator) at exit when it starts; atexit runs the last registered first, so the hook
