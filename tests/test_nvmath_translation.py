@@ -966,6 +966,29 @@ def test_fake_backend_refused_epilog_falls_back(fake_nvmath, monkeypatch):
     assert_close(d, reference(a, b, epilog="gelu_bias", bias=bias), "float32")
 
 
+def test_fake_backend_falls_back_on_a_new_matmul(fake_nvmath, monkeypatch):
+    """nvmath can refuse a fused epilog after setting it in its descriptor
+    (cuBLASMp's NOT_SUPPORTED from the workspace query); a ``plan()`` without
+    epilog on that Matmul would keep it, and dmatmul's own epilogue would then
+    apply a second time. The fallback plans a new Matmul."""
+    original = fake_nvmath.Matmul.plan
+
+    def refuse_late(self, *, epilog=None, **kw):
+        original(self, epilog=epilog, **kw)
+        if epilog is not None and epilog != fake_nvmath.MatmulEpilogue.ALLREDUCE:
+            raise fake_nvmath.cuBLASMpError(f"NOT_SUPPORTED (CUBLASMP_STATUS_NOT_SUPPORTED): {epilog.name}")
+
+    monkeypatch.setattr(fake_nvmath.Matmul, "plan", refuse_late)
+    rng = np.random.default_rng(4)
+    a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((6, 4), (4, 3), (6,)))
+    dist = (dm.BlockCyclic(dm.ProcessGrid((1, 1)), (2, 2)),) * 3  # one rank, but cuBLASMp's Matmul
+    with dm.Matmul(a, b, distribution=dist, epilog="relu_bias", bias=bias, backend="nvmath") as mm:
+        d = mm.execute()
+        assert "nvmath refused the fused epilog" in mm.explain()
+    assert_close(d, reference(a, b, epilog="relu_bias", bias=bias), "float32")
+    assert [name for name, _ in fake_nvmath.CALLS].count("Matmul") == 2
+
+
 @pytest.mark.parametrize("dtype,epilog,words", [
     ("complex64", "bias", "cuBLASMp refuses a bias epilog on complex64"),
     ("complex128", "bias", "cuBLASMp refuses a bias epilog on complex128"),
@@ -1225,3 +1248,46 @@ def test_fake_backend_ranks_plan_and_free_alike_when_their_memory_orders_change(
         raise AssertionError(f"hung: {e}") from None
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert out.stdout.count("ok") == 2
+
+
+_REFUSED_ON_ONE_RANK_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import _fake_nvmath as F
+F.install()
+import numpy as np, dmatmul as dm
+rank = dm.init().rank
+original = F.Matmul.plan
+def refuse_on_rank_1(self, *, epilog=None, **kw):
+    if rank == 1 and epilog is not None and epilog != F.MatmulEpilogue.ALLREDUCE:
+        raise F.cuBLASMpError("NOT_SUPPORTED (CUBLASMP_STATUS_NOT_SUPPORTED): " + epilog.name)
+    return original(self, epilog=epilog, **kw)
+F.Matmul.plan = refuse_on_rank_1
+rng = np.random.default_rng(rank)
+a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 6))
+bias = np.arange(8.0)  # the whole vector on every rank
+X, Y = dm.Slab.X, dm.Slab.Y
+comm = dm.runtime().comm
+with dm.Matmul(a, b, distribution=(X, Y, X), epilog="bias", bias=bias, backend="nvmath") as mm:
+    d = mm.execute()
+    print(rank, "refused" if "nvmath refused the fused epilog" in mm.explain() else "fused", flush=True)
+want = (dm.join(comm.allgather(a), X, (8, 3)) @ dm.join(comm.allgather(b), Y, (3, 12))
+        + bias[:, None])
+assert np.allclose(dm.join(comm.allgather(d), X, (8, 12)), want)
+"""
+
+
+@pytest.mark.mpi
+def test_fake_backend_ranks_fall_back_together():
+    """nvmath refuses the fused epilog on one rank only: every rank plans the
+    unfused product (cuBLASMp's Matmul is collective: the ranks must run one
+    plan)."""
+    mpiexec = shutil.which("mpiexec") or str(pathlib.Path(sys.executable).parent / "mpiexec")
+    if not os.path.exists(mpiexec) or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpiexec / mpi4py not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    out = subprocess.run(["timeout", "-s", "KILL", "120", mpiexec, "-n", "2", sys.executable, "-c",
+                          _REFUSED_ON_ONE_RANK_SCRIPT, str(GPU_DIR)], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=180)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert sorted(out.stdout.split("\n")[:2]) == ["0 refused", "1 refused"], out.stdout

@@ -350,7 +350,8 @@ class Matmul:
             if bias.shape not in ((rows,), (rows, 1)):
                 raise ValueError(f"The M dimension of the bias vector ({bias.shape[0]}) must match the local M dimension")
             self.bias = bias
-        self.epilog = epilog
+        if epilog is not None:  # as nvmath: plan(epilog=None) leaves an epilog an earlier plan set in the descriptor
+            self.epilog = epilog
         self.planned = True
         CALLS.append(("plan", {"epilog": None if epilog is None else epilog.name}))
 

@@ -239,18 +239,42 @@ class _Engine:
         """The (a, b, c) nvmath's Matmul takes."""
         raise NotImplementedError
 
+    #: whether creating, planning and freeing ``_mm`` are collective (cuBLASMp): the ranks then agree
+    #: on the fused epilog's fate
+    collective = False
+
+    def _new(self) -> Any:
+        """A fresh nvmath Matmul on the operands the engine was made with."""
+        raise NotImplementedError
+
     def _start(self, prepared: Prepared, epilog_enum: Any) -> None:
-        """Plan ``_mm``; when nvmath refuses the fused epilog, plan the unfused translation instead."""
+        """Plan ``_mm``; when nvmath refuses the fused epilog, plan the unfused
+        translation instead, on a new Matmul: a failed ``plan(epilog=...)``
+        may leave the epilog set in nvmath's descriptor, and dmatmul then
+        applies its own. With several ranks they all fall back, or all raise,
+        when nvmath refused on any one of them."""
         self._epilog_enum = epilog_enum
         tr = self.translation
+        error: Exception | None = None
         try:
             self._plan(tr, prepared)
-        except Exception as e:
-            if tr.fused_epilog in (None, "ALLREDUCE") or not _fallback_worthy(e):
-                raise
-            self.refused = f"{type(e).__name__}: {e}"
-            self.translation = tr.unfused()
-            self._plan(self.translation, prepared)
+        except Exception as e:  # noqa: BLE001 - judged below, with the other ranks' verdicts
+            error = e
+        mine = None if error is None else (_fallback_worthy(error), f"{type(error).__name__}: {error}")
+        verdicts = self.ctx.comm.allgather(mine) if self.collective and self.ctx.size > 1 else [mine]
+        failed = {rank: v for rank, v in enumerate(verdicts) if v is not None}
+        if not failed:
+            return
+        if tr.fused_epilog in (None, "ALLREDUCE") or not all(worthy for worthy, _ in failed.values()):
+            if error is not None:
+                raise error
+            raise RuntimeError("nvmath's Matmul.plan failed on rank(s) "
+                               + ", ".join(f"{r} ({text})" for r, (_, text) in failed.items()))
+        self.refused = mine[1] if mine is not None else next(iter(failed.values()))[1]
+        self._mm.free()
+        self._mm = self._new()
+        self.translation = tr.unfused()
+        self._plan(self.translation, prepared)
 
     @staticmethod
     def _epilog_inputs(tr: Translation, prepared: Prepared) -> dict[str, Any] | None:
@@ -298,6 +322,8 @@ class _Engine:
 class CublasMpEngine(_Engine):
     """``nvmath.distributed.linalg.advanced.Matmul`` for one Translation."""
 
+    collective = True
+
     def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
         from nvmath.distributed.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions, matrix_qualifiers_dtype
 
@@ -310,10 +336,11 @@ class CublasMpEngine(_Engine):
         assert slot_a is not None and slot_b is not None and tr.result is not None
         distributions = [nv_distribution(slot_a.distribution), nv_distribution(slot_b.distribution),  # type: ignore[arg-type]
                          nv_distribution(tr.result)]
-        self._mm = Matmul(
+        self._new = lambda: Matmul(  # type: ignore[method-assign]
             A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
             qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options,
         )
+        self._mm = self._new()
         self._start(prepared, MatmulEpilog)
 
     def _copied_c(self, prepared: Prepared) -> bool:
@@ -343,7 +370,9 @@ class CublasLtEngine(_Engine):
         if 0 in (a.shape[0], b.shape[1]):  # this rank holds no rows/columns of the result: nothing to run
             self._empty = (a.shape[0], b.shape[1])
             return
-        self._mm = Matmul(a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
+        self._new = lambda: Matmul(  # type: ignore[method-assign]
+            a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
+        self._mm = self._new()
         self._start(prepared, MatmulEpilog)
 
     def _operands(self, prepared: Prepared) -> tuple[Any, Any, Any]:
