@@ -681,8 +681,9 @@ def simulate_cublasmp(tr, preps):
     for r, pr in enumerate(preps):
         for h, x in ((A, pr.A), (B, pr.B), (C, pr.C)):
             if h is not None:
-                assert x.flags.f_contiguous, f"{h.operand} is not Fortran-ordered"
+                assert T.dense(x, "F"), f"{h.operand} is not Fortran-ordered as nvmath reads strides"
                 assert x.shape == bc(h.distribution).shape(r, h.global_shape)
+                assert 0 not in x.shape, f"{h.operand}: nvmath refuses an empty local block {x.shape} on rank {r}"
 
     # cuBLASMp takes one block size per dimension (M, N, K) in every matrix
     # (nvmath infers them jointly): a grid axis of one process included
@@ -860,6 +861,8 @@ def test_pipeline_2d_generated(case):
     # (checked against numpy through the simulated cuBLASMp, which also
     # requires one block size per dimension) or refuses exactly where axes of
     # several processes fix two block sizes for one dimension
+    # several processes fix two block sizes for one dimension, or where some
+    # process would hold no part of an operand (nvmath refuses empty local blocks)
     dists, ta, tb = case
     m, n, k = 8, 16, 12
     clash = [dim for dim, v in fixed_blocks(m, n, k, dists, ta, tb).items() if len(v) > 1]
@@ -867,7 +870,28 @@ def test_pipeline_2d_generated(case):
         with pytest.raises(NotImplementedError, match=f"block sizes of ({'|'.join(clash)}) differ"):
             T.translate(problem(m, n, k, 4, dists, ta, tb))
         return
+    if empty_handovers(m, n, k, 4, dists, ta, tb):
+        with pytest.raises(NotImplementedError, match=r"leaves process (row|column) \d+ of its .* cuBLASMp needs "
+                                                      r"a part of every operand on every process"):
+            T.translate(problem(m, n, k, 4, dists, ta, tb))
+        return
     run_simulated(m, n, k, 4, dists, ta, tb, use_c=True, beta=0.5)
+
+
+def empty_handovers(m, n, k, P, dists, ta, tb):
+    """Whether the translation, were it not refused, would hand some rank an
+    empty block (found by running the pipeline with the refusal switched off)."""
+    from unittest import mock
+
+    from dmatmul.backends.nvmath._translate import _two_d
+
+    with mock.patch.object(_two_d, "_refuse_empty_blocks", lambda *args: None):
+        tr = T.translate(problem(m, n, k, P, dists, ta, tb, use_c=True))
+    rng = np.random.default_rng(0)
+    parts = [dm.split(random_matrix(rng, shape, "float64"), d, P)
+             for shape, d in zip(((k, m) if ta else (m, k), (n, k) if tb else (k, n), (m, n)), dists)]
+    preps = [PL.prepare(tr, r, parts[0][r], parts[1][r], parts[2][r], None, np) for r in range(P)]
+    return any(0 in x.shape for pr in preps for x in (pr.A, pr.B, pr.C) if x is not None)
 
 
 def test_pipeline_extreme_sizes():

@@ -271,8 +271,11 @@ class Matmul:
         for x, n in ((a, "A"), (b, "B"), (c, "C")):
             if x is not None:
                 _check_numpy(x, n)
-                if 0 in x.shape:  # nvmath checks every rank's local extents
-                    raise ValueError(f"The specified extents {list(x.shape)} for operand {n} are not valid. "
+        # nvmath checks every rank's local extents in its allreduced problem check: every rank raises
+        for shapes in comm.allgather([(n, list(x.shape)) for x, n in ((a, "A"), (b, "B"), (c, "C")) if x is not None]):
+            for n, shape in shapes:
+                if 0 in shape:
+                    raise ValueError(f"The specified extents {shape} for operand {n} are not valid. "
                                      "The extents must be strictly positive.")
         ops = [a, b] + ([c] if c is not None else [])
         if c is not None and beta is None:

@@ -15,7 +15,7 @@ import dataclasses
 
 from .... import _plan
 from ...._dimmap import DimMap
-from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab
+from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab, numroc
 from ._epilog import finish
 from ._one_d import model_plan, shared_grid
 from ._orient import AxisOp, Frame, build_frame, copy_weights
@@ -89,6 +89,34 @@ def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
     return out
 
 
+def _refuse_empty_blocks(p: Problem, nv: dict[str, NvDistribution | None], names: dict[str, str],
+                         dims: dict[str, DimPlan]) -> None:
+    """cuBLASMp needs every process to hold a part of every operand (nvmath:
+    "extents must be strictly positive"); say which operand leaves which
+    process row or column empty, and what to change.
+
+    >>> from dmatmul import BlockCyclic, ProcessGrid
+    >>> bc = BlockCyclic(ProcessGrid((2, 2)), (4, 4))
+    >>> two_d(Problem(4, 8, 8, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
+    Traceback (most recent call last):
+    ...
+    NotImplementedError: distribution of a: BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)) leaves process row 1 of its 2x2 grid without any of M=4 (blocks of 4): cuBLASMp needs a part of every operand on every process; use blocks of at most 2 along M
+    """
+    for op in ("a", "b", "c"):
+        nvd = nv[op]
+        assert nvd is not None
+        for axis, dim in enumerate(p.stored(op)):
+            nprocs, size, block = nvd.grid_shape[axis], dims[dim].padded_size, nvd.block_sizes[axis]
+            empty = [i for i in range(nprocs) if numroc(size, block, i, nvd.first_process[axis], nprocs) == 0]
+            if empty:
+                raise NotImplementedError(
+                    f"distribution of {names[op]}: {p.distributions['abc'.index(op)]!r} leaves process "
+                    f"{('row', 'column')[axis]} {empty[0]} of its {nvd.grid_shape[0]}x{nvd.grid_shape[1]} grid "
+                    f"without any of {dim}={size} (blocks of {block}): cuBLASMp needs a part of every operand on "
+                    f"every process; use blocks of at most {-(-size // nprocs)} along {dim}"
+                )
+
+
 def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     """SUMMA when a, b and the result share one 2-D grid in a frame, else the general path.
 
@@ -140,6 +168,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
         else:
             ops[op] = ("keep", "keep")
             targets[op] = dists[op]
+    _refuse_empty_blocks(p, nv, names, dims)
     gather = isinstance(dists["c"], Replicated)
     weights = copy_weights(p, {op: True for op in ("a", "b", "c")})
     nvd_user = nv["c"]
