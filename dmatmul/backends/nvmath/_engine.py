@@ -101,7 +101,7 @@ def preflight() -> None:
     requested_backends()
     import cupy
 
-    importlib.import_module("nvmath.distributed")  # needs mpi4py: fails here, on this rank, when it is missing
+    importlib.import_module("nvmath.distributed")  # a broken install fails here, on this rank
 
     if int(cupy.cuda.runtime.getDeviceCount()) < 1:
         raise RuntimeError("the nvmath backend needs a CUDA GPU and none is visible on this rank")
@@ -418,8 +418,9 @@ def memory(tr: Translation, placement: str | None, on_device: bool, version: int
     registers it on every grid: NCCL symmetric memory from cuBLASMp 0.8 on)
     and nvmath's operand B (``placement``: :meth:`._pipeline.Program.placement`).
     B is never put in symmetric memory by dmatmul: nvmath's helper for that
-    allocates on the NVSHMEM heap, which nvmath's Matmul does not use and
-    dmatmul does not start."""
+    allocates on the NVSHMEM heap, which dmatmul does not start (nvmath's
+    Matmul notices NVSHMEM-resident operands and then allocates its result
+    there, but cuBLASMp's overlap needs NCCL's symmetric memory)."""
     workspace: Literal["nccl", "unknown"]
     if version is not None and version >= 800:
         workspace, ws_why = "nccl", ""
