@@ -358,7 +358,7 @@ class Matmul:
         self.planned = True
         CALLS.append(("plan", {"epilog": None if epilog is None else epilog.name}))
 
-    def reset_operands(self, a: Any = None, b: Any = None, c: Any = None, *, alpha: Any = None, beta: Any = None,
+    def reset_operands(self, *, a: Any = None, b: Any = None, c: Any = None, alpha: Any = None, beta: Any = None,
                        epilog_inputs: Any = None, stream: Any = None) -> None:
         for i, (x, name) in enumerate(((a, "a"), (b, "b"), (c, "c"))):
             if x is None:
@@ -463,7 +463,7 @@ class HostMatmul:
         self.epilog = epilog
         CALLS.append(("host plan", {"epilog": None if epilog is None else epilog.name}))
 
-    def reset_operands(self, a: Any = None, b: Any = None, c: Any = None, *, alpha: Any = None, beta: Any = None,
+    def reset_operands(self, *, a: Any = None, b: Any = None, c: Any = None, alpha: Any = None, beta: Any = None,
                        epilog_inputs: Any = None, stream: Any = None) -> None:
         self.a = self.a if a is None else a
         self.b = self.b if b is None else b
