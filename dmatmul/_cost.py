@@ -53,18 +53,38 @@ _FORMAT_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class MachineModel:
-    """Latency (s/message), inverse bandwidth (s/byte) and inverse speed (s/flop) per rank."""
+    """Latency (s/message), inverse bandwidth (s/byte) and inverse speed (s/flop) per rank.
+
+    ``mem``: a rank's inverse local memory bandwidth (s/byte), the floor under
+    a GEMM that touches many bytes for its flops (a thin inner dimension: see
+    :meth:`gemm`); None takes ``beta`` (simulated CPU devices, whose
+    "communication" is a memory copy).
+    """
 
     alpha: float
     beta: float
     gamma: float
     source: str = "default"
+    mem: float | None = None
 
     def time(self, *, messages: float, nbytes: float, flops: float) -> float:
         return self.alpha * messages + self.beta * nbytes + self.gamma * flops
 
+    def gemm(self, flops: float, nbytes: float) -> float:
+        """One local GEMM: its flops, or the bytes it reads and writes where
+        those take longer (a roofline).
+
+        >>> m = MachineModel(alpha=0.0, beta=1e-9, gamma=1e-10)
+        >>> m.gemm(1e6, 1e3), m.gemm(1e6, 1e6)  # compute-bound, then memory-bound
+        (0.0001, 0.001)
+        """
+        return max(self.gamma * flops, (self.beta if self.mem is None else self.mem) * nbytes)
+
     def to_dict(self) -> dict[str, float]:
-        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
+        out = {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
+        if self.mem is not None:
+            out["mem"] = self.mem
+        return out
 
     def describe(self) -> str:
         """``alpha 20 us, beta 4.0 GB/s, gamma 20.0 GFLOP/s per rank (default)``."""
@@ -84,8 +104,8 @@ DEFAULT_MODELS: dict[str, MachineModel] = {
     "cpu/2": MachineModel(alpha=1e-5, beta=1 / 10e9, gamma=1 / 95e9),
     "cpu/4": MachineModel(alpha=5e-5, beta=1 / 8e9, gamma=1 / 44e9),
     "cpu/8": MachineModel(alpha=1.1e-4, beta=1 / 2.8e9, gamma=1 / 20e9),
-    "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12),
-    "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12),
+    "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 2e12),
+    "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 1e12),
 }
 
 _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
@@ -130,7 +150,8 @@ def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, Machine
         entries = data["models"]
         models = {
             str(name): MachineModel(
-                alpha=float(e["alpha"]), beta=float(e["beta"]), gamma=float(e["gamma"]), source=f"calibrated {p}"
+                alpha=float(e["alpha"]), beta=float(e["beta"]), gamma=float(e["gamma"]), source=f"calibrated {p}",
+                mem=float(e["mem"]) if e.get("mem") is not None else None,
             )
             for name, e in entries.items()
         }

@@ -27,7 +27,7 @@ from ._spec import ALGORITHMS
 
 __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
-    "role_dist", "kernel_cost", "on_grid_roles", "plans", "choose", "choose_distributions", "needs", "needs_message",
+    "role_dist", "kernel_cost", "gemm_calls", "model_time", "on_grid_roles", "plans", "choose", "choose_distributions", "needs", "needs_message",
     "dist_for_role", "stored_dims", "ALGORITHMS",
 ]
 
@@ -272,6 +272,54 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
     return 0.0, 0.0, flops
 
 
+def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, float], ...]:
+    """``(count, flops, bytes)`` of the local GEMMs a rank runs in ``kernel``:
+    ``bytes`` are the memory one call touches (its operands read, its output
+    written; an output accumulated into, step after step, read and written).
+    Their flops add up to :func:`kernel_cost`'s.
+
+    A ring whose travelling operand is split along K accumulates ``P`` GEMMs
+    of inner dimension K/P into the whole local result: for a thin K each is
+    bound by memory, not flops (:meth:`dmatmul._cost.MachineModel.gemm`).
+
+    >>> pr = Problem1D(4096, 4096, 32, 8, 4, 4)
+    >>> gemm_calls(pr, Kernel("allgather", "M", "K", "M", moving="b"))  # 8 steps of (512 x 4) @ (4 x 4096)
+    ((8, 16777216.0, 16850944.0),)
+    >>> gemm_calls(pr, Kernel("local", "M", "R", "M"))  # one (512 x 32) @ (32 x 4096)
+    ((1, 134217728.0, 8978432.0),)
+    """
+    m, n, k, p = problem.m, problem.n, problem.k, problem.p
+    roles = (kernel.a, kernel.b, kernel.d)
+    shapes: dict[str, tuple[int, float, float, float, bool]] = {  # count, m, n, k of one call, accumulating
+        "local": (1, m / p if kernel.a == "M" else m, n / p if kernel.b == "N" else n, k, False),
+        "allreduce": (1, m, n, k / p, False),
+        "reduce_scatter": (p, m / p, n, k / p, True) if kernel.d == "M" else (p, m, n / p, k / p, True),
+    }
+    shape: tuple[int, float, float, float, bool]
+    if roles == ("R", "R", "R"):
+        shape = (1, m, n, k, False)
+    elif kernel.algorithm == "allgather":
+        split_k = "K" in roles
+        shape = (p, m if kernel.a == "K" else m / p, n if kernel.b == "K" else n / p, k / p if split_k else k, split_k)
+    elif kernel.algorithm == "summa":
+        rows, cols = problem.grid or (1, p)
+        steps = max(rows, cols)  # a ring along the longer grid axis, one K panel a step
+        shape = (steps, m / rows, n / cols, k / steps, True)
+    else:
+        shape = shapes[kernel.algorithm]
+    count, mc, nc, kc, accumulate = shape
+    nbytes = (mc * kc + kc * nc) * problem.itemsize + mc * nc * problem.acc_itemsize * (2 if accumulate else 1)
+    return ((count, 2.0 * mc * nc * kc, nbytes),)
+
+
+def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
+               nbytes: float) -> float:
+    """A plan's modelled time: latency and bytes received, plus its local GEMMs
+    on the roofline (:func:`gemm_calls`)."""
+    local = sum(count * model.gemm(flops, touched) for count, flops, touched in gemm_calls(problem, kernel))
+    return model.alpha * messages + model.beta * nbytes + local
+
+
 def on_grid_roles(roles: dict[str, Role], grid_ops: Iterable[str]) -> dict[str, Role]:
     """The roles SUMMA sees: an operand laid out on the product's process grid
     (``grid_ops``) is ``"G"`` there, whatever 1-D role it has for the other
@@ -314,7 +362,8 @@ def plans(
         moves = tuple(mv for mv in candidates if mv.collective != "none")
         nbytes = kb + sum(mv.nbytes for mv in moves)
         messages = km + sum(mv.messages for mv in moves)
-        out.append(Plan(kernel, moves, kb, km, flops, model.time(messages=messages, nbytes=nbytes, flops=flops)))
+        out.append(Plan(kernel, moves, kb, km, flops, model_time(sized, kernel, model, messages=messages,
+                                                                 nbytes=nbytes)))
     order = {name: i for i, name in enumerate(ALGORITHMS)}
     out.sort(key=lambda pl: (pl.time, len(pl.moves), order[pl.algorithm]))
     return out

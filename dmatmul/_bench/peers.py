@@ -91,8 +91,7 @@ def plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> di
     facts["lower_bound_bytes"] = lb["memory_independent"]
     facts["regime"] = lb["regime"]
     if cost is not None:
-        model = _cost.model_for(platform_name, p)
-        facts["predicted_s"] = model.time(messages=cost.messages, nbytes=cost.nbytes, flops=cost.flops)
+        facts["predicted_s"] = float(cost.time)  # the plan's own model (the platform's, for its rank count)
         facts["modelled_bytes"] = float(cost.nbytes)
         facts["messages"] = float(cost.messages)
     return facts

@@ -44,7 +44,8 @@ def model_plan(
         mv = _plan.move(sizes, "d", gather_from, "R")
         moves += (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
     plan = _plan.Plan(kernel, moves, nbytes, messages, flops, time=0.0)
-    return dataclasses.replace(plan, time=MODEL.time(messages=plan.messages, nbytes=plan.nbytes, flops=flops))
+    return dataclasses.replace(plan, time=_plan.model_time(sizes, kernel, MODEL, messages=plan.messages,
+                                                           nbytes=plan.nbytes))
 
 
 def _dims(p: Problem, split: Container[str]) -> dict[str, DimPlan]:
