@@ -793,7 +793,8 @@ class JaxPlan:
     def _device_operand(self, x: Any, operand: str) -> jax.Array:
         """A jax.Array operand on this plan's devices (moved there only if it
         lives on other devices; an operand already laid out is used as it is)."""
-        x = jnp.asarray(x)
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            x = jnp.asarray(x)  # (a concrete jax.Array it returns as it is, at some cost per call)
         expressible = operand != "bias" and _layout.expressible(self.unpadded[operand])
         target = self.sharding(operand) if expressible else self.geom.replicated()
         if isinstance(x, jax.core.Tracer):
