@@ -498,6 +498,7 @@ class JaxPlan:
         )
         self.algorithm = self.plan.algorithm
         self._compiled: dict[str, Any] = {}
+        self._targets: dict[str, NamedSharding] = {}  # where each jax.Array operand goes (_device_operand)
 
     # -- planning -------------------------------------------------------------
     def _replicated_result(self, grid: ProcessGrid | None) -> str | None:
@@ -795,8 +796,10 @@ class JaxPlan:
         lives on other devices; an operand already laid out is used as it is)."""
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             x = jnp.asarray(x)  # (a concrete jax.Array it returns as it is, at some cost per call)
-        expressible = operand != "bias" and _layout.expressible(self.unpadded[operand])
-        target = self.sharding(operand) if expressible else self.geom.replicated()
+        target = self._targets.get(operand)
+        if target is None:  # made once per plan and operand: the same value each time
+            expressible = operand != "bias" and _layout.expressible(self.unpadded[operand])
+            target = self._targets[operand] = self.sharding(operand) if expressible else self.geom.replicated()
         if isinstance(x, jax.core.Tracer):
             # where it is is not known here: under jit a placement (its devices the trace's), under eager
             # grad or vjp a move of its value (committed to one device, say) onto the plan's devices
