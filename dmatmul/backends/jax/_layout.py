@@ -157,9 +157,15 @@ class Geometry:
         mesh, a user's, whose axis names and order mean nothing here)."""
         s = x.sharding
         mesh = getattr(s, "mesh", None)
-        if s.device_set == set(self.mesh.devices.flat) and (mesh is None or mesh == self.mesh):
+        if s.device_set == self._device_set and (mesh is None or mesh == self.mesh):
             return x
         return jax.device_put(x, sharding)
+
+    @functools.cached_property
+    def _device_set(self) -> frozenset[jax.Device]:
+        """The mesh's devices (a concrete mesh's), made once: :meth:`onto` asks at every call."""
+        assert isinstance(self.mesh, Mesh)
+        return frozenset(self.mesh.devices.flat)
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
         """This mesh as JAX's context for dmatmul's own computations on it, also
