@@ -438,6 +438,7 @@ class Matmul:
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
         self._given = _shapes(self._operands)
+        self._held = _held(self._operands)
 
     # -- lifecycle ----------------------------------------------------------
     def _live(self, what: str) -> None:
@@ -503,9 +504,18 @@ class Matmul:
         self._live("execute")
         if self._spec.spmd:
             refuse_trace_under_mpi()
-        for name in ("a", "b", "c", "bias"):
-            refuse_unusable(getattr(self._operands, name), name)
-        now = _shapes(self._operands)
+        ops = self._operands
+        for name in _OPERAND_NAMES:
+            x = getattr(ops, name)
+            if x is not None:  # (None has nothing to refuse)
+                refuse_unusable(x, name)
+        for name, shape, dtype in self._held:  # the common case, cheaply: the very shape and dtype objects
+            x = getattr(ops, name)
+            if x.dtype is not dtype or type(x.shape) is not tuple or x.shape != shape:
+                break
+        else:
+            return
+        now = _shapes(ops)
         for name, given in self._given.items():
             if now[name] != given:  # a numpy array's shape or dtype set in place
                 raise ValueError(
@@ -547,6 +557,7 @@ class Matmul:
             _runtime.require_same_call(shared, "Matmul.reset_operands")
         self._operands = new
         self._given = _shapes(new)
+        self._held = _held(new)
         if spec != self._spec:
             if self._plan is not None:
                 self._plan.free()
@@ -668,9 +679,18 @@ def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:
     return plan.algorithm, f"roles a:{kernel.a} b:{kernel.b} result:{kernel.d}" + (f"; moves {moves}" if moves else "")
 
 
+_OPERAND_NAMES = ("a", "b", "c", "bias")
+
+
 def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {name: (tuple(x.shape), np.dtype(x.dtype).name) for name in ("a", "b", "c", "bias")
+    return {name: (tuple(x.shape), np.dtype(x.dtype).name) for name in _OPERAND_NAMES
             if (x := getattr(ops, name)) is not None}
+
+
+def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:
+    """Each operand's shape and its dtype object as given: arrays that still hold
+    these have the (shape, dtype name) of :func:`_shapes` (others are compared by it)."""
+    return tuple((name, tuple(x.shape), x.dtype) for name in _OPERAND_NAMES if (x := getattr(ops, name)) is not None)
 
 
 def _ids(devices: Any) -> str:
