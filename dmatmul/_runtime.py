@@ -52,10 +52,21 @@ class Runtime:
 
 
 _state: Runtime | None = None
+_launched: int | None = None  # launched_size(), once read
 
 
 def launched_size() -> int:
-    """The process count a launcher announced in the environment (1 if none)."""
+    """The process count a launcher announced in the environment (1 if none).
+
+    Read at the first call and kept: a launcher sets it before the process
+    starts, and every product asks (:func:`active`)."""
+    global _launched
+    if _launched is None:
+        _launched = _read_launched_size()
+    return _launched
+
+
+def _read_launched_size() -> int:
     for var in _SIZE_VARS:
         value = os.environ.get(var)
         if value and value.isdigit():
