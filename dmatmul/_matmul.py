@@ -40,6 +40,7 @@ from ._spec import (
     as_matrix,
     check_devices,
     check_distribution,
+    dtype_name,
     family,
     native_order,
     refuse_trace_under_mpi,
@@ -171,9 +172,9 @@ def _check_local(
                     f"local block of {name}: its part of dm.split(global_{name}, distribution), e.g. "
                     f"{name}.addressable_shards[0].data for a Slab"
                 )
-    dtype = np.dtype(ops.a.dtype).name
-    if np.dtype(ops.b.dtype).name != dtype:
-        raise TypeError(_mixed_dtypes(dtype, np.dtype(ops.b.dtype).name))
+    dtype = dtype_name(ops.a.dtype)
+    if dtype_name(ops.b.dtype) != dtype:
+        raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype)))
     for name, flag in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
@@ -184,8 +185,8 @@ def _check_local(
         raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or 'bias'")
     if ops.c is not None:
         ops.c = as_matrix(ops.c, "c")
-        if np.dtype(ops.c.dtype).name != dtype:
-            raise TypeError(f"c must have the dtype of a and b ({dtype}), got {np.dtype(ops.c.dtype).name}")
+        if dtype_name(ops.c.dtype) != dtype:
+            raise TypeError(f"c must have the dtype of a and b ({dtype}), got {dtype_name(ops.c.dtype)}")
     if has_bias(epilog) and ops.bias is None:
         raise ValueError(f"epilog={epilog!r} needs bias=<vector of length M>, got bias=None")
     bias_length = None
@@ -195,11 +196,11 @@ def _check_local(
         refuse_unusable(ops.bias, "bias")
         if family(ops.bias) == "other":
             ops.bias = to_numpy(ops.bias, "bias")
-        if np.dtype(ops.bias.dtype).name not in DTYPES:
-            raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {np.dtype(ops.bias.dtype).name}")
+        if dtype_name(ops.bias.dtype) not in DTYPES:
+            raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {dtype_name(ops.bias.dtype)}")
         if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
             raise TypeError(
-                f"bias is complex ({np.dtype(ops.bias.dtype).name}) but a and b are real ({dtype}): its imaginary "
+                f"bias is complex ({dtype_name(ops.bias.dtype)}) but a and b are real ({dtype}): its imaginary "
                 "part would be lost; pass a real bias, or complex a and b"
             )
         ops.bias = native_order(ops.bias)
@@ -584,8 +585,8 @@ class Matmul:
                     "keeps its operands between calls, so a tracer would outlive its trace: call dm.matmul "
                     "inside the traced function instead"
                 )
-            got = (tuple(value.shape), np.dtype(value.dtype).name, family(value))
-            want = (tuple(old.shape), np.dtype(old.dtype).name, family(old))
+            got = (tuple(value.shape), dtype_name(value.dtype), family(value))
+            want = (tuple(old.shape), dtype_name(old.dtype), family(old))
             if got != want:
                 raise ValueError(
                     f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}"
@@ -683,7 +684,7 @@ _OPERAND_NAMES = ("a", "b", "c", "bias")
 
 
 def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {name: (tuple(x.shape), np.dtype(x.dtype).name) for name in _OPERAND_NAMES
+    return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
             if (x := getattr(ops, name)) is not None}
 
 

@@ -33,7 +33,7 @@ __all__ = [
     "DTYPES", "ALGORITHMS", "BACKEND_NAMES", "PRECISIONS",
     "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
     "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
-    "family", "as_matrix", "native_order", "Operands", "Spec", "check_distribution", "check_fit",
+    "family", "dtype_name", "as_matrix", "native_order", "Operands", "Spec", "check_distribution", "check_fit",
 ]
 
 DtypeName = Literal["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
@@ -99,6 +99,27 @@ def array_module(fam: str) -> Any:
 # --------------------------------------------------------------------------- #
 # operands
 # --------------------------------------------------------------------------- #
+_DTYPE_NAMES: dict[np.dtype[Any], tuple[np.dtype[Any], str]] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``np.dtype(dtype).name``, remembered per dtype object (numpy makes a name
+    anew, in Python, at every read: a few microseconds each call).
+
+    >>> dtype_name(np.float32), dtype_name(np.dtype("complex64")), dtype_name(np.dtype(">f8"))
+    ('float32', 'complex64', 'float64')
+    """
+    if not isinstance(dtype, np.dtype):
+        return np.dtype(dtype).name
+    held = _DTYPE_NAMES.get(dtype)
+    if held is not None and held[0] is dtype:  # this very object (an equal dtype may name itself otherwise)
+        return held[1]
+    name = dtype.name
+    if len(_DTYPE_NAMES) < 64:
+        _DTYPE_NAMES.setdefault(dtype, (dtype, name))
+    return name
+
+
 def family(x: Any) -> Family:
     """The array family of ``x``: "numpy", "jax" or "cupy" (without importing any), else "other"."""
     if isinstance(x, np.ndarray):
@@ -167,7 +188,7 @@ def as_matrix(x: Any, name: str) -> Any:
         x = to_numpy(x, name)
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix, got {x.ndim}-D array of shape {tuple(x.shape)}")
-    dt = np.dtype(x.dtype).name
+    dt = dtype_name(x.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{name} has dtype {dt}; supported dtypes: {', '.join(DTYPES)}")
     return native_order(x)
