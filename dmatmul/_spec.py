@@ -157,11 +157,19 @@ def in_jax_trace(*xs: Any) -> bool:
         return False
     if any(isinstance(x, jax.core.Tracer) for x in xs):
         return True
-    try:
-        from jax._src.core import trace_state_clean
-    except ImportError:  # pragma: no cover - a JAX without it
-        return False
-    return not trace_state_clean()
+    global _trace_state_clean
+    clean = _trace_state_clean
+    if clean is None:  # looked up once (an import statement at every call costs more than the answer)
+        try:
+            from jax._src.core import trace_state_clean
+        except ImportError:  # pragma: no cover - a JAX without it
+            _trace_state_clean = clean = False
+        else:
+            _trace_state_clean = clean = trace_state_clean
+    return clean is not False and not clean()
+
+
+_trace_state_clean: Any = None  # JAX's trace_state_clean, once in_jax_trace looked it up (False: this JAX has none)
 
 
 def refuse_trace_under_mpi(*xs: Any) -> None:
