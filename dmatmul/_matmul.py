@@ -68,9 +68,10 @@ def _mixed_dtypes(a: str, b: str) -> str:
 
 
 def _scalar(x: Any, name: str, dtype: str) -> complex:
-    if isinstance(x, bool) or not isinstance(x, numbers.Number):
+    plain = type(x) is float or type(x) is int  # (a real number, not a bool: the checks below, without the ABCs)
+    if not plain and (isinstance(x, bool) or not isinstance(x, numbers.Number)):
         raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__})")
-    if isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
+    if not plain and isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
         if not dtype.startswith("complex"):
             raise TypeError(f"{name}={x!r} is complex but the operands are {dtype}: use a real {name}")
         try:
@@ -79,7 +80,7 @@ def _scalar(x: Any, name: str, dtype: str) -> complex:
             raise ValueError(f"{name}={x!r} does not fit a complex double") from None
     try:
         # one value for one number whatever its type (ranks compare it): 1.0 and 1+0j alike for complex operands
-        return complex(x) if dtype.startswith("complex") else float(x)  # type: ignore[arg-type,call-overload]
+        return complex(x) if dtype.startswith("complex") else float(x)
     except OverflowError:
         raise ValueError(f"{name}={x!r} does not fit a double") from None
 
