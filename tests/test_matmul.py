@@ -401,6 +401,45 @@ def test_gradient_with_transposes_and_uneven_sizes():
     assert_close(np.asarray(gb), (2 * a.T.astype(np.float64).T @ d).T, "float32")
 
 
+G22, G41 = dm.ProcessGrid((2, 2)), dm.ProcessGrid((4, 1))
+
+
+@pytest.mark.parametrize("dists, batched", [
+    ((X, Y, X), "a"),  # a's sharding, rows over the 4 devices, given to the stack of 3 a's as it is
+    ((Y, X, Y), "b"),
+    ((dm.BlockNonCyclic(G22),) * 2 + (dm.BlockNonCyclic(G41),), "a"),  # the result re-laid onto its own grid
+])
+def test_eager_vmap_around_matmul(dists, batched):
+    """Found by the differential matrix: eager jax.vmap around dm.matmul (and
+    per-example gradients, vmap of grad) raised IndivisibleError where the
+    operand's distribution is a NamedSharding: JAX's device_put under vmap
+    applies the matrix's sharding to the stacked operand, splitting its batch
+    axis. Each matrix of the batch now comes back laid out as the result's
+    distribution says, the batch axis not split."""
+    rng = np.random.default_rng(12)
+    a, b, _ = operands(rng, 8, 8, 4, False, False)
+    stack = np.stack([a, 2 * a, -a]) if batched == "a" else np.stack([b, 2 * b, -b])
+    f = lambda x, y: dm.matmul(x, y, distribution=dists, devices=4)  # noqa: E731
+    args = (jnp.asarray(stack), jnp.asarray(b)) if batched == "a" else (jnp.asarray(a), jnp.asarray(stack))
+    in_axes = (0, None) if batched == "a" else (None, 0)
+    d = jax.vmap(f, in_axes=in_axes)(*args)
+    want = [reference(x, b) if batched == "a" else reference(a, x) for x in stack]
+    assert d.shape == (3, 8, 8)
+    for x, y in zip(np.asarray(d), want):
+        assert_close(x, y, "float32")
+    one = f(jnp.asarray(a), jnp.asarray(b))
+    shards = {s.device: s.index for s in d.addressable_shards}
+    assert {dev: (slice(None),) + index for dev, index in ((s.device, s.index) for s in one.addressable_shards)} \
+        == shards  # each matrix's blocks where the unbatched result has them
+    g = rng.standard_normal((8, 8)).astype(np.float32)
+    grads = jax.vmap(jax.grad(lambda x, y: jnp.sum(f(x, y) * g), argnums=0 if batched == "a" else 1),
+                     in_axes=in_axes)(*args)
+    want = g.astype(np.float64) @ b.T.astype(np.float64) if batched == "a" else \
+        a.T.astype(np.float64) @ g.astype(np.float64)  # the same for every matrix of the batch
+    for grad in np.asarray(grads):
+        assert_close(grad, want, "float32")
+
+
 def test_tolerances_are_meaningful():
     # guard against a tolerance table that would accept anything
     assert all(t < 0.05 for t in TOLERANCE.values())

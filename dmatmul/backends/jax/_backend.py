@@ -72,6 +72,26 @@ def _tracing(operands: Operands) -> bool:
     return in_jax_trace(operands.a, operands.b, operands.c, operands.bias)
 
 
+def _in_vmap() -> bool:
+    """Whether a ``jax.vmap`` is tracing now: its values carry a batch axis that
+    the product's shardings do not name, and JAX's ``device_put`` applies a
+    sharding to the batched value as given (splitting the batch axis, or
+    refusing where its length does not divide), unlike ``with_sharding_constraint``
+    and ``jit``'s shardings, which skip it. JAX says so only privately: without
+    that answer, False."""
+    try:
+        from jax._src.core import trace_ctx
+        from jax._src.interpreters.batching import BatchTrace
+    except ImportError:  # pragma: no cover - a JAX without them
+        return False
+    trace = trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, BatchTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
+
+
 def _type_mesh(x: Any) -> AbstractMesh | None:
     """The mesh in a traced value's type (a committed array's, Explicit axes
     or Auto), None where its type names none."""
@@ -548,7 +568,10 @@ class JaxPlan:
         geom = self._result_geometry(None)
         if in_jax_trace(d) and tuple(geom.mesh.devices.flat) != tuple(self.geom.mesh.devices.flat):
             return d  # one trace lists its devices in one order: the result stays as computed (Slab.X) there
-        return jax.device_put(d, geom.sharding(_layout.placement_of(dist, geom, shape, (None, None))))
+        sharding = geom.sharding(_layout.placement_of(dist, geom, shape, (None, None)))
+        if _in_vmap():  # each matrix of the batch re-laid (the result is on these devices already)
+            return jax.lax.with_sharding_constraint(d, sharding)
+        return jax.device_put(d, sharding)
 
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
@@ -802,8 +825,10 @@ class JaxPlan:
             target = self._targets[operand] = self.sharding(operand) if expressible else self.geom.replicated()
         if isinstance(x, jax.core.Tracer):
             # where it is is not known here: under jit a placement (its devices the trace's), under eager
-            # grad or vjp a move of its value (committed to one device, say) onto the plan's devices
-            return jax.device_put(x, target)
+            # grad or vjp a move of its value (committed to one device, say) onto the plan's devices; under
+            # vmap onto them whole (a sharding of the matrix would split the batch axis): the jitted
+            # product lays out each matrix of the batch
+            return jax.device_put(x, self.geom.replicated() if _in_vmap() else target)
         return self.geom.onto(x, target)
 
     def execute(self, operands: Operands) -> Any:
