@@ -408,6 +408,44 @@ def test_constants_inside_the_users_jit(kind, order, context):
         assert_close(np.asarray(d), 2 * want, "float32")
 
 
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_derivatives_inside_jit_of_closed_over_operands(kind):
+    """Found by the differential matrix: jax.vjp and jax.jvp around dm.matmul
+    inside the user's jit, of operands the jit closes over (constants of the
+    trace, on the user's mesh). Their tangents hide the arrays, and the trace
+    names no devices: dmatmul took the mesh from their types (abstract), and
+    XLA compiled the product for one device ("No registered implementation
+    for untyped custom call to xla.sdy.GlobalToLocalShape for Host"; on
+    Explicit axes JAX's "Please enter your jit into a mesh context"). The
+    concrete arrays behind the tangents now name the mesh."""
+    mesh = mesh_of(kind)
+    a, b = put(A, mesh, P(AXES, None)), put(B, mesh, P())
+    dists = (X, R, dm.BlockNonCyclic(GRID_ROW))
+    f = lambda x, y: dm.matmul(x, y, distribution=dists)  # noqa: E731
+    g = RNG.standard_normal((16, 24)).astype(np.float32)
+    gd = put(g, mesh, P("data", "model"))  # as the result is (a user's cotangent comes from its consumer)
+    d, (ga, gb) = jax.jit(lambda: (lambda out, pull: (out, pull(gd)))(*jax.vjp(f, a, b)))()
+    assert d.sharding.mesh == mesh and ga.sharding.mesh == mesh, (d.sharding, ga.sharding)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert_close(np.asarray(ga), g.astype(np.float64) @ B.T.astype(np.float64), "float32")
+    assert_close(np.asarray(gb), A.T.astype(np.float64) @ g.astype(np.float64), "float32")
+    ta, tb = put(2 * A, mesh, P(AXES, None)), put(-B, mesh, P())
+    d, t = jax.jit(lambda: jax.jvp(f, (a, b), (ta, tb)))()
+    assert_close(np.asarray(t), reference(2 * A, B) + reference(A, -B), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_eager_jvp_of_an_empty_product_on_the_users_mesh(kind):
+    """K = 0: the result (zeros) depends on a and b all the same, so that its
+    tangent is a zero dmatmul places on the user's mesh, not one JAX makes
+    from a type alone (which it cannot on Explicit axes outside set_mesh)."""
+    mesh = mesh_of(kind)
+    a, b = put(np.ones((16, 0), np.float32), mesh, P()), put(np.ones((0, 24), np.float32), mesh, P())
+    d, t = jax.jvp(lambda x, y: dm.matmul(x, y, distribution=(R, R, dm.BlockNonCyclic(GRID_ROW))), (a, b), (a, b))
+    for x in (d, t):
+        assert x.sharding == NamedSharding(mesh, P("data", "model")) and not np.asarray(x).any(), x.sharding
+
+
 def test_eager_transformations_of_operands_committed_to_one_device():
     """Eager jax.grad around dm.matmul: operands committed to one device (the
     traced value's and the constant's) move onto the plan's devices; gradients

@@ -92,6 +92,19 @@ def _in_vmap() -> bool:
     return False
 
 
+def _concrete(x: Any) -> Any:
+    """``x``, or the concrete array a tracer stands for where JAX has one (the
+    primal of ``jvp``/``vjp`` around a constant of a trace, or an eager value),
+    else None."""
+    if not isinstance(x, jax.core.Tracer):
+        return x
+    try:
+        from jax._src.core import to_concrete_value
+    except ImportError:  # pragma: no cover - a JAX without it
+        return None
+    return to_concrete_value(x)
+
+
 def _type_mesh(x: Any) -> AbstractMesh | None:
     """The mesh in a traced value's type (a committed array's, Explicit axes
     or Auto), None where its type names none."""
@@ -120,8 +133,11 @@ def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
     Inside a trace (``jit``, ``grad``...) the operands' types or the context
     may name only an *abstract* mesh (no devices): the traced computation's
     own devices, in its own order, then stand for the ranks
-    (:meth:`JaxPlan._traced_function`)."""
-    for x in (operands.a, operands.b, operands.c):
+    (:meth:`JaxPlan._traced_function`). The arrays behind ``jvp``'s and
+    ``vjp``'s tracers (eager values, constants of a ``jit``) name their mesh
+    as the arrays themselves do: a ``jit`` of constants has no devices of its
+    own to stand for the ranks."""
+    for x in map(_concrete, (operands.a, operands.b, operands.c)):
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             sharding = x.sharding
             if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.size > 1:
@@ -335,12 +351,12 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     if 0 in shape:
         dist = Replicated()
     if _traced(operands) and mesh is not None:
-        if isinstance(mesh, AbstractMesh):
-            # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
-            # devices. Their sums keep them, adding nothing: with K = 0 both are empty (sums 0); else the
-            # result is (M or N = 0)
-            for x in (operands.a, operands.b):
-                d = d + jnp.sum(jnp.asarray(x)).astype(d.dtype)
+        # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
+        # devices (an abstract mesh's); and under jvp a result that depends on neither gets a tangent JAX makes
+        # from its type alone (on its default device; on Explicit axes outside set_mesh, none). Their sums
+        # keep them, adding nothing: with K = 0 both are empty (sums 0); else the result is (M or N = 0)
+        for x in (operands.a, operands.b):
+            d = d + jnp.sum(jnp.asarray(x)).astype(d.dtype)
         return _typed_on(d, _on_mesh(dist, mesh, shape))
     if isinstance(mesh, Mesh):
         return jax.device_put(d, _on_mesh(dist, mesh, shape))
