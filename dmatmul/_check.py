@@ -917,8 +917,11 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
             else:
                 import jax
 
+                # as off a mesh: the jax operands the jit's arguments, numpy ones closed over
+                traced = {name: x for name, x in (("a", a), ("b", b), ("c", c)) if family(x) == "jax"}
                 with jax.set_mesh(mesh) if on.call == "jit under set_mesh" else contextlib.nullcontext():
-                    d = jax.jit(lambda: call(a, b, c))() if on.call == "jit on constants" else jax.jit(call)(a, b, c)
+                    d = jax.jit(lambda: call(a, b, c))() if on.call == "jit on constants" else \
+                        jax.jit(lambda ops: call(**{"a": a, "b": b, "c": c, **ops}))(traced)
                 results.append(("", d, refs[0]))
     except Exception as e:  # noqa: BLE001 - every exception is classified
         if any(r.matches(e) for r in required + allowed):

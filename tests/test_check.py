@@ -618,3 +618,16 @@ def test_a_drawn_dimension_catches_what_it_covers(monkeypatch, broken):
         outs = [ck.run_case(c, rng_seed=3) for c in cases]
     assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
         [(o.message, o.describe()) for o in outs]
+
+
+@pytest.mark.parametrize("call", ["jit", "jit under set_mesh"])
+def test_numpy_operands_of_a_jit_on_a_mesh_are_closed_over(call):
+    """Found by dmatmul check --seed 5 (case 167): inside jax.jit on a user's
+    mesh, as off one, only the jax operands are the jit's arguments; a numpy
+    one (byte-swapped here, which JAX refuses as an argument) is a constant."""
+    pytest.importorskip("jax")
+    on = ck.OnMesh(shape=(6,), explicit=True, reversed=False, call=call, placements=("grid", "cols", "none"))
+    case = _case(nranks=6, m=35, n=40, k=27, transpose_a=True, distributions=None, alpha=-1.5, family="jax",
+                 families=("numpy", "jax", "numpy"), layouts=("byte-swapped", "C", "C", "C"), on_mesh=on)
+    out = ck.run_case(case, rng_seed=1)
+    assert out.status == "passed", (out.message, out.describe())
