@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "TOLERANCE", "wide", "gelu_tanh", "reference", "error_ratio", "finite_scale", "assert_close", "random_matrix",
-    "add_specials",
+    "TOLERANCE", "wide", "gelu_tanh", "gelu_tanh_grad", "reference", "reference_vjp", "reference_jvp", "error_ratio",
+    "finite_scale", "assert_close", "random_matrix", "add_specials",
 ]
 
 #: max |d - ref| allowed, relative to max(1, max |ref|) (accumulation in >= f32)
@@ -36,23 +36,124 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    """The derivative of :func:`gelu_tanh`.
+
+    >>> x = np.array([-2.0, -0.3, 0.0, 0.7, 3.0]); h = 1e-6
+    >>> bool(np.allclose(gelu_tanh_grad(x), (gelu_tanh(x + h) - gelu_tanh(x - h)) / (2 * h), atol=1e-8))
+    True
+    """
+    s = math.sqrt(2 / math.pi)
+    t = np.tanh(s * (x + 0.044715 * x**3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * 0.044715 * x * x)
+
+
+def _preactivation(
+    a: Any, b: Any, c: Any, *, alpha: complex, beta: complex, transpose_a: bool, transpose_b: bool,
+    epilog: str | None, bias: Any,
+) -> np.ndarray:
+    """``Z = alpha * op(a) @ op(b) + beta * c + bias`` in float64/complex128 (C not read where beta = 0)."""
+    a, b = wide(a), wide(b)
+    with np.errstate(invalid="ignore"):  # inf - inf, 0 * inf in operands with inf/NaN: NaN, as it should
+        z = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
+        if c is not None and beta != 0:
+            z = z + beta * wide(c)
+        if epilog and epilog.endswith("bias"):
+            z = z + wide(bias).reshape(-1, 1)
+    return z
+
+
+def _activation_grad(z: np.ndarray, epilog: str | None, relu_at_zero: float) -> np.ndarray | float:
+    """``act'(Z)``: relu's is 1 where Z > 0, 0 where Z < 0 and ``relu_at_zero`` where Z is exactly 0,
+    gelu's the tanh approximation's derivative, 1 without an activation."""
+    if epilog in ("relu", "relu_bias"):
+        return np.where(z > 0, 1.0, np.where(z == 0, relu_at_zero, 0.0))
+    if epilog in ("gelu", "gelu_bias"):
+        return gelu_tanh_grad(z)
+    return 1.0
+
+
 def reference(
     a: Any, b: Any, c: Any = None, *, alpha: complex = 1.0, beta: complex = 0.0,
     transpose_a: bool = False, transpose_b: bool = False, epilog: str | None = None, bias: Any = None,
 ) -> np.ndarray:
     """``epilog(alpha * op(a) @ op(b) + beta * c + bias)`` in float64/complex128."""
-    a, b = wide(a), wide(b)
-    with np.errstate(invalid="ignore"):  # inf - inf, 0 * inf in operands with inf/NaN: NaN, as it should
-        d = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
-        if c is not None and beta != 0:
-            d = d + beta * wide(c)
-        if epilog and epilog.endswith("bias"):
-            d = d + wide(bias).reshape(-1, 1)
+    d = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
+                       epilog=epilog, bias=bias)
+    with np.errstate(invalid="ignore"):
         if epilog in ("relu", "relu_bias"):
             d = np.maximum(d, 0)
         elif epilog in ("gelu", "gelu_bias"):
             d = gelu_tanh(d)
     return d
+
+
+def reference_vjp(
+    a: Any, b: Any, c: Any, g: Any, *, alpha: complex = 1.0, beta: complex = 0.0, transpose_a: bool = False,
+    transpose_b: bool = False, epilog: str | None = None, bias: Any = None, relu_at_zero: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """The gradients of :func:`reference`'s product for the cotangent ``g``
+    (float64/complex128), as ``jax.vjp`` defines them: ``dZ = g * act'(Z)``,
+    ``d op(A) = alpha dZ op(B)^T``, ``d op(B) = alpha op(A)^T dZ`` (plain
+    transposes: the vjp of a holomorphic function is its linear transpose, no
+    conjugation), ``dC = beta dZ`` (zero where beta = 0: C is not read) and
+    ``dbias`` the row sums of ``dZ`` in bias's shape (their real part for a
+    real bias of complex operands). Keys: "a", "b", "c" (where ``c`` is given)
+    and "bias" (where the epilog has one). relu has no derivative at 0: where
+    Z is exactly 0 its ``act'`` is ``relu_at_zero`` (``jax.nn.relu`` takes 0,
+    ``jnp.maximum(z, 0)`` 0.5; half-precision data meets exact zeros, as C and
+    bias cancel).
+
+    >>> a, b, g = np.arange(6.0).reshape(2, 3), np.ones((3, 2)), np.array([[1.0, 0.0], [0.0, 2.0]])
+    >>> grads = reference_vjp(a, b, None, g, alpha=2.0)
+    >>> grads["a"].tolist(), grads["b"].tolist()
+    ([[2.0, 2.0, 2.0], [4.0, 4.0, 4.0]], [[0.0, 12.0], [2.0, 16.0], [4.0, 20.0]])
+    """
+    z = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
+                       epilog=epilog, bias=bias)
+    dz = wide(g) * _activation_grad(z, epilog, relu_at_zero)
+    opa, opb = (wide(a).T if transpose_a else wide(a)), (wide(b).T if transpose_b else wide(b))
+    d_opa, d_opb = alpha * (dz @ opb.T), alpha * (opa.T @ dz)
+    out = {"a": d_opa.T if transpose_a else d_opa, "b": d_opb.T if transpose_b else d_opb}
+    if c is not None:
+        out["c"] = beta * dz if beta != 0 else np.zeros_like(dz)
+    if epilog and epilog.endswith("bias"):
+        bias = np.asarray(bias)
+        rows = dz.sum(axis=1)
+        if bias.dtype.kind != "c":
+            rows = rows.real
+        out["bias"] = rows.reshape(bias.shape)
+    return out
+
+
+def reference_jvp(
+    a: Any, b: Any, c: Any, tangents: dict[str, Any], *, alpha: complex = 1.0, beta: complex = 0.0,
+    transpose_a: bool = False, transpose_b: bool = False, epilog: str | None = None, bias: Any = None,
+    relu_at_zero: float = 0.0,
+) -> np.ndarray:
+    """The tangent of :func:`reference`'s product for ``tangents`` of some of
+    "a", "b", "c", "bias" (the others' tangents are zero), float64/complex128:
+    ``act'(Z) * (alpha (op(dA) op(B) + op(A) op(dB)) + beta dC + dbias)``
+    (dC not read where beta = 0; relu's ``act'`` at an exact 0 of Z as in
+    :func:`reference_vjp`).
+
+    >>> a, b = np.arange(6.0).reshape(2, 3), np.ones((3, 2))
+    >>> reference_jvp(a, b, None, {"b": np.eye(3)[:, :2]}).tolist()
+    [[0.0, 1.0], [3.0, 4.0]]
+    """
+    z = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
+                       epilog=epilog, bias=bias)
+    op = lambda x, t: wide(x).T if t else wide(x)  # noqa: E731
+    dz = np.zeros_like(z)
+    if "a" in tangents:
+        dz = dz + alpha * (op(tangents["a"], transpose_a) @ op(b, transpose_b))
+    if "b" in tangents:
+        dz = dz + alpha * (op(a, transpose_a) @ op(tangents["b"], transpose_b))
+    if "c" in tangents and beta != 0:
+        dz = dz + beta * wide(tangents["c"])
+    if "bias" in tangents and epilog and epilog.endswith("bias"):
+        dz = dz + wide(tangents["bias"]).reshape(-1, 1)
+    return _activation_grad(z, epilog, relu_at_zero) * dz
 
 
 def finite_scale(want: np.ndarray) -> float:

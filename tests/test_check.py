@@ -449,6 +449,106 @@ def test_the_check_module_needs_only_numpy():
 
 
 # --------------------------------------------------------------------------- #
+# the transforms' oracle (numpy) against JAX's own derivatives of a plain jnp product
+# --------------------------------------------------------------------------- #
+def _plain_jnp(jnp, jax, *, alpha, beta, transpose_a, transpose_b, epilog, relu):
+    """``epilog(alpha op(a) op(b) + beta c + bias)`` in plain jax.numpy (relu: ``jax.nn.relu`` or ``jnp.maximum``)."""
+    def f(a, b, c, bias):
+        z = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
+        if c is not None and beta != 0:
+            z = z + beta * c
+        if epilog and epilog.endswith("bias"):
+            z = z + bias.reshape(-1)[:, None].astype(z.dtype)
+        if epilog in ("relu", "relu_bias"):
+            z = jax.nn.relu(z) if relu == "jax.nn.relu" else jnp.maximum(z, 0)
+        elif epilog in ("gelu", "gelu_bias"):
+            z = jax.nn.gelu(z, approximate=True)
+        return z
+    return f
+
+
+@pytest.mark.parametrize("dtype, epilog, ta, tb, beta, bias_shape, bias_dtype", [
+    ("float64", None, False, False, 0.0, None, None),
+    ("float64", "relu", True, False, 1.5, None, None),
+    ("float64", "gelu", False, True, -0.5, None, None),
+    ("float64", "relu_bias", True, True, 0.0, (5,), "float64"),
+    ("float64", "gelu_bias", False, False, 2.0, (5, 1), "float32"),
+    ("complex128", "bias", True, False, 0.5 + 1j, (5,), "complex128"),
+    ("complex128", "bias", False, True, 1.0, (5, 1), "float64"),  # a real bias of complex operands: Re of its sum
+    ("complex128", None, True, True, 0.0, None, None),
+])
+def test_the_transform_oracle_is_jaxs_derivative(dtype, epilog, ta, tb, beta, bias_shape, bias_dtype):
+    """reference_vjp and reference_jvp (numpy) give what jax.vjp and jax.jvp
+    give for the same product written in plain jax.numpy, in 64 bits."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from dmatmul._reference import random_matrix, reference, reference_jvp, reference_vjp
+
+    rng = np.random.default_rng(11)
+    m, n, k = 5, 4, 3
+    alpha = 0.5 - 0.25j if dtype.startswith("complex") else -1.5
+    a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
+    b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
+    c = random_matrix(rng, (m, n), dtype)
+    bias = random_matrix(rng, bias_shape, bias_dtype) if bias_shape else None
+    kw = dict(alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog)
+    g = random_matrix(rng, (m, n), dtype)
+    names = ("a", "b", "c") + (("bias",) if bias is not None else ())
+    primals = {"a": a, "b": b, "c": c, "bias": bias}
+    tangents = {name: random_matrix(rng, primals[name].shape, primals[name].dtype.name) for name in names}
+    with jax.enable_x64(True):
+        f = _plain_jnp(jnp, jax, relu="jax.nn.relu", **kw)
+        fn = lambda *xs: f(**{**{"bias": None}, **dict(zip(names, xs))})  # noqa: E731
+
+        @jax.jit  # one compilation, not one per operation
+        def derivatives(args, g, ts):
+            out, pull = jax.vjp(fn, *args)
+            return out, pull(g), jax.jvp(fn, args, ts)[1]
+
+        out, grads, tangent = derivatives(tuple(jnp.asarray(primals[name]) for name in names), jnp.asarray(g),
+                                          tuple(jnp.asarray(tangents[n]) for n in names))
+    want = reference_vjp(a, b, c, g, bias=bias, **kw)
+    assert set(want) == set(names)
+    np.testing.assert_allclose(np.asarray(out), reference(a, b, c, bias=bias, **kw), rtol=1e-12, atol=1e-12)
+    for name, got in zip(names, grads):
+        assert got.shape == want[name].shape and got.dtype == primals[name].dtype, name
+        np.testing.assert_allclose(np.asarray(got), want[name], rtol=1e-6 if name == "bias" else 1e-12,
+                                   atol=1e-6 if bias_dtype == "float32" else 1e-12, err_msg=name)
+    np.testing.assert_allclose(np.asarray(tangent), reference_jvp(a, b, c, tangents, bias=bias, **kw),
+                               rtol=1e-6 if bias_dtype == "float32" else 1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("relu, at_zero", [("jax.nn.relu", 0.0), ("jnp.maximum", 0.5)])
+def test_the_transform_oracle_at_relus_kink(relu, at_zero):
+    """Where Z is exactly 0, relu's derivative is a convention: relu_at_zero
+    gives each library's (C and bias cancel in some entries here)."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from dmatmul._reference import reference_jvp, reference_vjp
+
+    a, b = np.zeros((3, 2)), np.ones((2, 4))
+    c = np.array([[1.0, -1.0, 2.0, 0.5]] * 3)
+    bias = np.array([-1.0, 1.0, 0.5])  # Z = c + bias: zeros in rows 0 and 1
+    kw = dict(alpha=1.0, beta=1.0, epilog="relu_bias")
+    f = _plain_jnp(jnp, jax, relu=relu, transpose_a=False, transpose_b=False, **kw)
+    g = np.arange(12.0).reshape(3, 4) + 1
+    with jax.enable_x64(True):
+        @jax.jit
+        def derivatives(c, bias, g):
+            fn = lambda c, bias: f(a, b, c, bias)  # noqa: E731
+            return jax.vjp(fn, c, bias)[1](g), jax.jvp(fn, (c, bias), (g, jnp.ones(3)))[1]
+
+        (dc, dbias), t = derivatives(jnp.asarray(c), jnp.asarray(bias), jnp.asarray(g))
+    want = reference_vjp(a, b, c, g, bias=bias, relu_at_zero=at_zero, **kw)
+    np.testing.assert_allclose(np.asarray(dc), want["c"])
+    np.testing.assert_allclose(np.asarray(dbias), want["bias"])
+    np.testing.assert_allclose(np.asarray(t), reference_jvp(a, b, c, {"c": g, "bias": np.ones(3)}, bias=bias,
+                                                            relu_at_zero=at_zero, **kw))
+    other = reference_vjp(a, b, c, g, bias=bias, relu_at_zero=1.0 if at_zero == 0 else 0.0, **kw)
+    assert not np.allclose(other["c"], want["c"])  # the data meets the kink
+
+
+# --------------------------------------------------------------------------- #
 # dmatmul check
 # --------------------------------------------------------------------------- #
 def _check_cli(*args: str, patch: str = "") -> subprocess.CompletedProcess[str]:
