@@ -9,7 +9,8 @@ dmatmul check`` (every rank draws the same cases and passes its own blocks).
   ``choice(seq)``, ``integer(lo, hi)`` (both ends included) and ``boolean()``.
   Choices are ordered simplest first, so a shrinking chooser shrinks towards
   float32, Slab.X, small sizes, no transposes, "auto".
-* :func:`run_case` builds the operands, calls :func:`dmatmul.matmul` and
+* :func:`run_case` builds the operands, calls :func:`dmatmul.matmul` (or a
+  JAX transformation of it: :class:`Transform`) and
   classifies the :class:`Outcome`: ``passed``, ``refused`` (an error the case
   expects: see :meth:`Case.refusals`) or ``failed`` (wrong numbers, wrong
   shape, dtype or array family of the result, a read-only numpy result, a
@@ -38,11 +39,14 @@ from . import _plan, _runtime
 from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
 from ._epilogue import EPILOGS, EpilogName, has_bias
 from ._spec import ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, PrecisionName, family
-from ._reference import add_specials, error_ratio, finite_scale, random_matrix, reference
+from ._reference import (
+    TOLERANCE, add_specials, error_ratio, finite_scale, random_matrix, reference, reference_jvp, reference_vjp,
+)
 
 __all__ = [
     "Chooser", "NumpyChooser", "Case", "Outcome", "Refusal", "Reset", "draw_case", "run_case", "combine", "report",
     "LAYOUT_FAMILIES", "NRANKS", "OnMesh", "PLACEMENTS", "CALLS", "LAYOUTS", "BIAS_KINDS", "lay_out", "rand",
+    "Transform", "TRANSFORMS",
 ]
 
 #: the rank counts the matrix covers in one process (each has its own grid shapes; 5 and 7 are prime)
@@ -185,12 +189,18 @@ class OnMesh:
         names = ("data", "model")[: len(self.shape)]
         return not rows + cols or rows + cols == names or cols + rows == names
 
-    def put(self, x: Any, mesh: Any, placement: str) -> Any:
-        """``x`` on ``mesh`` (this mesh, built) as ``placement`` says (unsplit where that would not split evenly)."""
+    def put(self, x: Any, mesh: Any, placement: str, batch_axis: int | None = None) -> Any:
+        """``x`` on ``mesh`` (this mesh, built) as ``placement`` says (unsplit where that would not split evenly);
+        a stack of matrices along ``batch_axis`` with each matrix so placed, the batch axis not split."""
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
-        spec = (axes or None for axes in self.spec(placement, x.shape))
+        shape = list(x.shape)
+        if batch_axis is not None:
+            del shape[batch_axis]
+        spec: list[Any] = [axes or None for axes in self.spec(placement, shape)]
+        if batch_axis is not None:
+            spec.insert(batch_axis, None)
         return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
 
@@ -213,6 +223,41 @@ class Reset:
         args = [f"{name}={src}" for name, src in zip(self.operands, new)]
         args += [f"{name}={v!r}" for name, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
         return f"mm.reset_operands({', '.join(args)})"
+
+
+#: the JAX transformations drawn around dm.matmul (:class:`Transform`)
+TRANSFORMS = ("vjp", "jvp", "vmap")
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """A JAX transformation around ``dm.matmul`` (one process, jax.Array
+    operands), over the case's jax operands (:attr:`Case.traced`):
+
+    * ``"vjp"``: ``jax.vjp`` for a random cotangent of the result's shape and
+      dtype: the primal result and a gradient for each (checked against
+      :func:`dmatmul._reference.reference_vjp`);
+    * ``"jvp"``: ``jax.jvp`` for random tangents of each: the primal result
+      and its tangent (:func:`dmatmul._reference.reference_jvp`);
+    * ``"vmap"``: ``jax.vmap`` over ``batched`` (a or b), stacked ``size``
+      times along its ``axis`` (0: leading, 2: trailing), the other operands
+      unbatched; the result has the batch axis first, each of its matrices
+      laid out as a result of the case is (checked against numpy, one product
+      per batch element). On a user's mesh the batched operand is placed as
+      its matrices would be, the batch axis not split.
+
+    The case's call (eager, ``jit``, on a user's mesh...) wraps the
+    transformation: ``jax.jit(lambda ...: jax.vjp(...))``."""
+
+    kind: str  # one of TRANSFORMS
+    batched: str = "a"  # vmap: the operand with a batch axis
+    size: int = 2  # vmap: its length
+    axis: int = 0  # vmap: its position in the batched operand
+
+    def describe(self) -> str:
+        if self.kind == "vmap":
+            return f"jax.vmap over {self.batched}'s axis {self.axis} ({self.size})"
+        return f"jax.{self.kind}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +292,7 @@ class Case:
     device_ids: tuple[int, ...] | None = None  # devices=[jax.devices()[i] for i in device_ids], not devices=nranks
     jit: bool = False  # dm.matmul inside jax.jit, jax operands its arguments (not on a mesh: it has its own calls)
     reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
+    transform: Transform | None = None  # a JAX transformation around dm.matmul (one process, jax operands)
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -279,6 +325,14 @@ class Case:
     def family_of(self, name: str) -> str:
         """The array family of operand ``name`` (a, b or c)."""
         return self.family if self.families is None else self.families["abc".index(name)]
+
+    @property
+    def traced(self) -> tuple[str, ...]:
+        """The operands a :class:`Transform` is taken over: the jax.Arrays
+        among a, b, c (where given) and bias (where it is one), in that order;
+        the others are closed over."""
+        names = [n for n in ("a", "b") + ("c",) * self.use_c if self.family_of(n) == "jax"]
+        return tuple(names) + ("bias",) * (self.has_bias and self.bias_kind == "jax")
 
     # -- what is expected ----------------------------------------------------------
     @property
@@ -402,6 +456,8 @@ class Case:
             steps = ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new),
                                                "d3 = mm.execute()"]
             line = f"with dm.Matmul({', '.join(args + kw)}) as mm: {'; '.join(steps)}"
+        elif self.transform is not None and not mpi:
+            line = self._transformed_line(args, kw, operand)
         elif self.jit and not mpi and self.on_mesh is None:  # jax operands its arguments, numpy ones constants
             traced = [name for name in "abc"[: len(args)] if self.family_of(name) == "jax"]
             inside = [name if name in traced else arg for name, arg in zip("abc", args)]
@@ -412,8 +468,47 @@ class Case:
         if mpi:
             line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
         elif self.on_mesh is not None:
-            line += f"  # {self.on_mesh.describe()} (no devices=)"
+            batched = " (the batch axis not split)" if self.transform and self.transform.kind == "vmap" else ""
+            line += f"  # {self.on_mesh.describe()}{batched} (no devices=)"
         return line
+
+    def _transformed_line(self, args: list[str], kw: list[str], operand: Any) -> str:
+        """The line of a case with a :class:`Transform`: the transformation of a
+        lambda of the traced operands (:attr:`traced`), jitted where the case is."""
+        t = self.transform
+        assert t is not None
+        names = self.traced
+        shapes = {"a": self.a_shape, "b": self.b_shape, "c": (self.m, self.n), "bias": self.bias_shape}
+        inner = [name if name in names else arg for name, arg in zip("abc", args)]
+        inner_kw = ["bias=bias" if k.startswith("bias=") and "bias" in names else k for k in kw]
+        f = f"lambda {', '.join(names)}: dm.matmul({', '.join(inner + inner_kw)})"
+        given = dict(zip("abc", args))
+        if self.has_bias:
+            given["bias"] = operand("bias", self.bias_shape)
+
+        def tup(items: Sequence[str]) -> str:
+            return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+        ns = ", ".join(names)
+        jit = self.jit and self.on_mesh is None
+        if t.kind == "vjp":
+            prims = ", ".join(given[n] for n in names)
+            cot = f"rand({(self.m, self.n)!r}, {self.dtype!r}, 'jax', seed=2)"
+            if jit:
+                return f"jax.jit(lambda {ns}, g: jax.vjp({f}, {ns})[1](g))({prims}, {cot})"
+            return f"jax.vjp({f}, {prims})[1]({cot})"
+        if t.kind == "jvp":
+            prims = tup([given[n] for n in names])
+            tans = tup([operand(n, shapes[n], seed=2 + i) for i, n in enumerate(names)])
+            if jit:
+                return f"jax.jit(lambda p, t: jax.jvp({f}, p, t))({prims}, {tans})"
+            return f"jax.jvp({f}, {prims}, {tans})"
+        shape = list(shapes[t.batched])
+        shape.insert(t.axis, t.size)
+        prims = ", ".join(operand(n, tuple(shape)) if n == t.batched else given[n] for n in names)
+        in_axes = tuple(t.axis if n == t.batched else None for n in names)
+        core = f"jax.vmap({f}, in_axes={in_axes!r})"
+        return f"{'jax.jit(' + core + ')' if jit else core}({prims})"
 
 
 def _dm_repr(d: Distribution) -> str:
@@ -586,7 +681,13 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     in six passes ``devices=`` a list (some of the ``ndevices`` devices, in
     any order), one plain jax case in four calls ``dm.matmul`` inside
     ``jax.jit``, one jax case in three (two in three with
-    ``distribution=None``) puts its operands on a user's mesh.
+    ``distribution=None``) puts its operands on a user's mesh, and one jax
+    case in four (a or b a jax.Array; not the stateful form, no inf/NaN)
+    puts a JAX transformation around ``dm.matmul`` (:class:`Transform`):
+    ``jax.vjp`` or ``jax.jvp`` over its jax operands (bias too, where it is
+    one), or ``jax.vmap`` over a stack of 2 or 3 a's or b's (leading or
+    trailing batch axis), itself eager or inside the case's ``jax.jit`` or
+    mesh call, with everything else the case draws.
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
@@ -681,7 +782,20 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
             left = list(range(ndevices))
             device_ids = tuple(left.pop(left.index(draw.choice(left))) for _ in range(nranks))
         jit = family == "jax" and reset is None and _rarely(draw, 4)
-    return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit)
+    transform = None
+    # one eligible case in four: a JAX transformation around dm.matmul (dm.matmul refuses traces under mpiexec;
+    # a Matmul plans outside them; the gradients of inf/NaN operands are NaN by any rule), over the jax operands
+    # (a or b among them: what vmap batches)
+    jax_ab = [name for name, fam in zip("ab", fams or (family, family)) if fam == "jax"]
+    if not mpi and jax_ab and reset is None and not specials and _rarely(draw, 4):
+        kind = draw.choice(TRANSFORMS)
+        if kind == "vmap":
+            transform = Transform(kind, batched=draw.choice(jax_ab), size=draw.integer(2, 3),
+                                  axis=draw.choice((0, 2)))
+        else:
+            transform = Transform(kind)
+    return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
+                               transform=transform)
 
 
 # --------------------------------------------------------------------------- #
@@ -753,15 +867,19 @@ def _in_order_blocks(dist: Distribution, shape: tuple[int, int], p: int) -> bool
     return True
 
 
-def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any], close: Any) -> list[str]:
+def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any], close: Any,
+                       batched: bool = False) -> list[str]:
     """One process, a jax result: it lies on the ranks' devices, and (where the
     result's distribution is known) each rank's device holds that rank's block
     (``dist.global_indices``), or every device the whole result where no
     NamedSharding says the distribution (contract section 1). Where the
     distribution deals even blocks in rank order and no mesh of the user's
-    fixes the devices' places, the blocks are required. Inside ``jax.jit`` a
-    result on a grid of the other order than a's or b's keeps the product's
-    layout (README, "Your mesh in, your mesh out"): any sharding then."""
+    fixes the devices' places, the blocks are required. Inside ``jax.jit`` (or
+    a transformation: a trace too) a result on a grid of the other order than
+    a's or b's keeps the product's layout (README, "Your mesh in, your mesh
+    out"): any sharding then. A ``batched`` result (``jax.vmap``: a batch axis
+    first) holds each matrix so, the batch axis not split: each device the
+    whole batch of its blocks."""
     shards = {s.device: s for s in d.addressable_shards}
     if set(shards) != set(ranks):
         return [f"result on devices {sorted(x.id for x in shards)}, expected the ranks' {[x.id for x in ranks]}"]
@@ -769,20 +887,163 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
         return []
     da, db, dd = case.distributions
     p = len(ranks)
-    blocks = [dd.global_indices(r, want.shape, p) for r in range(p)]
+    shape = want.shape[1:] if batched else want.shape
+    lead = (np.arange(want.shape[0]),) if batched else ()
+    blocks = [dd.global_indices(r, shape, p) for r in range(p)]
     datas = [np.asarray(shards[dev].data) for dev in ranks]
-    if all(x.shape == (len(rows), len(cols)) and close(x, want[np.ix_(rows, cols)])
+    batch = want.shape[:1] if batched else ()
+    if all(x.shape == batch + (len(rows), len(cols)) and close(x, want[np.ix_(*lead, rows, cols)])
            for x, (rows, cols) in zip(datas, blocks)):
         return []
-    if case.jit and dd.grid is not None and any(g.layout != dd.grid.layout for g in (da.grid, db.grid) if g):
+    traced = case.jit or case.transform is not None
+    if traced and dd.grid is not None and any(g.layout != dd.grid.layout for g in (da.grid, db.grid) if g):
         return []
     replicated = all(x.shape == want.shape and close(x, want) for x in datas)
-    if replicated and not (case.on_mesh is None and _in_order_blocks(dd, want.shape, p)):
+    if replicated and not (case.on_mesh is None and _in_order_blocks(dd, shape, p)):
         return []
     where = [f"rank {r}: {x.shape}" for r, x in enumerate(datas)][:4]
     wanted = "its block" if replicated else "its block, or all the whole result"
     return [f"result sharded as {d.sharding.spec if hasattr(d.sharding, 'spec') else d.sharding} "
             f"({', '.join(where)}), not as {_dm_repr(dd)} says: each rank's device must hold {wanted}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Result:
+    """One array a case returns and what it is checked against."""
+
+    what: str  # how the report names it ("" for the only result)
+    value: Any
+    ref: np.ndarray  # the global reference
+    shape: tuple[int, ...] | None = None  # None: the case's result (this rank's block under mpiexec)
+    dtype: str | None = None  # None: the case's
+    tolerance: str | None = None  # the dtype whose tolerance applies (None: ``dtype``)
+    kind: str = "result"  # laid out as the result, "batched" (a batch axis first) or a "gradient" (not checked)
+
+
+def _looser(*dtypes: str) -> str:
+    """The dtype of the largest tolerance among ``dtypes``: a gradient is computed
+    in the case's dtype and returned in its operand's."""
+    return max(dtypes, key=lambda d: TOLERANCE[d])
+
+
+class _TransformData:
+    """The inputs of a case's :class:`Transform` (a cotangent, tangents or
+    the batched operand: drawn after the operands, as jax.Arrays passed as
+    the operands are), the references of its outputs, and the run."""
+
+    def __init__(self, case: Case, rng: np.random.Generator, ops: dict[str, np.ndarray | None], ref: np.ndarray,
+                 passed: Any) -> None:
+        t = case.transform
+        assert t is not None
+        self.case, self.names = case, case.traced
+        shapes = {"a": case.a_shape, "b": case.b_shape, "c": (case.m, case.n), "bias": case.bias_shape}
+        dtypes = {"a": case.dtype, "b": case.dtype, "c": case.dtype, "bias": case.bias_dtype or case.dtype}
+        kw: dict[str, Any] = dict(alpha=case.alpha, beta=case.beta, transpose_a=case.transpose_a,
+                                  transpose_b=case.transpose_b, epilog=case.epilog, bias=ops["bias"])
+        self.inputs: dict[str, Any] = {}
+        what = t.describe()
+        if t.kind == "vmap":
+            one = cast(np.ndarray, ops[t.batched])
+            stack = np.stack([one] + [random_matrix(rng, one.shape, case.dtype) for _ in range(t.size - 1)])
+            self.inputs[f"{t.batched}, batched"] = passed(np.moveaxis(stack, 0, t.axis), t.batched, t.axis)
+            refs = [reference(o["a"], o["b"], o["c"], **kw) for o in ({**ops, t.batched: x} for x in stack)]
+            self.alternatives = [[_Result(f"{what}: result", None, np.stack(refs), (t.size, case.m, case.n),
+                                          kind="batched")]]
+            return
+        if t.kind == "vjp":
+            g = random_matrix(rng, (case.m, case.n), case.dtype)
+            self.inputs["cotangent"] = _as_jax(g)
+        else:
+            tangents = {n: random_matrix(rng, shapes[n], dtypes[n]) for n in self.names}
+            self.inputs.update({f"tangent of {n}": passed(x, n) for n, x in tangents.items()})
+        # where no traced operand reaches the result (K = 0, C not read or not traced, bias not traced), JAX
+        # makes its tangent a zero of its own, on its default device: its placement is not checked
+        reached = case.k > 0 or ("c" in self.names and case.beta != 0) or "bias" in self.names
+        # each alternative: the outputs, each with its reference. relu has no derivative at an exact 0 of its
+        # input (half-precision data meets some, as C and bias cancel): dmatmul may take 0 (jax.nn.relu's),
+        # 0.5 (jnp.maximum's) or 1 there, the same everywhere (the alternative that fits best is checked)
+        relu = case.epilog in ("relu", "relu_bias")
+        self.alternatives = []
+        for at_zero in (0.0, 0.5, 1.0) if relu else (0.0,):
+            said = f"{what} (relu'(0) = {at_zero})" if relu else what
+            if t.kind == "vjp":
+                grads = reference_vjp(ops["a"], ops["b"], ops["c"], g, **kw, relu_at_zero=at_zero)
+                expected = [_Result(f"{said}: result", None, ref)] + [
+                    _Result(f"{said}: gradient of {n}", None, grads[n], shapes[n], dtypes[n],
+                            _looser(case.dtype, dtypes[n]), "gradient") for n in self.names]
+            else:
+                tangent = reference_jvp(ops["a"], ops["b"], ops["c"], tangents, **kw, relu_at_zero=at_zero)
+                expected = [_Result(f"{said}: result", None, ref),
+                            _Result(f"{said}: tangent", None, tangent,
+                                    tolerance=_looser(case.dtype, *(dtypes[n] for n in self.names)),
+                                    kind="result" if reached else "gradient")]
+            if not any(all(np.array_equal(x.ref, y.ref, equal_nan=True) for x, y in zip(e, expected))
+                       for e in self.alternatives):
+                self.alternatives.append(expected)
+
+    def run(self, call: Any, args: dict[str, Any], on: OnMesh | None, mesh: Any) -> list[_Result]:
+        """The transformation of ``call`` over the traced operands (the others
+        closed over), called as the case says (eagerly, inside ``jax.jit``,
+        on a user's mesh...): its outputs, each with its reference."""
+        import jax
+
+        case, names, t = self.case, self.names, self.case.transform
+        assert t is not None
+        prims = tuple(self.inputs[f"{n}, batched"] if t.kind == "vmap" and n == t.batched else args[n]
+                      for n in names)
+
+        def f(*xs: Any) -> Any:
+            ops = {**args, **dict(zip(names, xs))}
+            return call(ops["a"], ops["b"], ops["c"], ops["bias"])
+
+        extra: Any = None
+        if t.kind == "vjp":
+            extra = self.inputs["cotangent"]
+
+            def apply(prims: tuple[Any, ...], extra: Any) -> Any:  # extra: the cotangent
+                out, pull = jax.vjp(f, *prims)
+                return (out, *pull(extra))
+        elif t.kind == "jvp":
+            extra = tuple(self.inputs[f"tangent of {n}"] for n in names)
+
+            def apply(prims: tuple[Any, ...], extra: Any) -> Any:  # extra: the tangents
+                return jax.jvp(f, prims, extra)
+        else:
+            in_axes = tuple(t.axis if n == t.batched else None for n in names)
+
+            def apply(prims: tuple[Any, ...], extra: Any) -> Any:  # extra: None
+                return (jax.vmap(f, in_axes=in_axes)(*prims),)
+
+        if (on is None and not case.jit) or (on is not None and on.call == "eager"):
+            outs = apply(prims, extra)
+        elif on is None or on.call != "jit on constants":
+            with jax.set_mesh(mesh) if on is not None and on.call == "jit under set_mesh" else contextlib.nullcontext():
+                outs = jax.jit(apply)(prims, extra)
+        else:
+            outs = jax.jit(lambda: apply(prims, extra))()
+        return self._best([[dataclasses.replace(r, value=x) for r, x in zip(e, outs, strict=True)]
+                           for e in self.alternatives])
+
+    def _best(self, alternatives: list[list[_Result]]) -> list[_Result]:
+        """The alternative whose worst error is the smallest (the first where that cannot be read)."""
+        def worst(results: list[_Result]) -> float:
+            try:
+                ratios = [error_ratio(np.asarray(r.value), r.ref, r.tolerance or r.dtype or self.case.dtype,
+                                      finite_scale(r.ref)) if np.shape(r.value) == r.ref.shape else math.inf
+                          for r in results]
+            except Exception:  # noqa: BLE001 - the check of the chosen one says what
+                return math.inf
+            return max(ratios, default=0.0)
+        return alternatives[0] if len(alternatives) == 1 else min(alternatives, key=worst)
+
+
+def _as_jax(x: np.ndarray) -> Any:
+    """``x`` as a jax.Array of its dtype (64-bit ones too)."""
+    import jax
+    import jax.numpy as jnp
+
+    with jax.enable_x64(x.dtype.name in ("float64", "complex128")):
+        return jnp.asarray(x)
 
 
 def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed: int = 0) -> Outcome:
@@ -854,8 +1115,9 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
 
                 ranks = list(devices) if isinstance(devices, Sequence) else jax.devices()[: kwargs["devices"]]
 
-    def passed(x: np.ndarray | None, name: str) -> Any:
-        """Global ``x`` as operand ``name`` is passed: this rank's block, its family, its layout."""
+    def passed(x: np.ndarray | None, name: str, batch_axis: int | None = None) -> Any:
+        """Global ``x`` as operand ``name`` is passed: this rank's block, its family, its layout
+        (a stack of them along ``batch_axis``: jax)."""
         if x is None:
             return None
         if mpi and name != "bias":
@@ -874,12 +1136,16 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
             y = jnp.asarray(x)
         if mesh is not None and name != "bias":
             assert on is not None
-            y = on.put(y, mesh, on.placements["abc".index(name)])
+            y = on.put(y, mesh, on.placements["abc".index(name)], batch_axis)
         return y
 
     args = {name: passed(x, name) for name, x in ops.items()}
     news = {name: passed(new[name], name) for name in reset.operands} if reset is not None else {}
     inputs = list(args.items()) + [(f"new {name}", x) for name, x in news.items()]
+    transformed = None
+    if case.transform is not None:  # its own inputs (a cotangent, tangents, the batched operand)
+        transformed = _TransformData(case, rng, ops, refs[0], passed)
+        inputs += [(f"{case.transform.describe()}: {name}", x) for name, x in transformed.inputs.items()]
     before = [_snapshot(x) for _, x in inputs]
     required, allowed = case.refusals()
     options = dict(distribution=case.distribution, alpha=case.alpha, beta=case.beta, transpose_a=ta,
@@ -887,33 +1153,35 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
                    backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
                    algorithm=case.algorithm, precision=case.precision, **kwargs)
 
-    def call(a: Any, b: Any, c: Any) -> Any:
-        return matmul(a, b, c, **options)
+    def call(a: Any, b: Any, c: Any, bias: Any = args["bias"]) -> Any:
+        return matmul(a, b, c, **{**options, "bias": bias})
 
-    results: list[tuple[str, Any, np.ndarray]] = []  # (what, result, global reference)
+    results: list[_Result] = []
     try:
         with x64:
             a, b, c = args["a"], args["b"], args["c"]
-            if reset is not None:
+            if transformed is not None:
+                results += transformed.run(call, args, on, mesh)
+            elif reset is not None:
                 with Matmul(a, b, c, **options) as mm:
                     if reset.plan:
                         mm.plan()
                     d1 = mm.execute()
-                    results += [("execute()", d1, refs[0]), ("execute() again", mm.execute(), refs[0])]
+                    results += [_Result("execute()", d1, refs[0]), _Result("execute() again", mm.execute(), refs[0])]
                     mm.reset_operands(**news, alpha=reset.alpha, beta=reset.beta)
-                    results.append((reset.call(list(news)) + "; execute()", mm.execute(), refs[1]))
-                    results.append(("the first execute() after the reset", d1, refs[0]))
+                    results.append(_Result(reset.call(list(news)) + "; execute()", mm.execute(), refs[1]))
+                    results.append(_Result("the first execute() after the reset", d1, refs[0]))
             elif on is None and not case.jit:
-                results.append(("", call(a, b, c), refs[0]))
+                results.append(_Result("", call(a, b, c), refs[0]))
             elif on is None:
                 import jax
 
                 # the jax operands its arguments; numpy ones closed over (JAX would make them tracers)
                 traced = {name: x for name, x in (("a", a), ("b", b), ("c", c)) if family(x) == "jax"}
                 d = jax.jit(lambda ops: call(**{"a": a, "b": b, "c": c, **ops}))(traced)
-                results.append(("", d, refs[0]))
+                results.append(_Result("", d, refs[0]))
             elif on.call == "eager":
-                results.append(("", call(a, b, c), refs[0]))
+                results.append(_Result("", call(a, b, c), refs[0]))
             else:
                 import jax
 
@@ -922,7 +1190,7 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
                 with jax.set_mesh(mesh) if on.call == "jit under set_mesh" else contextlib.nullcontext():
                     d = jax.jit(lambda: call(a, b, c))() if on.call == "jit on constants" else \
                         jax.jit(lambda ops: call(**{"a": a, "b": b, "c": c, **ops}))(traced)
-                results.append(("", d, refs[0]))
+                results.append(_Result("", d, refs[0]))
     except Exception as e:  # noqa: BLE001 - every exception is classified
         if any(r.matches(e) for r in required + allowed):
             return outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")
@@ -936,8 +1204,10 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         problems.append(f"input(s) modified: {', '.join(changed)}")
     slack = _reduced_precision_slack(case, backend)
     ratios = []
-    for what, d, ref in results:
-        said = f"{what}: " if what else ""
+    for r in results:
+        d = r.value
+        said = f"{r.what}: " if r.what else ""
+        dtype = r.dtype or case.dtype
         fam = family(d)
         if fam != case.family:
             shown = fam if fam != "other" else f"{type(d).__module__}.{type(d).__name__}"
@@ -945,16 +1215,18 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
             continue
         if fam == "numpy" and not d.flags.writeable:
             problems.append(f"{said}numpy result is read-only")
-        if mesh is not None and getattr(d.sharding, "mesh", None) != mesh:
+        if mesh is not None and r.kind != "gradient" and getattr(d.sharding, "mesh", None) != mesh:
             problems.append(f"{said}result not on the operands' mesh: {d.sharding}")
-        if np.dtype(d.dtype).name != case.dtype:
-            problems.append(f"{said}result dtype {np.dtype(d.dtype).name}, expected {case.dtype}")
-        if want_shape is None:
+        if np.dtype(d.dtype).name != dtype:
+            problems.append(f"{said}result dtype {np.dtype(d.dtype).name}, expected {dtype}")
+        shape = r.shape or want_shape
+        if shape is None:
             continue
-        if tuple(d.shape) != tuple(want_shape):
-            problems.append(f"{said}result shape {tuple(d.shape)}, expected {tuple(want_shape)}")
+        if tuple(d.shape) != tuple(shape):
+            problems.append(f"{said}result shape {tuple(d.shape)}, expected {tuple(shape)}")
             continue
         assert dd is not None or not mpi
+        ref = r.ref
         want = split(ref, dd, nranks=rt.size)[rt.rank] if mpi and rt is not None and dd is not None else ref
         scale = finite_scale(ref)
         try:  # a jax.Array's computation may fail only when it is read
@@ -962,13 +1234,14 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         except Exception as e:  # noqa: BLE001
             problems.append(f"{said}reading the result raised {type(e).__name__}: {e}")
             continue
-        ratio = error_ratio(host, want, case.dtype, scale) / slack
+        tol = r.tolerance or dtype
+        ratio = error_ratio(host, want, tol, scale) / slack
         ratios.append(math.inf if math.isnan(ratio) else ratio)  # NaN in the result
         if not ratios[-1] <= 1.0:
             problems.append(f"{said}max error {ratios[-1]:.3g} x the tolerance")
-        elif fam == "jax" and not mpi:
-            close = lambda x, y: error_ratio(x, y, case.dtype, scale) <= slack  # noqa: E731
-            problems += [said + p for p in _sharding_problems(d, case, ref, ranks, close)]
+        elif fam == "jax" and not mpi and r.kind != "gradient":
+            close = lambda x, y: error_ratio(x, y, tol, scale) <= slack  # noqa: E731
+            problems += [said + p for p in _sharding_problems(d, case, ref, ranks, close, r.kind == "batched")]
     ratio = max(ratios) if ratios else math.nan
     if problems:
         return outcome(status="failed", ratio=ratio, message="; ".join(problems))
@@ -1018,7 +1291,8 @@ def _worst(ratios: list[float]) -> str:
 
 def report(outcomes: Sequence[Outcome], *, failures: int = 5) -> str:
     """A table by layout family (cases, passed, refused, failed, worst error
-    relative to the tolerance) and the first ``failures`` failures."""
+    relative to the tolerance), a line for the cases inside a JAX
+    transformation (by kind and status), and the first ``failures`` failures."""
     head = f"{'layout family':18s} {'cases':>6s} {'passed':>7s} {'refused':>8s} {'failed':>7s} {'worst err/tol':>14s}"
     lines = [head, "-" * len(head)]
     rows = [f for f in LAYOUT_FAMILIES if any(o.layout_family == f for o in outcomes)]
@@ -1030,6 +1304,13 @@ def report(outcomes: Sequence[Outcome], *, failures: int = 5) -> str:
             lines.append("-" * len(head))
         lines.append(f"{fam:18s} {len(mine):6d} {count['passed']:7d} {count['refused']:8d} {count['failed']:7d} "
                      f"{_worst(ratios):>14s}")
+    transformed = [o for o in outcomes if o.case.transform is not None]
+    if transformed:
+        kinds = ", ".join(f"{k} {sum(cast(Transform, o.case.transform).kind == k for o in transformed)}"
+                          for k in TRANSFORMS)
+        count = {s: sum(o.status == s for o in transformed) for s in _ORDER}
+        lines.append(f"of which inside a JAX transformation: {len(transformed)} ({kinds}): {count['passed']} "
+                     f"passed, {count['refused']} refused, {count['failed']} failed")
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         lines.append("")

@@ -20,6 +20,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -124,6 +125,20 @@ def test_the_generator_covers_the_whole_layout_space():
         if case.jit:
             assert case.family == "jax" and on is None and case.reset is None
             seen["jit"].add((case.device_ids is not None, case.distributions is None))
+        t = case.transform
+        if t is not None:
+            assert t.kind in ck.TRANSFORMS and case.family == "jax" and case.reset is None and not case.specials
+            assert set(case.traced) & {"a", "b"} and (t.kind != "vmap" or t.batched in case.traced)
+            call = "eager (plain)" if on is None and not case.jit else "jit (plain)" if on is None else on.call
+            for what, value in (("layout family", case.layout_family), ("call", call), ("epilog", case.epilog),
+                                ("dtype", case.dtype), ("nranks", nranks), ("algorithm", case.algorithm != "auto"),
+                                ("devices list", case.device_ids is not None), ("mixed families", case.families)):
+                seen[f"{t.kind} with {what}"].add(value)
+            seen[f"{t.kind} over"].update(case.traced)
+            if case.has_bias:
+                seen[f"{t.kind} with bias"].add((case.bias_column, case.bias_kind, case.bias_dtype is not None))
+            if t.kind == "vmap":
+                seen["vmap of"].add((t.batched, t.axis, t.size))
         for name, drawn in NEW_DIMENSIONS.items():
             if drawn(case):
                 for what, value in (("dtype", case.dtype), ("layout family", case.layout_family),
@@ -177,6 +192,19 @@ def test_the_generator_covers_the_whole_layout_space():
     assert {p for p, *_ in devs} == set(ck.NRANKS) and (8, False, False) in devs and (3, False, False) in devs
     assert seen["large"] == {"M", "N", "K"}
     assert seen["jit"] == {(lst, none) for lst in (False, True) for none in (False, True)}
+    for kind in ck.TRANSFORMS:  # each transformation drawn across the space
+        assert seen[f"{kind} with layout family"] == set(ck.LAYOUT_FAMILIES), kind
+        assert seen[f"{kind} with call"] == {"eager (plain)", "jit (plain)", *ck.CALLS}, kind
+        assert seen[f"{kind} with epilog"] == set(dm.EPILOGS), kind
+        assert seen[f"{kind} with dtype"] == set(dm.DTYPES), kind  # complex and half precision too
+        assert seen[f"{kind} with nranks"] == set(ck.NRANKS), kind
+        for what in ("algorithm", "devices list"):
+            assert seen[f"{kind} with {what}"] == {False, True}, (kind, what)
+        assert len(seen[f"{kind} with mixed families"]) >= 3, kind  # None and some with a numpy a or b
+        assert seen[f"{kind} over"] == {"a", "b", "c", "bias"}, kind
+        assert {(column, many) for column, _, many in seen[f"{kind} with bias"]} == {
+            (column, many) for column in (False, True) for many in (False, True)}, kind
+    assert seen["vmap of"] == {(x, axis, size) for x in "ab" for axis in (0, 2) for size in (2, 3)}
     for name in NEW_DIMENSIONS:  # drawn with the rest of the space, not in one fixed combination
         assert seen[f"{name} with dtype"] == set(dm.DTYPES), name
         assert len(seen[f"{name} with layout family"]) >= (1 if name == "distribution=None" else 4), name
@@ -195,6 +223,7 @@ def test_under_mpiexec_the_generator_draws_only_what_a_rank_can_pass():
     for i in range(1500):
         case = ck.draw_case(ck.NumpyChooser([321, i]), 4, mpi=True)
         assert case.distributions is not None and case.device_ids is None and not case.jit
+        assert case.transform is None  # dm.matmul refuses a trace under mpiexec
         for name, drawn in NEW_DIMENSIONS.items():
             seen[name] += bool(drawn(case))
     assert {name for name, count in seen.items() if count} == set(NEW_DIMENSIONS) - {
@@ -268,6 +297,11 @@ def test_describe_is_the_python_call():
             assert value(kw["devices"]) == case.nranks
         for name, default in defaults.items():
             assert (value(kw[name]) if name in kw else default) == getattr(case, name), (name, line)
+        if case.transform is not None:  # run (a few of each form: op by op, they take a while)
+            forms["transform", case.transform.kind, case.jit] += 1
+            if forms["transform", case.transform.kind, case.jit] <= 2:
+                _check_transformed_line(case, line, namespace, jax)
+            continue
         operands = [(arg, name) for arg, name in zip(call.args, "abc")]
         if case.jit:  # jax.jit(lambda <the jax ones>: dm.matmul(a, rand(...), ...))(rand(..., 'jax'), ...)
             assert isinstance(stmt, ast.Expr) and ast.unparse(stmt.value.func).startswith("jax.jit(lambda ")
@@ -309,8 +343,49 @@ def test_describe_is_the_python_call():
             if fam == "numpy" and min(shape) >= 2:
                 assert _layout_of(x) == (layout if len(shape) == 2 or layout not in ("F", ".T view") else "C"), \
                     (name, layout, line)
-    assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)}, forms
+    assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)} | {
+        ("transform", kind, jit) for kind in ck.TRANSFORMS for jit in (False, True)}, forms
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
+
+
+def _check_transformed_line(case, line, namespace, jax):
+    """A transformation's line runs as written, on a stand-in for dm.matmul
+    (jnp, no devices): the stand-in gets the case's operands (each of its
+    matrices, under vmap) and the line gives the transformation's outputs:
+    a gradient per traced operand (vjp), the result and its tangent (jvp), a
+    batch of results (vmap)."""
+    import jax.numpy as jnp
+
+    got = []
+
+    def matmul(a, b, c=None, *, transpose_a=False, transpose_b=False, bias=None, **kw):
+        got.append({"a": a, "b": b, "c": c, "bias": bias})
+        opa, opb = (a.T if transpose_a else a), (b.T if transpose_b else b)
+        d = jnp.asarray(opa) @ jnp.asarray(opb)
+        for x in (c, bias):  # in the graph (a gradient for each), adding nothing
+            if x is not None:
+                d = d + 0 * jnp.sum(jnp.asarray(x, d.dtype))
+        return d.astype(case.dtype)
+
+    with jax.enable_x64(True):
+        stand_in = types.SimpleNamespace(**{**vars(dm), "matmul": matmul})
+        out = eval(line.split("  # ")[0], {**namespace, "dm": stand_in})
+    shapes = {"a": case.a_shape, "b": case.b_shape, "c": (case.m, case.n), "bias": case.bias_shape}
+    assert len(got) == 1, line
+    for name in ("a", "b") + ("c",) * case.use_c + ("bias",) * case.has_bias:
+        x = got[0][name]
+        assert np.shape(x) == shapes[name], (name, line)
+        t = case.transform
+        if name in case.traced:  # (eager vmap passes the unbatched ones through)
+            assert isinstance(x, jax.core.Tracer if t.kind != "vmap" or name == t.batched else jax.Array), name
+        else:  # closed over
+            assert not isinstance(x, jax.core.Tracer), (name, line)
+    if t.kind == "vjp":
+        assert [g.shape for g in out] == [shapes[n] for n in case.traced], line
+    elif t.kind == "jvp":
+        assert [x.shape for x in out] == [(case.m, case.n)] * 2, line
+    else:
+        assert out.shape == (t.size, case.m, case.n), line
 
 
 def test_rand_makes_the_operands_of_a_line():
@@ -439,6 +514,13 @@ def test_combine_and_report():
     assert any(line.split() == ["one", "rank", "1", "1", "0", "0", "0.10"] for line in lines)
     assert any(line.split() == ["total", "4", "2", "1", "1", "3.00"] for line in lines)
     assert "first 1 of 1 failure(s)" in text and case.describe("jax") in text
+    assert "transformation" not in text
+    vjp = _case(family="jax", transform=ck.Transform("vjp"))
+    vmap = _case(family="jax", transform=ck.Transform("vmap", batched="b", size=3, axis=2))
+    text = ck.report([ok, ck.Outcome(vjp, "passed", 0.5), ck.Outcome(vmap, "failed", 2.0, "max error 2"),
+                      ck.Outcome(vmap, "refused", float("nan"))])
+    assert "of which inside a JAX transformation: 3 (vjp 1, jvp 0, vmap 2): 1 passed, 1 refused, 1 failed" in text
+    assert "jax.vmap(lambda a, b: dm.matmul(a, b, " in text and "in_axes=(None, 2))" in text
 
 
 def test_the_check_module_needs_only_numpy():
@@ -731,3 +813,97 @@ def test_numpy_operands_of_a_jit_on_a_mesh_are_closed_over(call):
                  families=("numpy", "jax", "numpy"), layouts=("byte-swapped", "C", "C", "C"), on_mesh=on)
     out = ck.run_case(case, rng_seed=1)
     assert out.status == "passed", (out.message, out.describe())
+
+
+def _doubled_derivative(contract):
+    """_kernels.contract, broken: its derivative twice what it is (its value right)."""
+    import functools
+
+    import jax
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5))
+    def broken(a, b, ka, kb, precision, dtype):
+        return contract(a, b, ka, kb, precision, dtype)
+
+    @broken.defjvp
+    def broken_jvp(ka, kb, precision, dtype, primals, tangents):
+        out, tangent = jax.jvp(lambda a, b: contract(a, b, ka, kb, precision, dtype), primals, tangents)
+        return out, 2 * tangent
+
+    return broken
+
+
+def _bias_derivative_dropped(finish):
+    """_kernels.finish, broken: the bias's derivative dropped (its value right)."""
+    import jax
+    import jax.numpy as jnp
+
+    def broken(ep, acc, c, bias):
+        if bias is None:
+            return finish(ep, acc, c, bias)
+
+        @jax.custom_jvp
+        def f(acc, c, bias):
+            return finish(ep, acc, c, bias)
+
+        @f.defjvp
+        def f_jvp(primals, tangents):
+            dacc, dc, dbias = tangents
+            return jax.jvp(lambda *x: finish(ep, *x), primals, (dacc, dc, jnp.zeros_like(dbias)))
+
+        return f(acc, c, bias)
+
+    return broken
+
+
+def _splits_the_batch(case):
+    """Eager vmap where the batched operand's distribution is a NamedSharding
+    that, given to the stacked operand as it is, splits its batch axis unevenly."""
+    t = case.transform
+    if t is None or t.kind != "vmap" or t.axis != 0 or case.on_mesh is not None or case.jit:
+        return False
+    d = case.distributions[0 if t.batched == "a" else 1] if case.distributions else None
+    rows = (case.a_shape if t.batched == "a" else case.b_shape)[0]
+    return d == dm.Slab.X and rows % case.nranks == 0 and case.nranks > t.size
+
+
+#: (what is broken in a transformation's path, the cases that must catch it, how, what the failure says)
+BROKEN_TRANSFORMS = {
+    "the local products' derivative doubled": (
+        lambda c: _passes(c) and c.transform is not None and c.transform.kind in ("vjp", "jvp") and c.alpha != 0,
+        lambda mp, J: mp.setattr(J._kernels, "contract", _doubled_derivative(J._kernels.contract)), "max error"),
+    "the bias's derivative dropped": (
+        lambda c: _passes(c) and c.transform is not None and c.transform.kind in ("vjp", "jvp")
+        and "bias" in c.traced,
+        lambda mp, J: mp.setattr(J._kernels, "finish", _bias_derivative_dropped(J._kernels.finish)), "max error"),
+    "vmap's batch axis split by a matrix's sharding (device_put under vmap)": (
+        lambda c: _passes(c) and _splits_the_batch(c),
+        lambda mp, J: mp.setattr(J._backend, "_in_vmap", lambda: False), "IndivisibleError"),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_TRANSFORMS))
+def test_a_drawn_transformation_catches_what_it_covers(monkeypatch, broken):
+    """Break dm.matmul's derivatives (its values right) or its path under
+    vmap: the check fails the drawn cases of that transformation, saying
+    which output is wrong; the same cases pass unbroken."""
+    pytest.importorskip("jax")
+    from dmatmul.backends import jax as J
+
+    drawn, breaks, words = BROKEN_TRANSFORMS[broken]
+    kinds = {}  # one case of each transformation that must catch it (vjp and jvp; vmap twice)
+    for i, c in enumerate(c for c in _draws(777, 20000) if _simple(c) and drawn(c)):
+        kinds.setdefault(c.transform.kind if c.transform.kind != "vmap" else i, c)
+        if len(kinds) == 2:
+            break
+    cases = list(kinds.values())
+    assert len(cases) == 2, broken
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})  # plans made with the code broken stay here
+    with monkeypatch.context() as mp:
+        breaks(mp, J)
+        outs = [ck.run_case(c, rng_seed=3) for c in cases]
+    assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
+        [(o.message, o.describe()) for o in outs]
+    assert all(c.transform.describe() in o.message for c, o in zip(cases, outs) if words == "max error")
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    assert [ck.run_case(c, rng_seed=3).status for c in cases] == ["passed"] * 2
