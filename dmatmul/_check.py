@@ -682,8 +682,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     any order), one plain jax case in four calls ``dm.matmul`` inside
     ``jax.jit``, one jax case in three (two in three with
     ``distribution=None``) puts its operands on a user's mesh, and one jax
-    case in four (a or b a jax.Array; not the stateful form, no inf/NaN)
-    puts a JAX transformation around ``dm.matmul`` (:class:`Transform`):
+    case in four (a or b a jax.Array; not the stateful form, no inf/NaN, not
+    a jit of closed-over operands) puts a JAX transformation around
+    ``dm.matmul`` (:class:`Transform`):
     ``jax.vjp`` or ``jax.jvp`` over its jax operands (bias too, where it is
     one), or ``jax.vmap`` over a stack of 2 or 3 a's or b's (leading or
     trailing batch axis), itself eager or inside the case's ``jax.jit`` or
@@ -786,8 +787,12 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     # one eligible case in four: a JAX transformation around dm.matmul (dm.matmul refuses traces under mpiexec;
     # a Matmul plans outside them; the gradients of inf/NaN operands are NaN by any rule), over the jax operands
     # (a or b among them: what vmap batches)
+    # Not inside a jit of closed-over operands: such a jit names no devices of its own (JAX refuses even plain
+    # jax.numpy code on Explicit axes there); dmatmul finds the mesh behind vjp's and jvp's tracers
+    # (tests/test_user_mesh.py), not yet behind vmap's nor for an empty product
     jax_ab = [name for name, fam in zip("ab", fams or (family, family)) if fam == "jax"]
-    if not mpi and jax_ab and reset is None and not specials and _rarely(draw, 4):
+    constants = on_mesh is not None and on_mesh.call == "jit on constants"
+    if not mpi and jax_ab and reset is None and not specials and not constants and _rarely(draw, 4):
         kind = draw.choice(TRANSFORMS)
         if kind == "vmap":
             transform = Transform(kind, batched=draw.choice(jax_ab), size=draw.integer(2, 3),
@@ -956,9 +961,10 @@ class _TransformData:
         else:
             tangents = {n: random_matrix(rng, shapes[n], dtypes[n]) for n in self.names}
             self.inputs.update({f"tangent of {n}": passed(x, n) for n, x in tangents.items()})
-        # where no traced operand reaches the result (K = 0, C not read or not traced, bias not traced), JAX
-        # makes its tangent a zero of its own, on its default device: its placement is not checked
-        reached = case.k > 0 or ("c" in self.names and case.beta != 0) or "bias" in self.names
+        # where no traced operand reaches the result (an empty one; or K = 0, C not read or not traced, bias not
+        # traced), JAX makes its tangent a zero of its own, on its default device: its placement is not checked
+        reached = case.m * case.n > 0 and (case.k > 0 or ("c" in self.names and case.beta != 0)
+                                           or "bias" in self.names)
         # each alternative: the outputs, each with its reference. relu has no derivative at an exact 0 of its
         # input (half-precision data meets some, as C and bias cancel): dmatmul may take 0 (jax.nn.relu's),
         # 0.5 (jnp.maximum's) or 1 there, the same everywhere (the alternative that fits best is checked)

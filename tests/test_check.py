@@ -194,7 +194,7 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["jit"] == {(lst, none) for lst in (False, True) for none in (False, True)}
     for kind in ck.TRANSFORMS:  # each transformation drawn across the space
         assert seen[f"{kind} with layout family"] == set(ck.LAYOUT_FAMILIES), kind
-        assert seen[f"{kind} with call"] == {"eager (plain)", "jit (plain)", *ck.CALLS}, kind
+        assert seen[f"{kind} with call"] == {"eager (plain)", "jit (plain)", *ck.CALLS} - {"jit on constants"}, kind
         assert seen[f"{kind} with epilog"] == set(dm.EPILOGS), kind
         assert seen[f"{kind} with dtype"] == set(dm.DTYPES), kind  # complex and half precision too
         assert seen[f"{kind} with nranks"] == set(ck.NRANKS), kind
