@@ -315,6 +315,25 @@ def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int
     return None
 
 
+def _unexpressed(dist: Distribution, geom: _layout.Geometry, shape: tuple[int, int]) -> str | None:
+    """Why no sharding on ``geom``'s mesh lays a ``shape`` matrix out as ``dist``
+    says (JAX shards only in even blocks, in order), or None where one does."""
+    dist = _plain(dist, shape)
+    if _layout.placement_of(dist, geom, shape, (None, None)).identity:
+        return None
+    if isinstance(dist, Slab):
+        what = ("rows", "columns")[dist.dim]
+        return f"{shape[dist.dim]} {what} do not split evenly over {geom.nranks} devices"
+    assert isinstance(dist, (BlockNonCyclic, BlockCyclic))  # Replicated() is always expressed
+    rows, cols = dist.grid.shape
+    mb, nb = dist.block_sizes if isinstance(dist, BlockCyclic) else shape
+    if mb * rows < shape[0] or nb * cols < shape[1]:
+        return f"its {mb}x{nb} blocks are dealt cyclically over the {rows}x{cols} grid"
+    if dist.first_process != (0, 0):
+        return f"its first block is on grid process {dist.first_process}, not (0, 0)"
+    return f"{shape[0]}x{shape[1]} does not split evenly over the {rows}x{cols} grid"
+
+
 def _on_mesh(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int, int]) -> NamedSharding:
     """Where a ``shape`` result laid out as ``dist`` goes on ``mesh``: the
     NamedSharding ``dist`` implies (:func:`_sharding_of`), else replicated."""
@@ -547,25 +566,10 @@ class JaxPlan:
 
     def _undeliverable(self, dist: Distribution, grid: ProcessGrid | None) -> str | None:
         """Why no ``jax.Array`` sharding lays a result out as ``dist`` says, or None."""
-        shape = (self.spec.m, self.spec.n)
-        dist = _plain(dist, shape)
         mesh = self.user_mesh  # (0, 0): the layout alone; whether it splits evenly is judged below
-        if mesh is not None and _sharding_of(dist, mesh, (0, 0)) is None:
+        if mesh is not None and _sharding_of(_plain(dist, (self.spec.m, self.spec.n)), mesh, (0, 0)) is None:
             return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
-        geom = self._result_geometry(grid, dist)
-        if _layout.placement_of(dist, geom, shape, (None, None)).identity:
-            return None
-        if isinstance(dist, Slab):
-            what = ("rows", "columns")[dist.dim]
-            return f"{shape[dist.dim]} {what} do not split evenly over {self.nranks} devices"
-        assert isinstance(dist, (BlockNonCyclic, BlockCyclic))  # Replicated() is always expressed
-        rows, cols = dist.grid.shape
-        mb, nb = dist.block_sizes if isinstance(dist, BlockCyclic) else shape
-        if mb * rows < shape[0] or nb * cols < shape[1]:
-            return f"its {mb}x{nb} blocks are dealt cyclically over the {rows}x{cols} grid"
-        if dist.first_process != (0, 0):
-            return f"its first block is on grid process {dist.first_process}, not (0, 0)"
-        return f"{shape[0]}x{shape[1]} does not split evenly over the {rows}x{cols} grid"
+        return _unexpressed(dist, self._result_geometry(grid, dist), (self.spec.m, self.spec.n))
 
     def _result_geometry(self, grid: ProcessGrid | None, dist: Distribution | None = None) -> _layout.Geometry:
         """The geometry whose mesh lays out the result as its distribution (or
