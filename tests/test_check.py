@@ -700,7 +700,9 @@ def test_commands_refuse_bad_counts_with_a_usage_error(argv, words, capsys):
 def test_a_broken_traced_path_fails_the_check(monkeypatch):
     """The cases on a user's Explicit mesh called inside jax.jit fail when the
     operands' Explicit types are not retyped (the bug the generator now covers),
-    and pass again when they are."""
+    and pass again when they are. Not every one: an operand typed replicated that
+    the plan also takes replicated (one no sharding lays out, a block-cyclic one)
+    meets no sharding of dmatmul's mesh, and passes even so."""
     pytest.importorskip("jax")
     from dmatmul.backends.jax import _backend
 
@@ -713,14 +715,14 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
                 and case.algorithm == "auto" and not any(case.refusals()) and case.distributions is not None \
                 and case.families is None:
             cases.append(case)
-        if len(cases) == 3:
+        if len(cases) == 6:
             break
     monkeypatch.setattr(_backend, "_auto_typed", lambda x: x)
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
-    assert [ck.run_case(c).status for c in cases] == ["failed"] * 3
+    assert [ck.run_case(c).status for c in cases].count("failed") >= 3
     monkeypatch.undo()
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
-    assert [ck.run_case(c).status for c in cases] == ["passed"] * 3
+    assert [ck.run_case(c).status for c in cases] == ["passed"] * 6
 
 
 # --------------------------------------------------------------------------- #

@@ -478,6 +478,14 @@ class JaxPlan:
                 devices[r] = flat[f]
             self.devices = tuple(devices)
         self.geom = _layout.Geometry.create(self.devices, grid)
+        # a jax.Array a or b whose layout no sharding on the mesh expresses (cyclic, uneven) is placed
+        # replicated (:meth:`_device_operand`): the plan takes it as what it then is, Replicated(), and slices
+        # it into the kernel's layout, rather than re-laying it on the grid to move it back
+        self.taken_replicated = self._taken_replicated()
+        self.planned = (
+            Replicated() if "a" in self.taken_replicated else pa, Replicated() if "b" in self.taken_replicated else pb,
+            pd,
+        )
         if grid is not None:
             rows, cols = grid.shape  # the product's grid is 2-D
             self.problem = dataclasses.replace(self.problem, grid=(rows, cols))
@@ -494,9 +502,10 @@ class JaxPlan:
         native = frozenset(
             op for op in on_grid if summa is not None and self._given_grid(op, shapes[op]) == summa[0][op]
         )
-        # a named algorithm must fit the result's distribution as given, not the replicated delivery
-        fit_roles = None if self.replicated_result is None else self._roles((pa, pb, self.distributions[2]))
-        fit_grid = self._on_grid((pa, pb, self.distributions[2]), grid, fit_roles or roles, named)
+        # a named algorithm must fit the distributions as given, not the replicated operands or delivery
+        fit = (pa, pb, self.distributions[2] if self.replicated_result is not None else pd)
+        fit_roles = None if fit == self.planned else self._roles(fit)
+        fit_grid = self._on_grid(fit, grid, fit_roles or roles, named)
         given_dists = ", ".join(f"{name}={d!r}" for name, d in zip(("a", "b", "result"), self.distributions))
         self.plan = _plan.choose(
             self.problem, roles, algorithm=spec.algorithm, model=self.model,
@@ -570,6 +579,17 @@ class JaxPlan:
         if mesh is not None and _sharding_of(_plain(dist, (self.spec.m, self.spec.n)), mesh, (0, 0)) is None:
             return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
         return _unexpressed(dist, self._result_geometry(grid, dist), (self.spec.m, self.spec.n))
+
+    def _taken_replicated(self) -> dict[str, str]:
+        """The operands a and b taken as ``Replicated()``, each with why: in one
+        process, a jax.Array whose planned layout no sharding on the plan's mesh
+        expresses, which :meth:`_device_operand` places replicated (each device
+        then holds it whole). Numpy operands are placed as their layout says, and
+        under mpiexec each rank holds its own block: none there."""
+        if self.spec.family != "jax" or self.spec.spmd or self.nranks == 1:
+            return {}
+        found = {op: _unexpressed(d, self.geom, self.spec.shapes[op]) for op, d in zip("ab", self.planned)}
+        return {op: why for op, why in found.items() if why is not None}
 
     def _result_geometry(self, grid: ProcessGrid | None, dist: Distribution | None = None) -> _layout.Geometry:
         """The geometry whose mesh lays out the result as its distribution (or
@@ -977,6 +997,9 @@ class JaxPlan:
             if op == "d" and self.replicated_result is not None:
                 lines.append(f"  {name:7s} {d!r:16s} returned replicated on every device: no jax.Array sharding "
                              f"expresses it ({self.replicated_result})")
+            elif op in self.taken_replicated:
+                lines.append(f"  {name:7s} {d!r:16s} taken as Replicated(): no jax.Array sharding expresses it "
+                             f"({self.taken_replicated[op]}), so every device holds it whole")
             elif op in self.foreign:
                 verb = "from" if op == "d" else "to"
                 lines.append(f"  {name:7s} {d!r:16s} on another grid: re-laid {verb} Slab.X (all-to-all)")
@@ -1024,7 +1047,7 @@ class JaxPlan:
             lines.append(f"padding:    {', '.join(padded)} (uneven splits, zeros inside the kernel only)")
         lb = _cost.lower_bound_words(pr.m, pr.n, pr.k, pr.p) * pr.itemsize
         nbytes, messages = plan.nbytes + sum(m.nbytes for m in foreign), plan.messages + sum(m.messages for m in foreign)
-        replicated = [op for op, d in zip("ab", self.distributions) if isinstance(d, Replicated)]
+        replicated = [op for op, d in zip("ab", self.planned) if isinstance(d, Replicated)]
         ratio = _plan.versus_bound(nbytes, lb, replicated)
         lines += [
             f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {messages:.0f} messages, "
