@@ -589,7 +589,8 @@ class JaxPlan:
         if self.spec.family != "jax" or self.spec.spmd or self.nranks == 1:
             return {}
         found = {op: _unexpressed(d, self.geom, self.spec.shapes[op]) for op, d in zip("ab", self.planned)}
-        return {op: why for op, why in found.items() if why is not None}
+        return {op: f"on another grid than the product's, and as Slab.X {why}" if op in self.foreign else why
+                for op, why in found.items() if why is not None}
 
     def _result_geometry(self, grid: ProcessGrid | None, dist: Distribution | None = None) -> _layout.Geometry:
         """The geometry whose mesh lays out the result as its distribution (or
