@@ -786,6 +786,15 @@ BROKEN = {
 }
 
 
+def _run_broken(monkeypatch, breaks, cases, backend_module):
+    """Run ``cases`` with the JAX backend broken by ``breaks`` (plans made
+    with the code broken are dropped first and stay behind)."""
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    with monkeypatch.context() as mp:
+        breaks(mp, backend_module)
+        return [ck.run_case(c, rng_seed=3) for c in cases]
+
+
 @pytest.mark.parametrize("broken", list(BROKEN))
 def test_a_drawn_dimension_catches_what_it_covers(monkeypatch, broken):
     """Break what one dimension drawn on top covers: the check fails its
@@ -796,10 +805,7 @@ def test_a_drawn_dimension_catches_what_it_covers(monkeypatch, broken):
     drawn, breaks, words = BROKEN[broken]
     cases = list(itertools.islice((c for c in _draws(777, 20000) if _simple(c) and drawn(c)), 2))
     assert len(cases) == 2, broken
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})  # plans made with the code broken stay here
-    with monkeypatch.context() as mp:
-        breaks(mp, J)
-        outs = [ck.run_case(c, rng_seed=3) for c in cases]
+    outs = _run_broken(monkeypatch, breaks, cases, J)
     assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
         [(o.message, o.describe()) for o in outs]
 
@@ -900,10 +906,7 @@ def test_a_drawn_transformation_catches_what_it_covers(monkeypatch, broken):
             break
     cases = list(kinds.values())
     assert len(cases) == 2, broken
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})  # plans made with the code broken stay here
-    with monkeypatch.context() as mp:
-        breaks(mp, J)
-        outs = [ck.run_case(c, rng_seed=3) for c in cases]
+    outs = _run_broken(monkeypatch, breaks, cases, J)
     assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
         [(o.message, o.describe()) for o in outs]
     assert all(c.transform.describe() in o.message for c, o in zip(cases, outs) if words == "max error")
