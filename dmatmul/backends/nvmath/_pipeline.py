@@ -113,24 +113,16 @@ def localize(h: Handover, tr: Translation, rank: int, x: Any, xp: Any) -> tuple[
             and isinstance(cmap.src, slice):
         y = x[rmap.src, cmap.src]  # a contiguous part: a view
     else:
-        order = "C" if h.transposed or (target is None and _c_contiguous(x)) else "F"
+        order = "C" if h.transposed or (target is None and dense(x, "C")) else "F"
         y = xp.zeros((rmap.size, cmap.size), dtype=x.dtype, order=order)
         _put(xp, y, rmap.dst, cmap.dst, _take(xp, x, rmap.src, cmap.src))
         copied = True
     if target is None:  # cuBLASLt takes either order
-        if not (_c_contiguous(y) or _f_contiguous(y)):
+        if not (dense(y, "C") or dense(y, "F")):
             y, copied = as_dense(xp, y, "C")[0], True
         return y, copied
     y, again = as_dense(xp, y, "C" if h.transposed else "F")
     return (y.T if h.transposed else y), copied or again
-
-
-def _c_contiguous(x: Any) -> bool:
-    return dense(x, "C")
-
-
-def _f_contiguous(x: Any) -> bool:
-    return dense(x, "F")
 
 
 @dataclasses.dataclass
@@ -283,7 +275,7 @@ class _Slot:
         self.whole = self.view == (slice(None), slice(None))
         self.staging: Any = None
         if self.view is None:
-            order = "C" if h.transposed or (target is None and _c_contiguous(x)) else "F"
+            order = "C" if h.transposed or (target is None and dense(x, "C")) else "F"
             self.staging = xp.zeros((rmap.size, cmap.size), dtype=x.dtype, order=order)
             self.out = self.staging.T if self.transpose else self.staging
             full_dst = _is_full(rmap.dst, rmap.size) and _is_full(cmap.dst, cmap.size)
@@ -298,8 +290,8 @@ class _Slot:
 
     def _fits(self, y: Any) -> bool:
         if self.need == "CF":
-            return _c_contiguous(y) or _f_contiguous(y)
-        return _c_contiguous(y) if self.need == "C" else _f_contiguous(y)
+            return dense(y, "C") or dense(y, "F")
+        return dense(y, "C" if self.need == "C" else "F")
 
     def __call__(self, x: Any) -> tuple[Any, bool]:
         if self.staging is not None:
