@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -243,9 +244,8 @@ class _Engine:
     #: on the fused epilog's fate
     collective = False
 
-    def _new(self) -> Any:
-        """A fresh nvmath Matmul on the operands the engine was made with."""
-        raise NotImplementedError
+    #: makes a fresh nvmath Matmul on the operands the engine was made with (set by the subclass)
+    _new: Callable[[], Any]
 
     def _start(self, prepared: Prepared, epilog_enum: Any) -> None:
         """Plan ``_mm``; when nvmath refuses the fused epilog, plan the unfused
@@ -336,7 +336,7 @@ class CublasMpEngine(_Engine):
         assert slot_a is not None and slot_b is not None and tr.result is not None
         distributions = [nv_distribution(slot_a.distribution), nv_distribution(slot_b.distribution),  # type: ignore[arg-type]
                          nv_distribution(tr.result)]
-        self._new = lambda: Matmul(  # type: ignore[method-assign]
+        self._new = lambda: Matmul(
             A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
             qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options,
         )
@@ -370,7 +370,7 @@ class CublasLtEngine(_Engine):
         if 0 in (a.shape[0], b.shape[1]):  # this rank holds no rows/columns of the result: nothing to run
             self._empty = (a.shape[0], b.shape[1])
             return
-        self._new = lambda: Matmul(  # type: ignore[method-assign]
+        self._new = lambda: Matmul(
             a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
         self._mm = self._new()
         self._start(prepared, MatmulEpilog)
