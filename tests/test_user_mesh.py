@@ -190,6 +190,23 @@ def test_a_result_no_sharding_expresses_is_gathered_and_explained(m, dist_d, why
     assert_close(np.asarray(d), reference(a_np, b_np), "float32")
 
 
+def test_a_replicated_result_on_another_grid_is_not_said_to_be_relaid():
+    """A result on another grid than the product's that no sharding expresses
+    comes back replicated: explain() says so, and lists no re-laying all-to-all
+    onto its grid, which does not happen."""
+    rng = np.random.default_rng(7)
+    a_np, b_np = rng.standard_normal((16, 12)).astype(np.float32), rng.standard_normal((12, 10)).astype(np.float32)
+    a, b = jnp.asarray(a_np), jnp.asarray(b_np)
+    dists = (dm.BlockNonCyclic(GRID_ROW), dm.BlockNonCyclic(GRID_ROW), dm.BlockCyclic(dm.ProcessGrid((4, 2)), (1, 1)))
+    with dm.Matmul(a, b, distribution=dists, devices=8) as mm:
+        d = mm.execute()
+        text = mm.explain()
+        assert "returned replicated on every device" in text, text
+        assert "all-to-all" not in text and "another grid" not in text, text
+    assert d.sharding.is_fully_replicated
+    assert_close(np.asarray(d), reference(a_np, b_np), "float32")
+
+
 def test_an_even_result_stays_sharded_and_unexplained():
     a, b = jnp.asarray(A), jnp.asarray(B)
     with dm.Matmul(a, b, distribution=(X, R, X), algorithm="local", devices=8) as mm:

@@ -460,10 +460,12 @@ class JaxPlan:
         if self.replicated_result is not None:
             grid = _product_grid((*self.distributions[:2], Replicated()))
         # operands on another grid than the product's are re-laid as Slab.X first (and the result
-        # from Slab.X after): in one process the global matrices need no move at all
+        # from Slab.X after): in one process the global matrices need no move at all. A result returned
+        # replicated is not re-laid onto its grid.
         self.foreign = {
             op: d for op, d in zip("abd", self.distributions)
             if d.grid is not None and d.grid.ndim == 2 and grid is not None and d.grid != grid
+            and not (op == "d" and self.replicated_result is not None)
         }
         pa, pb, pd = (Slab.X if op in self.foreign else d for op, d in zip("abd", self.distributions))
         if self.replicated_result is not None:
@@ -603,7 +605,7 @@ class JaxPlan:
     def _to_result_grid(self, d: jax.Array) -> jax.Array:
         """One process, no user mesh: a result on another grid than the product's,
         computed as Slab.X, re-laid onto its own grid's mesh (the same devices)."""
-        if "d" not in self.foreign or self.replicated_result is not None:
+        if "d" not in self.foreign:
             return d
         dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
         geom = self._result_geometry(None)
