@@ -423,11 +423,39 @@ def _take2(x: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
     return jnp.where((rows >= 0)[:, None] & (cols >= 0)[None, :], out, jnp.zeros((), x.dtype))
 
 
+def _same_space(src: Placement, dst: Placement) -> bool:
+    """Whether ``src`` and ``dst`` place the same padded matrix, only split
+    otherwise (e.g. an even Slab and Replicated(): both the matrix itself)."""
+    return all(
+        s.padded_size == d.padded_size and np.array_equal(s.sources, d.sources) for s, d in zip(src.maps, dst.maps)
+    )
+
+
+def _gather_columns(x: jax.Array, src: Placement, geom: Geometry) -> jax.Array:
+    """Traceable: a matrix split by columns only, gathered whole onto every device.
+
+    XLA gathers a minor dimension through a transposed copy of the whole
+    matrix before and after the collective; the blocks gathered stacked along a
+    new leading axis, then put side by side in one copy, take half the time on
+    CPU (2048x2048 float32 over 8 simulated devices: 129 against 261 ms, where
+    a gather of rows takes 23 ms; ``python benchmarks/gathers.py``)."""
+    axis = src.axes[1]
+
+    def gather(block: jax.Array) -> jax.Array:
+        stacked = lax.all_gather(block, axis, axis=0, tiled=False)  # (parts, rows, block columns)
+        return jnp.transpose(stacked, (1, 0, 2)).reshape(block.shape[0], -1)
+
+    return jax.shard_map(gather, mesh=geom.mesh, in_specs=src.spec, out_specs=PartitionSpec(), check_vma=False)(x)
+
+
 def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
     """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
     if src == dst:
         return x
-    if src.maps == dst.maps:  # only the split changes: XLA's own collective (slice/all-gather/all-to-all)
+    if src.maps == dst.maps or (dst.replicated and _same_space(src, dst)):
+        # only the split changes: XLA's own collective (slice/all-gather/all-to-all)
+        if dst.replicated and src.axes[0] is None:
+            return _gather_columns(x, src, geom)
         return lax.with_sharding_constraint(x, geom.sharding(dst))
     rank_axis = geom.rank_axis
     if src.replicated:  # every rank holds everything: each keeps its part, nothing moves

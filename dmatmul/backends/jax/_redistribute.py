@@ -29,14 +29,21 @@ def _steps(
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted(kind: str, geom: _layout.Geometry, src: _layout.Placement, dst: _layout.Placement) -> Any:
-    """Compiled once per (kind, mesh, placements): "move", "pad" (into src) or "unpad" (out of dst)."""
-    if kind == "move":
-        return jax.jit(lambda v: _layout.redistribute(v, src, dst, geom), out_shardings=geom.sharding(dst))
-    if kind == "pad":
-        return jax.jit(lambda v: _layout.pad(v, src), out_shardings=geom.sharding(src))
-    out = geom.sharding(dst) if _layout.expressible(dst) else geom.replicated()
-    return jax.jit(lambda v: _layout.unpad(v, dst), out_shardings=out)
+def _jitted(
+    geom: _layout.Geometry, src: _layout.Placement, dst: _layout.Placement, *, pad: bool = False, unpad: bool = False
+) -> Any:
+    """One step's move, compiled once per (mesh, placements): with ``pad``, from
+    the global matrix (padded into ``src`` first); with ``unpad``, to the global
+    matrix (out of ``dst`` after), so the whole move is one program."""
+
+    def move(v: jax.Array) -> jax.Array:
+        if pad:
+            v = _layout.pad(v, src)
+        v = _layout.redistribute(v, src, dst, geom)
+        return _layout.unpad(v, dst) if unpad else v
+
+    out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
+    return jax.jit(move, out_shardings=out)
 
 
 def redistribute(
@@ -52,29 +59,27 @@ def redistribute(
         return _empty(x, dst, shape=shape, family=family, devices=devices, rank=rank)
     steps = _steps(src, dst, devices, shape)
     geom, first, _ = steps[0]
+    global_jax = rank is None and family != "numpy"  # a jax.Array in and out: padded and unpadded in the moves
     if rank is not None:
         arr = _layout.local_to_global(np.asarray(x), first, geom, rank)
     elif family == "numpy":
         arr = _layout.host_to_device(np.asarray(x), first, geom)
     else:  # on the mesh first (a jax.Array on other devices, or on a mesh of its own, is moved there)
-        placed = geom.onto(x, geom.sharding(first) if _layout.expressible(first) else geom.replicated())
-        with geom.context():  # each step on its own mesh, also under a user's jax.set_mesh
-            arr = _jitted("pad", geom, first, first)(placed)
+        arr = geom.onto(x, geom.sharding(first) if _layout.expressible(first) else geom.replicated())
     for i, (geom, a, b) in enumerate(steps):
         if i:  # the same per-device blocks (Slab.X in rank order) seen on the next grid's mesh
             arr = jax.make_array_from_single_device_arrays(
                 a.shape, geom.sharding(a), [s.data for s in arr.addressable_shards]
             )
-        with geom.context():
-            arr = _jitted("move", geom, a, b)(arr)
+        with geom.context():  # each step on its own mesh, also under a user's jax.set_mesh
+            arr = _jitted(geom, a, b, pad=global_jax and i == 0, unpad=global_jax and i == len(steps) - 1)(arr)
     geom, _, last = steps[-1]
     if rank is not None:
         block = _layout.global_to_local(arr, last, dst.shape(rank, shape, len(devices)))
         return block if family == "jax" else np.array(block)
     if family == "numpy":
         return _layout.device_to_host(arr, last)
-    with geom.context():
-        return _jitted("unpad", geom, last, last)(arr)
+    return arr
 
 
 def _empty(
