@@ -293,6 +293,7 @@ class Case:
     jit: bool = False  # dm.matmul inside jax.jit, jax operands its arguments (not on a mesh: it has its own calls)
     reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
     transform: Transform | None = None  # a JAX transformation around dm.matmul (one process, jax operands)
+    schedule: _plan.Schedule | None = None  # forced on the 1-D kernels that have it (_plan.schedule); None: the model's
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -465,6 +466,9 @@ class Case:
                     f"({', '.join(arg for name, arg in zip('abc', args) if name in traced)})")
         else:
             line = f"dm.matmul({', '.join(args + kw)})"
+        if self.schedule is not None:  # (one line: the stateful form's with gets it as its first item)
+            forced = f"dm._plan.schedule({self.schedule!r})"
+            line = f"with {forced}, {line[5:]}" if line.startswith("with ") else f"with {forced}: {line}"
         if mpi:
             line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
         elif self.on_mesh is not None:
@@ -688,7 +692,10 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     ``jax.vjp`` or ``jax.jvp`` over its jax operands (bias too, where it is
     one), or ``jax.vmap`` over a stack of 2 or 3 a's or b's (leading or
     trailing batch axis), itself eager or inside the case's ``jax.jit`` or
-    mesh call, with everything else the case draws.
+    mesh call, with everything else the case draws. One case in three of
+    "auto", allgather or reduce_scatter forces the rings' schedule ("ring" or
+    "one_shot": :func:`dmatmul._plan.schedule`), whatever the cost model
+    would pick for its sizes.
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
@@ -763,6 +770,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
                 distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
                 algorithm=algorithm, family=family, precision=precision, specials=specials, single=single,
                 families=fams, layouts=layouts, bias_column=bias_column, bias_dtype=bias_dtype, bias_kind=bias_kind)
+    if algorithm in ("auto", "allgather", "reduce_scatter") and _rarely(draw, 3):
+        # each schedule of the rings, whatever the cost model would pick for these sizes
+        case = dataclasses.replace(case, schedule=draw.choice(_plan.SCHEDULES))
     reset = _draw_reset(draw, case, alphas, betas) if _rarely(draw, 8) else None
     on_mesh = None
     # the user's own mesh, eager or traced: one jax case in three, two in three with distribution=None (the
@@ -1164,7 +1174,7 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
 
     results: list[_Result] = []
     try:
-        with x64:
+        with x64, _plan.schedule(case.schedule):
             a, b, c = args["a"], args["b"], args["c"]
             if transformed is not None:
                 results += transformed.run(call, args, on, mesh)

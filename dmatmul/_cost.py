@@ -6,6 +6,18 @@ per byte a rank receives (s/B), ``gamma`` the time per flop of a rank's local
 GEMM while every rank computes at once (s/flop). Defaults per platform live in
 :data:`DEFAULT_MODELS`.
 
+What a "message" is. A ring (AllGather+GEMM, GEMM+ReduceScatter, SUMMA, a
+general redistribution) issues one point-to-point shift per step, P - 1 of
+them: each is a collective call of its own (on CPU one rendezvous of all the
+devices, on GPU one NCCL launch), and costs ``alpha``. A *whole* collective
+(one ``all_gather``, ``psum_scatter``, ``psum`` or ``all_to_all``) is one call
+however many steps its engine runs inside it (XLA on CPU: one rendezvous and
+a copy; NCCL: a ring of P - 1 steps in one launch): it costs
+``collective_alpha`` once, and its bytes ``collective_beta`` each (None: alpha
+and beta). On CPU XLA's whole all-gathers and reduce-scatters copy more
+slowly per byte than its point-to-point shifts, so a one-shot schedule wins
+only while latency dominates: the calibration measures both.
+
 Calibration. ``dmatmul bench --calibrate`` measures the three constants on
 this machine and writes them as JSON to :func:`calibration_path`:
 ``$DMATMUL_COST_MODEL`` when set, else ``$XDG_CACHE_HOME/dmatmul/cost_model.json``
@@ -66,9 +78,30 @@ class MachineModel:
     gamma: float
     source: str = "default"
     mem: float | None = None
+    #: one whole collective (see the module's docstring): its latency (s) and time per byte a rank receives in
+    #: it (s/B); None: ``alpha`` and ``beta``
+    collective_alpha: float | None = None
+    collective_beta: float | None = None
+    #: whether a ring's transfers overlap its GEMMs (GPU, TPU: XLA and cuBLASMp issue the next transfer
+    #: beside the step's GEMM); on CPU XLA's collectives are synchronous, so they add up
+    overlap: bool = False
 
-    def time(self, *, messages: float, nbytes: float, flops: float) -> float:
-        return self.alpha * messages + self.beta * nbytes + self.gamma * flops
+    @property
+    def calpha(self) -> float:
+        """The latency of one whole collective."""
+        return self.alpha if self.collective_alpha is None else self.collective_alpha
+
+    @property
+    def cbeta(self) -> float:
+        """The time per byte a rank receives in one whole collective."""
+        return self.beta if self.collective_beta is None else self.collective_beta
+
+    def time(self, *, messages: float, nbytes: float, flops: float, collectives: float = 0.0,
+             collective_bytes: float = 0.0) -> float:
+        """``alpha * messages + beta * nbytes + gamma * flops``, plus ``collectives``
+        whole collectives receiving ``collective_bytes`` in all."""
+        return (self.alpha * messages + self.beta * nbytes + self.gamma * flops
+                + self.calpha * collectives + self.cbeta * collective_bytes)
 
     def gemm(self, flops: float, nbytes: float) -> float:
         """One local GEMM: its flops, or the bytes it reads and writes where
@@ -81,16 +114,23 @@ class MachineModel:
         return max(self.gamma * flops, (self.beta if self.mem is None else self.mem) * nbytes)
 
     def to_dict(self) -> dict[str, float]:
-        out = {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
-        if self.mem is not None:
-            out["mem"] = self.mem
+        out: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
+        for name in ("mem", "collective_alpha", "collective_beta"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.overlap:
+            out["overlap"] = True
         return out
 
     def describe(self) -> str:
         """``alpha 20 us, beta 4.0 GB/s, gamma 20.0 GFLOP/s per rank (default)``."""
         bw = f"{1 / self.beta / 1e9:.3g} GB/s" if self.beta > 0 else "inf GB/s"
         speed = f"{1 / self.gamma / 1e9:.3g} GFLOP/s" if self.gamma > 0 else "inf GFLOP/s"
-        return f"alpha {self.alpha * 1e6:.3g} us, beta {bw}, gamma {speed} per rank ({self.source})"
+        coll = ""
+        if self.collective_alpha is not None or self.collective_beta is not None:
+            cbw = f"{1 / self.cbeta / 1e9:.3g} GB/s" if self.cbeta > 0 else "inf GB/s"
+            coll = f"; one collective {self.calpha * 1e6:.3g} us + {cbw}"
+        return f"alpha {self.alpha * 1e6:.3g} us, beta {bw}, gamma {speed} per rank{coll} ({self.source})"
 
 
 #: Defaults per JAX platform / backend. "cpu" is this project's reference
@@ -99,13 +139,19 @@ class MachineModel:
 #: ``"cpu/<P>"``: the same machine calibrated by ``dmatmul bench --calibrate``
 #: for P simulated devices (they share the 2 cores, so a rank's GEMM speed
 #: falls as P grows); used when a caller passes ``nranks``.
+#: A whole collective on CPU is one rendezvous, as one ring step is (``collective_alpha`` = ``alpha``), but
+#: its bytes cost more: the gathered operand (or the whole partial product) is materialized and multiplied
+#: in one GEMM that no longer fits in cache. ``collective_beta`` puts the crossover where
+#: ``benchmarks/small.py`` measured it (8 devices: the one-shot schedule 1.0-3x faster up to n = 1024, the
+#: ring 1.5-2.9x faster at n = 2048; 4 devices: about n = 1024). On GPU and TPU one collective is one launch
+#: (NCCL runs its own steps inside), and a ring overlaps its transfers with its GEMMs.
 DEFAULT_MODELS: dict[str, MachineModel] = {
-    "cpu": MachineModel(alpha=2e-5, beta=1 / 4e9, gamma=1 / 20e9),
-    "cpu/2": MachineModel(alpha=1e-5, beta=1 / 10e9, gamma=1 / 95e9),
-    "cpu/4": MachineModel(alpha=5e-5, beta=1 / 8e9, gamma=1 / 44e9),
-    "cpu/8": MachineModel(alpha=1.1e-4, beta=1 / 2.8e9, gamma=1 / 20e9),
-    "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 2e12),
-    "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 1e12),
+    "cpu": MachineModel(alpha=2e-5, beta=1 / 4e9, gamma=1 / 20e9, collective_beta=1 / 3.2e9),
+    "cpu/2": MachineModel(alpha=1e-5, beta=1 / 10e9, gamma=1 / 95e9, collective_beta=1 / 8e9),
+    "cpu/4": MachineModel(alpha=5e-5, beta=1 / 8e9, gamma=1 / 44e9, collective_beta=1 / 6.4e9),
+    "cpu/8": MachineModel(alpha=1.1e-4, beta=1 / 2.8e9, gamma=1 / 20e9, collective_beta=1 / 2.2e9),
+    "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 2e12, overlap=True),
+    "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 1e12, overlap=True),
 }
 
 _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
@@ -152,6 +198,9 @@ def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, Machine
             str(name): MachineModel(
                 alpha=float(e["alpha"]), beta=float(e["beta"]), gamma=float(e["gamma"]), source=f"calibrated {p}",
                 mem=float(e["mem"]) if e.get("mem") is not None else None,
+                collective_alpha=float(e["collective_alpha"]) if e.get("collective_alpha") is not None else None,
+                collective_beta=float(e["collective_beta"]) if e.get("collective_beta") is not None else None,
+                overlap=bool(e.get("overlap", False)),
             )
             for name, e in entries.items()
         }

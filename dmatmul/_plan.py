@@ -16,9 +16,11 @@ algorithm's own collective.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from . import _cost
@@ -28,10 +30,16 @@ from ._spec import ALGORITHMS
 __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
     "role_dist", "kernel_cost", "gemm_calls", "model_time", "on_grid_roles", "plans", "choose", "choose_distributions", "needs", "needs_message",
-    "dist_for_role", "stored_dims", "ALGORITHMS",
+    "dist_for_role", "stored_dims", "ALGORITHMS", "Schedule", "SCHEDULES", "forced_schedule", "schedule",
+    "kernel_collectives", "costed_plan",
 ]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
+#: How a 1-D kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
+#: "one_shot", one whole collective (the moving operand all-gathered, then one GEMM; or one GEMM of the whole
+#: partial product, then one reduce-scatter). The algorithm (its name, its operand roles) is the same.
+Schedule = Literal["ring", "one_shot"]
+SCHEDULES: tuple[Schedule, ...] = ("ring", "one_shot")
 Operand = Literal["a", "b", "d"]
 #: The operands in order: a, b and the result.
 OPERANDS: tuple[Operand, Operand, Operand] = ("a", "b", "d")
@@ -106,13 +114,15 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     """An algorithm on fixed operand roles. ``moving`` names the operand whose
-    blocks travel the ring (AllGather+GEMM)."""
+    blocks travel the ring (AllGather+GEMM); ``schedule`` how it communicates
+    (:data:`Schedule`: only allgather and reduce_scatter have a "one_shot" one)."""
 
     algorithm: str
     a: Role
     b: Role
     d: Role
     moving: Operand | None = None
+    schedule: Schedule = "ring"
 
     def role(self, operand: Operand) -> Role:
         return {"a": self.a, "b": self.b, "d": self.d}[operand]
@@ -131,7 +141,44 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("reduce_scatter", "K", "K", "N"),
     Kernel("allreduce", "K", "K", "R"),
     Kernel("summa", "G", "G", "G"),
+    # the same AllGather+GEMM and GEMM+ReduceScatter as one whole collective and one GEMM (small products:
+    # one collective call instead of P - 1; a backend that runs only the rings leaves them out)
+    Kernel("allgather", "M", "N", "M", moving="b", schedule="one_shot"),
+    Kernel("allgather", "M", "K", "M", moving="b", schedule="one_shot"),
+    Kernel("allgather", "M", "N", "N", moving="a", schedule="one_shot"),
+    Kernel("allgather", "K", "N", "N", moving="a", schedule="one_shot"),
+    Kernel("reduce_scatter", "K", "K", "M", schedule="one_shot"),
+    Kernel("reduce_scatter", "K", "K", "N", schedule="one_shot"),
 )
+
+_FORCED: contextvars.ContextVar[Schedule | None] = contextvars.ContextVar("dmatmul_schedule", default=None)
+
+
+def forced_schedule() -> Schedule | None:
+    """The schedule :func:`schedule` forces now, or None (the model picks)."""
+    return _FORCED.get()
+
+
+@contextlib.contextmanager
+def schedule(name: Schedule | None) -> Iterator[None]:
+    """Plan every kernel that has schedule ``name`` with it alone (None: the
+    cost model picks): a hook for the differential checker and benchmarks,
+    which run each schedule whatever the model would pick. Plans made inside
+    are cached apart (the backends key their caches on it).
+
+    >>> pr = Problem1D(64, 64, 64, 8, 4, 4)
+    >>> roles = {"a": "M", "b": "N", "d": "M"}
+    >>> with schedule("ring"):
+    ...     plans(pr, roles, _cost.model_for("cpu"))[0].kernel.schedule
+    'ring'
+    """
+    if name is not None and name not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES} or None, got {name!r}")
+    token = _FORCED.set(name)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +191,8 @@ class Move:
     collective: str
     nbytes: float
     messages: float
+    #: whole collectives (1: one all-gather or all-to-all call; its bytes then cost ``collective_beta``)
+    collectives: float = 0.0
 
     def describe(self) -> str:
         return f"{self.operand}: {self.src} -> {self.dst} by {self.collective} ({_fmt_bytes(self.nbytes)}/rank)"
@@ -201,8 +250,11 @@ def move(
 
     Two "G" roles agree only when the operand's grid layout already is the
     one the kernel needs (``native``); otherwise a general redistribution
-    (all-to-all) moves it. On one rank the 1x1 grid's layout is the whole
-    matrix, as ``R`` is: nothing moves between them.
+    (all-to-all) moves it, in as many point-to-point rounds as a rank has
+    partners (P - 1). A 1-D move (to ``R``, or from one split to another) is
+    one whole collective: an all-gather or an all-to-all call. On one rank the
+    1x1 grid's layout is the whole matrix, as ``R`` is: nothing moves between
+    them.
 
     >>> move(Problem1D(8, 8, 8, 1, 4, 4, grid=(1, 1)), "d", "G", "R").collective
     'none'
@@ -215,9 +267,11 @@ def move(
         return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, p - 1)
     if src == dst or src == "R":
         return Move(operand, src, dst, "none" if src == dst else "local slice", 0.0, 0.0)
+    one = src != "G" and dst != "G"  # a 1-D move: one whole collective; from a grid layout, P - 1 rounds
+    steps, calls = (0.0, 1.0) if one else (p - 1.0, 0.0)
     if dst == "R":
-        return Move(operand, src, dst, "all-gather", (p - 1) / p * size, p - 1)
-    return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, p - 1)
+        return Move(operand, src, dst, "all-gather", (p - 1) / p * size, steps, calls)
+    return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, steps, calls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +284,8 @@ class Plan:
     kernel_messages: float
     flops: float
     time: float
+    #: whole collectives of the kernel (:func:`kernel_collectives`; its bytes then travel in them)
+    kernel_collectives: float = 0.0
 
     @property
     def algorithm(self) -> str:
@@ -241,26 +297,56 @@ class Plan:
 
     @property
     def messages(self) -> float:
+        """Point-to-point steps (each one collective call of its own)."""
         return self.kernel_messages + sum(m.messages for m in self.moves)
+
+    @property
+    def collectives(self) -> float:
+        """Whole collectives (one call each, however many steps inside)."""
+        return self.kernel_collectives + sum(m.collectives for m in self.moves)
+
+    def describe_messages(self) -> str:
+        """``7 messages``, ``1 collective``, ``7 messages and 2 collectives``."""
+        def n(count: float, what: str) -> str:
+            return f"{count:.0f} {what}{'' if round(count) == 1 else 's'}"
+        parts = [n(self.messages, "message")] if self.messages or not self.collectives else []
+        if self.collectives:
+            parts.append(n(self.collectives, "collective"))
+        return " and ".join(parts)
 
     @property
     def communication_free_moves(self) -> bool:
         return all(m.nbytes == 0 for m in self.moves)
 
 
+def kernel_collectives(kernel: Kernel, p: int) -> float:
+    """Whole collectives the kernel runs on ``p`` ranks: one for a one-shot
+    schedule and for ``allreduce`` (one ``psum``), none for the rings.
+
+    >>> kernel_collectives(Kernel("allreduce", "K", "K", "R"), 8), kernel_collectives(KERNELS[3], 8)
+    (1.0, 0.0)
+    """
+    if p <= 1:
+        return 0.0
+    return 1.0 if kernel.schedule == "one_shot" or kernel.algorithm == "allreduce" else 0.0
+
+
 def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float]:
-    """(bytes received, messages, flops) per rank of the kernel itself."""
+    """(bytes received, messages, flops) per rank of the kernel itself. A
+    kernel of :func:`kernel_collectives` receives its bytes in those whole
+    collectives and sends no point-to-point messages."""
     m, n, k, p = problem.m, problem.n, problem.k, problem.p
     roles = (kernel.a, kernel.b, kernel.d)
     # a rank computes its share of the product, or all of it when nothing splits it
     flops = 2.0 * m * n * k / (1 if roles == ("R", "R", "R") else p)
+    steps = 0 if kernel_collectives(kernel, p) else p - 1
     if kernel.algorithm == "allgather":
         moving = kernel.moving or "b"
-        return (p - 1) / p * problem.elements(moving) * problem.itemsize, p - 1, flops
+        return (p - 1) / p * problem.elements(moving) * problem.itemsize, steps, flops
     if kernel.algorithm == "reduce_scatter":
-        return (p - 1) / p * m * n * problem.acc_itemsize, p - 1, flops
-    if kernel.algorithm == "allreduce":
-        return 2 * (p - 1) / p * m * n * problem.acc_itemsize, 2 * (p - 1), flops
+        return (p - 1) / p * m * n * problem.acc_itemsize, steps, flops
+    if kernel.algorithm == "allreduce":  # one psum: a whole collective (its engine's steps are inside it)
+        return 2 * (p - 1) / p * m * n * problem.acc_itemsize, 0, flops
     if kernel.algorithm == "summa":
         rows, cols = problem.grid or (1, p)
         # op(A)'s row panel travels along grid rows, op(B)'s column panel along grid columns, each byte
@@ -298,9 +384,15 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
     shape: tuple[int, float, float, float, bool]
     if roles == ("R", "R", "R"):
         shape = (1, m, n, k, False)
+    elif kernel.algorithm == "allgather" and kernel.schedule == "one_shot":
+        # the moving operand gathered whole: one GEMM of the whole K, or of the gathered free dimension
+        shape = (1, m if kernel.a == "K" or kernel.moving == "a" else m / p,
+                 n if kernel.b == "K" or kernel.moving == "b" else n / p, k, False)
     elif kernel.algorithm == "allgather":
         split_k = "K" in roles
         shape = (p, m if kernel.a == "K" else m / p, n if kernel.b == "K" else n / p, k / p if split_k else k, split_k)
+    elif kernel.algorithm == "reduce_scatter" and kernel.schedule == "one_shot":
+        shape = (1, m, n, k / p, False)  # the whole partial product, then one reduce-scatter
     elif kernel.algorithm == "summa":
         rows, cols = problem.grid or (1, p)
         steps = max(rows, cols)  # a ring along the longer grid axis, one K panel a step
@@ -313,11 +405,22 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
 
 
 def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
-               nbytes: float) -> float:
-    """A plan's modelled time: latency and bytes received, plus its local GEMMs
-    on the roofline (:func:`gemm_calls`)."""
-    local = sum(count * model.gemm(flops, touched) for count, flops, touched in gemm_calls(problem, kernel))
-    return model.alpha * messages + model.beta * nbytes + local
+               nbytes: float, collectives: float = 0.0, collective_bytes: float = 0.0,
+               overlapped_bytes: float = 0.0) -> float:
+    """A plan's modelled time: latency and bytes received (``messages``
+    point-to-point steps and ``nbytes`` in them, ``collectives`` whole ones
+    receiving ``collective_bytes``), plus its local GEMMs on the roofline
+    (:func:`gemm_calls`). Where the model overlaps a ring's transfers with
+    its GEMMs, the ``overlapped_bytes`` of ``nbytes`` (the ring's own) take
+    the longer of the two, plus one step of the shorter, not their sum."""
+    calls = gemm_calls(problem, kernel)
+    local = sum(count * model.gemm(flops, touched) for count, flops, touched in calls)
+    comm = model.beta * nbytes
+    if model.overlap and overlapped_bytes and kernel.schedule == "ring":
+        ring, steps = model.beta * overlapped_bytes, max(calls[0][0], 1)
+        comm -= ring
+        local = max(ring, local) + min(ring, local) / steps
+    return model.alpha * messages + model.calpha * collectives + comm + model.cbeta * collective_bytes + local
 
 
 def on_grid_roles(roles: dict[str, Role], grid_ops: Iterable[str]) -> dict[str, Role]:
@@ -347,6 +450,10 @@ def plans(
     """
     out = []
     summa_roles = on_grid_roles(roles, grid_ops)
+    forced = forced_schedule()
+    if forced is not None:  # the kernels with a schedule of that name run only it
+        both = {kern.algorithm for kern in kernels if kern.schedule == forced}
+        kernels = [kern for kern in kernels if kern.algorithm not in both or kern.schedule == forced]
     for kernel in kernels:
         if kernel.algorithm == "summa" and problem.grid is None:
             continue
@@ -359,14 +466,26 @@ def plans(
             move(sized, "d", kernel.d, given["d"], native="d" in native),
         ]
         kb, km, flops = kernel_cost(sized, kernel)
+        kc = kernel_collectives(kernel, sized.p)
         moves = tuple(mv for mv in candidates if mv.collective != "none")
-        nbytes = kb + sum(mv.nbytes for mv in moves)
-        messages = km + sum(mv.messages for mv in moves)
-        out.append(Plan(kernel, moves, kb, km, flops, model_time(sized, kernel, model, messages=messages,
-                                                                 nbytes=nbytes)))
+        out.append(costed_plan(sized, kernel, moves, kb, km, kc, flops, model))
     order = {name: i for i, name in enumerate(ALGORITHMS)}
     out.sort(key=lambda pl: (pl.time, len(pl.moves), order[pl.algorithm]))
     return out
+
+
+def costed_plan(problem: Problem1D, kernel: Kernel, moves: tuple[Move, ...], kb: float, km: float, kc: float,
+            flops: float, model: _cost.MachineModel) -> Plan:
+    """The plan of ``kernel`` (its bytes ``kb``, messages ``km``, collectives
+    ``kc``: :func:`kernel_cost`, :func:`kernel_collectives`) and ``moves``, with
+    its modelled time: the bytes of whole collectives (``kc``, a move's
+    ``collectives``) at their own cost, the ring's own beside its GEMMs."""
+    ring_bytes = sum(mv.nbytes for mv in moves if not mv.collectives) + (0.0 if kc else kb)
+    coll_bytes = sum(mv.nbytes for mv in moves if mv.collectives) + (kb if kc else 0.0)
+    time = model_time(problem, kernel, model, messages=km + sum(mv.messages for mv in moves), nbytes=ring_bytes,
+                      collectives=kc + sum(mv.collectives for mv in moves), collective_bytes=coll_bytes,
+                      overlapped_bytes=0.0 if kc else kb)
+    return Plan(kernel, moves, kb, km, flops, time, kc)
 
 
 def choose(
@@ -426,7 +545,7 @@ def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kerne
                 f"(a={dist_for_role('a', kernel.a, ta)}, b={dist_for_role('b', kernel.b, tb)}, "
                 f"result={dist_for_role('d', kernel.d, False)})"
             )
-    return out
+    return list(dict.fromkeys(out))  # a ring and its one-shot schedule take the same triple
 
 
 def needs_message(

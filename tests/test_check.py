@@ -277,6 +277,12 @@ def test_describe_is_the_python_call():
     for case in _draws(99, 300):
         line = case.describe("jax")
         stmt = ast.parse(line).body[0]
+        if case.schedule is not None:  # with dm._plan.schedule('ring'): <the line>
+            forced = f"dm._plan.schedule({case.schedule!r})"
+            assert isinstance(stmt, ast.With) and ast.unparse(stmt.items[0].context_expr) == forced, line
+            forms["schedule", case.schedule] += 1
+            line = line.replace(f"with {forced}: ", "").replace(f"{forced}, ", "")
+            stmt = ast.parse(line).body[0]
         call = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and ast.unparse(n.func) in ("dm.matmul", "dm.Matmul")]
         assert len(call) == 1, line
         call = call[0]
@@ -344,7 +350,8 @@ def test_describe_is_the_python_call():
                 assert _layout_of(x) == (layout if len(shape) == 2 or layout not in ("F", ".T view") else "C"), \
                     (name, layout, line)
     assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)} | {
-        ("transform", kind, jit) for kind in ck.TRANSFORMS for jit in (False, True)}, forms
+        ("transform", kind, jit) for kind in ck.TRANSFORMS for jit in (False, True)} | {
+        ("schedule", name) for name in ("ring", "one_shot")}, forms
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
 
 

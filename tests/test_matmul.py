@@ -155,25 +155,33 @@ def test_every_kernels_gemm_calls_add_up_to_its_flops():
                 assert all(touched > 0 for _, _, touched in calls)
 
 
-@pytest.mark.parametrize("m, k, n, slow", [(1024, 8, 1024, True), (512, 512, 512, False)])
+@pytest.mark.parametrize("m, k, n, slow", [(1024, 8, 1024, True), (2048, 2048, 2048, False)])
 def test_a_thin_inner_dimension_is_costed_at_memory_speed(m, k, n, slow):
     """A ring that moves b's rows (b split along K) adds P GEMMs of inner
     dimension K/P into the whole local result: with K = 8 on 8 ranks each is
     a pass over memory for a few flops, and one all-gather of b then one GEMM
     is the cheaper plan (measured on 8 simulated CPU devices at 4096x32x4096:
-    174 ms for the ring, 13 ms for the gather). A square product keeps the ring."""
+    174 ms for the ring, 13 ms for the gather): the allgather kernel's one-shot
+    schedule, or the local kernel after a gather of b, the same work. A square
+    product keeps the ring."""
+    from dmatmul import _plan
+
     rng = np.random.default_rng(3)
     a, b, _ = operands(rng, m, n, k, False, False)
-    with dm.Matmul(a, b, distribution=(X, X, X), devices=8, backend="jax") as auto, \
-            dm.Matmul(a, b, distribution=(X, X, X), devices=8, backend="jax", algorithm="allgather") as ring:
-        auto.plan(), ring.plan()
-        assert ring.algorithm == "allgather"
+    with _plan.schedule("ring"):
+        ring = dm.Matmul(a, b, distribution=(X, X, X), devices=8, backend="jax", algorithm="allgather")
+        ring.plan()
+    with dm.Matmul(a, b, distribution=(X, X, X), devices=8, backend="jax") as auto, ring:
+        auto.plan()
+        assert ring.algorithm == "allgather" and ring._plan.cost.kernel.schedule == "ring"
+        chosen = auto._plan.cost.kernel
         if slow:
-            assert auto.algorithm == "local" and "b: K -> R by all-gather" in auto.explain()
+            assert (chosen.algorithm, chosen.schedule) == ("allgather", "one_shot") or (
+                chosen.algorithm == "local" and "b: K -> R by all-gather" in auto.explain())
             assert auto._plan.cost.time < ring._plan.cost.time / 3
-        else:
-            assert auto.algorithm == "allgather"
-        assert_close(auto.execute(), reference(a, b), "float32")
+            assert_close(auto.execute(), reference(a, b), "float32")
+        else:  # (large enough for the ring: planned only)
+            assert (chosen.algorithm, chosen.schedule) == ("allgather", "ring")
 
 
 # --------------------------------------------------------------------------- #
@@ -367,10 +375,13 @@ def test_distribution_inferred_from_jax_shardings():
 # --------------------------------------------------------------------------- #
 # autodiff: the transpose of a ring is the dual ring
 # --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("schedule", ["ring", "one_shot"])
 @pytest.mark.parametrize(
     "dists, algorithm", [((X, Y, X), "allgather"), ((Y, X, Y), "reduce_scatter"), ((Y, X, R), "allreduce")]
 )
-def test_gradients_against_numpy(dists, algorithm):
+def test_gradients_against_numpy(dists, algorithm, schedule):
+    from dmatmul import _plan
+
     rng = np.random.default_rng(9)
     a, b, _ = operands(rng, 16, 8, 24, False, False)
     g = rng.standard_normal((16, 8)).astype(np.float32)
@@ -378,13 +389,16 @@ def test_gradients_against_numpy(dists, algorithm):
     def loss(x, y):
         return jnp.sum(dm.matmul(x, y, distribution=dists, algorithm=algorithm, devices=8) * g)
 
-    ga, gb = jax.grad(loss, argnums=(0, 1))(jnp.asarray(a), jnp.asarray(b))
+    with _plan.schedule(schedule):
+        ga, gb = jax.grad(loss, argnums=(0, 1))(jnp.asarray(a), jnp.asarray(b))
+        jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(a), jnp.asarray(b)))
     assert_close(np.asarray(ga), g.astype(np.float64) @ b.T.astype(np.float64), "float32")
     assert_close(np.asarray(gb), a.T.astype(np.float64) @ g.astype(np.float64), "float32")
-    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(a), jnp.asarray(b)))
-    if algorithm != "allreduce":
+    if algorithm != "allreduce" and schedule == "ring":
         # forward ring + its transpose: collective permutes, no all-gather
         assert jaxpr.count("ppermute") >= 2 and "all_gather" not in jaxpr
+    elif algorithm != "allreduce":  # one whole collective and its transpose (all-gather <-> reduce-scatter)
+        assert "ppermute" not in jaxpr and "all_gather" in jaxpr and "reduce_scatter" in jaxpr
 
 
 def test_gradient_with_transposes_and_uneven_sizes():
@@ -468,3 +482,71 @@ def test_half_precision_widens_on_the_devices_it_runs_on(monkeypatch):
     d = dm.matmul(jnp.asarray(a), jnp.asarray(b), distribution=(R, Y, Y), transpose_b=True, devices=3,
                   backend="jax")
     assert_close(np.asarray(d), reference(a, b, transpose_b=True), "bfloat16")
+
+
+# --------------------------------------------------------------------------- #
+# one-shot schedules (one whole collective instead of a P - 1 step ring)
+# --------------------------------------------------------------------------- #
+# every kernel that has a one-shot schedule, as the (a, b, result) layout that runs it (no transposes)
+_ONE_SHOT_LAYOUTS = [(X, Y, X), (X, X, X), (X, Y, Y), (Y, Y, Y), (Y, X, X), (Y, X, Y)]
+
+
+@pytest.mark.parametrize("dists", _ONE_SHOT_LAYOUTS, ids=lambda d: "".join(repr(x)[-1] for x in d))
+def test_one_shot_schedules_match_numpy_with_gradients_and_jit(dists):
+    """Each one-shot kernel (forced: the model would pick it for these sizes anyway),
+    on uneven sizes over 3 ranks (padding), every transpose: the product, its
+    vjp and its jit against numpy, and explain() says what ran."""
+    from dmatmul import _plan
+
+    rng = np.random.default_rng(1)
+    m, n, k = 7, 5, 4
+    for ta, tb in itertools.product((False, True), repeat=2):
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        g = rng.standard_normal((m, n)).astype(np.float32)
+        opa, opb = (a.T if ta else a), (b.T if tb else b)
+        kw = dict(distribution=dists, transpose_a=ta, transpose_b=tb, devices=3, precision="highest")
+        with _plan.schedule("one_shot"):
+            with dm.Matmul(a, b, **kw) as mm:
+                assert "one-shot" in mm.explain(), mm.explain()
+                assert_close(mm.execute(), opa @ opb, "float32")
+
+            def f(x, y):
+                return dm.matmul(x, y, **kw)
+
+            d, vjp = jax.vjp(f, jnp.asarray(a), jnp.asarray(b))
+            da, db = vjp(jnp.asarray(g))
+            jitted = jax.jit(f)(jnp.asarray(a), jnp.asarray(b))
+        assert_close(np.asarray(d), opa @ opb, "float32")
+        assert_close(np.asarray(jitted), opa @ opb, "float32")
+        want_a, want_b = g @ opb.T, opa.T @ g
+        assert_close(np.asarray(da), want_a.T if ta else want_a, "float32")
+        assert_close(np.asarray(db), want_b.T if tb else want_b, "float32")
+
+
+def test_the_model_costs_a_collective_as_one_call_and_picks_the_schedule_by_size():
+    """A one-shot schedule and a psum are one collective; a 1-D move is one
+    all-gather or all-to-all call; auto picks the one-shot schedule for small
+    products and the ring for large ones on the 8-device CPU model (its
+    prediction, not a threshold: both are costed)."""
+    from dmatmul import _cost, _plan
+
+    model = _cost.model_for("cpu", 8)
+    xyx = {"a": "M", "b": "N", "d": "M"}
+    small, large = _plan.Problem1D(64, 64, 64, 8, 4, 4), _plan.Problem1D(4096, 4096, 4096, 8, 4, 4)
+    best = _plan.plans(small, xyx, model)[0]
+    assert (best.kernel.algorithm, best.kernel.schedule, best.messages, best.collectives) == (
+        "allgather", "one_shot", 0, 1)
+    ring = next(pl for pl in _plan.plans(small, xyx, model) if pl.kernel.schedule == "ring" and
+                pl.algorithm == "allgather")
+    assert ring.messages == 7 and ring.collectives == 0 and ring.time > best.time
+    assert _plan.plans(large, xyx, model)[0].kernel.schedule == "ring"
+    psum = next(pl for pl in _plan.plans(small, {"a": "K", "b": "K", "d": "R"}, model) if pl.algorithm == "allreduce")
+    assert (psum.messages, psum.collectives) == (0, 1)
+    gather = _plan.move(small, "d", "M", "R")
+    assert (gather.messages, gather.collectives) == (0, 1)
+    with _plan.schedule("ring"):
+        assert _plan.plans(small, xyx, model)[0].kernel.schedule == "ring"
+    mm = dm.Matmul(np.ones((64, 64), np.float32), np.ones((64, 64), np.float32), distribution=(X, Y, X), devices=8)
+    text = mm.explain()
+    assert "one-shot AllGather+GEMM" in text and "in 1 collective" in text

@@ -2,7 +2,9 @@
 
 ``dmatmul bench --calibrate`` measures alpha (s/message, from chained ring
 shifts), beta (s/byte) and gamma (s/flop per rank, from a ring's GEMMs) for
-each device count, fits them (:func:`dmatmul._cost.fit`) and saves them where
+each device count, fits them (:func:`dmatmul._cost.fit`), measures one whole
+collective's latency and time per byte the same way (chained all-gathers and
+reduce-scatters: :func:`collective_samples`), and saves them where
 :func:`dmatmul._cost.model_for` finds them; ``dmatmul bench --costs`` prints
 the modelled bytes, messages, flops, extra memory and time of every 1-D
 algorithm on its own layout, against the lower bounds.
@@ -104,6 +106,59 @@ def calibration_samples(
     return samples
 
 
+def collective_samples(
+    p: int,
+    *,
+    quick: bool = False,
+    reps: int = 5,
+    message_bytes: Sequence[int] | None = None,
+    before: Callable[[], None] | None = None,
+) -> list[tuple[float, float, float, float]]:
+    """Measured ``(collectives, nbytes, 0, seconds)`` per rank on ``p`` devices:
+    one ``psum_scatter`` then one ``all_gather`` (tiled) of ``V`` bytes per
+    rank, two whole collectives receiving ``2 (P - 1)/P V`` bytes, timed as the
+    difference between 2 and 6 chained pairs in one jitted call (the dispatch
+    cost cancels), for several ``V``: what a one-shot schedule runs. Fitted
+    with :func:`dmatmul._cost.fit` (its "alpha" and "beta" are then the
+    collective's)."""
+    jax = start_jax(p)
+    from jax import lax
+
+    mesh = make_mesh(jax.devices()[:p])
+    P = jax.sharding.PartitionSpec
+    if message_bytes is None:
+        message_bytes = (1 << 12, 1 << 16, 1 << 20) if quick else (1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 22)
+    samples: list[tuple[float, float, float, float]] = []
+    for nbytes in message_bytes:
+        words = max(p, nbytes // 4 // p * p)
+        x = jax.device_put(np.ones((p, words), np.float32), jax.sharding.NamedSharding(mesh, P("x", None)))
+        timed = {}
+        for pairs in (2, 6):
+
+            def chain(v: Any, pairs: int = pairs) -> Any:
+                for _ in range(pairs):
+                    v = lax.all_gather(lax.psum_scatter(v, "x", scatter_dimension=1, tiled=True), "x", axis=1,
+                                       tiled=True)
+                return v
+
+            f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("x", None), out_specs=P("x", None)))
+            runner = blocking(f, x)
+            runner()
+            runner()
+            ts = []
+            for _ in range(reps):
+                if before:
+                    before()
+                t0 = time.perf_counter()
+                runner()
+                ts.append(time.perf_counter() - t0)
+            timed[pairs] = float(np.median(ts))
+        per = (timed[6] - timed[2]) / 4
+        if per > 0:
+            samples.append((2.0, 2.0 * (p - 1) / p * words * 4, 0.0, per))
+    return samples
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from .._runtime import launched_size
 
@@ -122,11 +177,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
         waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
         samples = calibration_samples(p, quick=args.quick, before=waiter)
         model, res = _cost.fit(samples)
-        model = dataclasses.replace(model, source="calibrated")
+        coll, cres = _cost.fit(collective_samples(p, quick=args.quick, before=waiter))
+        model = dataclasses.replace(model, source="calibrated", collective_alpha=coll.alpha,
+                                    collective_beta=coll.beta)
         models[f"{platform_name}/{p}"] = model
         bw = 1 / model.beta / 1e9 if model.beta else float("inf")
         speed = 1 / model.gamma / 1e9 if model.gamma else float("inf")
-        print(f"{p:5d} {model.alpha * 1e6:11.2f} {bw:14.2f} {speed:23.2f} {res:12.3f}")
+        cbw = 1 / coll.beta / 1e9 if coll.beta else float("inf")
+        print(f"{p:5d} {model.alpha * 1e6:11.2f} {bw:14.2f} {speed:23.2f} {res:12.3f}   "
+              f"one collective: {coll.alpha * 1e6:.2f} us + {cbw:.2f} GB/s (rms rel res {cres:.3f})")
     models[platform_name] = models[f"{platform_name}/{max(args.devices)}"]
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -140,8 +199,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "cpu") -> str:
-    """Every 1-D algorithm on its own layout for an ``n``-cube on ``p`` ranks:
-    bytes each rank sends and receives, messages, flops and extra memory per
+    """Every 1-D algorithm (each schedule: ``allgather:one_shot``) on its own
+    layout for an ``n``-cube on ``p`` ranks: bytes each rank sends and receives,
+    point-to-point messages, whole collectives, flops and extra memory per
     rank, the predicted time, and the lower bounds."""
     from .. import _plan
 
@@ -152,7 +212,8 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
     lb = _cost.lower_bounds(n, n, n, p, itemsize)
     mib = 2.0**20
     head = (
-        f"{'algorithm':15s} {'a':12s} {'b':12s} {'result':12s} {'recv MiB':>9s} {'sent MiB':>9s} {'msgs':>5s} "
+        f"{'algorithm':24s} {'a':12s} {'b':12s} {'result':12s} {'recv MiB':>9s} {'sent MiB':>9s} {'msgs':>5s} "
+        f"{'colls':>5s} "
         f"{'GFLOP':>7s} {'extra MiB':>9s} {'pred ms':>8s} {'/bound':>7s}"
     )
     lines = [
@@ -171,12 +232,14 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
         except StopIteration:
             continue
         names = [_plan.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]
-        extra = _cost.extra_memory_bytes(kernel.algorithm, n, n, n, p, itemsize, acc, moving=kernel.moving)
+        extra = _cost.extra_memory_bytes(kernel.algorithm, n, n, n, p, itemsize, acc, moving=kernel.moving,
+                                         one_shot=kernel.schedule == "one_shot")
+        name = kernel.algorithm + (":one_shot" if kernel.schedule == "one_shot" else "")
         bound = f"{plan.nbytes / lb['memory_independent']:.2f}" if lb["memory_independent"] > 0 else "-"
         # every rank of a ring (or a psum) sends what it receives
         lines.append(
-            f"{kernel.algorithm:15s} {names[0]:12s} {names[1]:12s} {names[2]:12s} {plan.nbytes / mib:9.2f} "
-            f"{plan.nbytes / mib:9.2f} {plan.messages:5.0f} {plan.flops / 1e9:7.3f} {extra / mib:9.2f} "
+            f"{name:24s} {names[0]:12s} {names[1]:12s} {names[2]:12s} {plan.nbytes / mib:9.2f} "
+            f"{plan.nbytes / mib:9.2f} {plan.messages:5.0f} {plan.collectives:5.0f} {plan.flops / 1e9:7.3f} {extra / mib:9.2f} "
             f"{plan.time * 1e3:8.2f} {bound:>7s}"
         )
     return "\n".join(lines) + "\n"

@@ -1030,11 +1030,15 @@ class JaxPlan:
                    + ("" if self.local.overlap else ", each transfer after the step's GEMM (CPU: one block less)"))
             )
         else:
+            one_shot = kern.schedule == "one_shot" and self.nranks > 1
             what = {
                 "local": "local GEMM, no communication",
-                "allgather": f"ring AllGather+GEMM: {kern.moving} travels {self.nranks - 1} ppermute steps",
-                "reduce_scatter": f"ring GEMM+ReduceScatter: partial sums travel {self.nranks - 1} ppermute steps",
-                "allreduce": "GEMM + psum (AllReduce)",
+                "allgather": f"one-shot AllGather+GEMM: {kern.moving} all-gathered in one collective, then one GEMM"
+                if one_shot else f"ring AllGather+GEMM: {kern.moving} travels {self.nranks - 1} ppermute steps",
+                "reduce_scatter": "one-shot GEMM+ReduceScatter: one GEMM of the whole partial product, then one "
+                "psum_scatter" if one_shot else
+                f"ring GEMM+ReduceScatter: partial sums travel {self.nranks - 1} ppermute steps",
+                "allreduce": "GEMM + psum (AllReduce, one collective)",
             }[kern.algorithm]
             what += f"; roles a:{kern.a} b:{kern.b} result:{kern.d}"
         lines.append(f"kernel:     {what}")
@@ -1049,11 +1053,12 @@ class JaxPlan:
         if padded:
             lines.append(f"padding:    {', '.join(padded)} (uneven splits, zeros inside the kernel only)")
         lb = _cost.lower_bound_words(pr.m, pr.n, pr.k, pr.p) * pr.itemsize
-        nbytes, messages = plan.nbytes + sum(m.nbytes for m in foreign), plan.messages + sum(m.messages for m in foreign)
+        nbytes = plan.nbytes + sum(m.nbytes for m in foreign)
+        counted = dataclasses.replace(plan, moves=(*plan.moves, *foreign))
         replicated = [op for op, d in zip("ab", self.planned) if isinstance(d, Replicated)]
         ratio = _plan.versus_bound(nbytes, lb, replicated)
         lines += [
-            f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {messages:.0f} messages, "
+            f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {counted.describe_messages()}, "
             f"{plan.flops / 1e9:.3g} GFLOP per rank",
             f"lower bound: {_plan._fmt_bytes(lb)} per rank (memory-independent); {ratio}",
             f"predicted:  {plan.time * 1e3:.3g} ms ({self.model.source} {self.devices[0].platform} model)",
@@ -1130,11 +1135,11 @@ class JaxBackend:
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
             raise ValueError(_inside_shard_map(manual))
-        key: Any = spec
+        key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
         if (spec.family == "jax" or in_jax_trace()) and not spec.spmd:
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
-            key = (spec, mesh, mesh is not None and _tracing(operands))
+            key = (*key, mesh, mesh is not None and _tracing(operands))
             if spec.distributions is None and spec.family == "jax":
                 key += (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"))
         with self._lock:

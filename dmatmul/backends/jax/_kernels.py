@@ -37,6 +37,7 @@ __all__ = [
     "body",
     "contract",
     "finish",
+    "one_shot",
     "ring_allgather",
     "ring_allgathers",
     "ring_order",
@@ -503,6 +504,58 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     return acc + product(blk, (idx + n_ring - 1) % n_ring)
 
 
+def one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
+    """AllGather+GEMM or GEMM+ReduceScatter (``lp.kernel``) as one whole
+    collective and one GEMM: the moving operand all-gathered, then multiplied;
+    or the whole partial product, then reduce-scattered (``psum_scatter``).
+    What each rank ends with is what the ring leaves there (the collectives
+    number the ranks as ``lax.axis_index`` of ``lp.axis`` does, as the ring's
+    blocks are numbered). Small products: one collective call instead of the
+    ring's P - 1 (see :mod:`dmatmul._cost`).
+
+    Every collective runs along the leading axis of what it moves: along the
+    second one XLA's CPU collectives copy strided, 4-10x slower at n = 1024
+    (8 simulated devices). A block split along its stored second axis is
+    gathered untiled, as a leading axis of blocks: a gathered free dimension
+    (op(B)'s columns, op(A)'s rows) then lands in the GEMM's result as a
+    reshape, a gathered K is laid out by a local transpose first; a result
+    scattered over its columns is computed transposed (``op(B)^T op(A)^T``),
+    scattered over its rows, and transposed back (one local block)."""
+    kern, ax, axis = lp.kernel, lp.axes, lp.axis
+    if kern.algorithm == "reduce_scatter":
+        if kern.d == "M":
+            return lax.psum_scatter(lp.mm(a, b), axis, scatter_dimension=0, tiled=True)
+        dt = contract(b, a, ax["bK"], ax["aK"], lp.precision, lp.acc_dtype)  # (N, M): the product transposed
+        return lax.psum_scatter(dt, axis, scatter_dimension=0, tiled=True).T
+
+    def gathered(x: jax.Array, stored: int) -> jax.Array:
+        """``x`` all-gathered along its stored axis ``stored``: tiled where that axis
+        leads, else as blocks on a new leading axis."""
+        return lax.all_gather(x, axis, axis=0, tiled=stored == 0)
+
+    def laid(g: jax.Array) -> jax.Array:
+        """Blocks ``(P, r, c)`` side by side: ``(r, P * c)``."""
+        return jnp.moveaxis(g, 0, 1).reshape(g.shape[1], -1)
+
+    if kern.moving == "b":
+        stored = ax["bK"] if kern.b == "K" else ax["bN"]
+        g = gathered(b, stored)
+        if stored == 0:
+            return lp.mm(a, g)
+        if kern.b == "N":  # b (K, n): blocks (P, K, n) meet a -> (m, P, n), the result's column blocks in order
+            d = contract(a, g, ax["aK"], 1, lp.precision, lp.acc_dtype)
+            return d.reshape(d.shape[0], -1)
+        return lp.mm(a, laid(g))  # b stored (N, k): K blocks side by side
+    stored = ax["aK"] if kern.a == "K" else ax["aM"]
+    g = gathered(a, stored)
+    if stored == 0:
+        return lp.mm(g, b)
+    if kern.a == "M":  # op(A) stored (K, m): blocks (P, K, m) -> (P, m, n), the result's row blocks in order
+        d = contract(g, b, 1, ax["bK"], lp.precision, lp.acc_dtype)
+        return d.reshape(-1, d.shape[-1])
+    return lp.mm(laid(g), b)  # a stored (M, k): K blocks side by side
+
+
 def varying_zeros(shape: tuple[int, ...], dtype: Any, axis: Any) -> jax.Array:
     """Zeros typed as varying over ``axis`` (a name or tuple; ``()``: plain zeros),
     as a ``fori_loop`` carry that will hold varying values must be."""
@@ -524,6 +577,8 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             return summa(lp, a, b)
         if kern.algorithm == "allreduce":
             return lax.psum(lp.mm(a, b), axis)
+        if kern.schedule == "one_shot":
+            return one_shot(lp, a, b)
         if kern.algorithm == "reduce_scatter":
             if kern.d == "N":
                 return ring_reduce_scatter(lambda j: lp.mm(a, lp.take(b, ax["bN"], "N", j)), p, axis)

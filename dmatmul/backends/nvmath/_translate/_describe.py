@@ -84,8 +84,8 @@ def describe(t: Translation) -> list[str]:
         replicated = [op for op, d in zip("ab", p.distributions) if d == Replicated()]
         ratio = _plan.versus_bound(t.cost.nbytes, lb, replicated)
         lines.append(
-            f"modelled:   {_plan._fmt_bytes(t.cost.nbytes)} received per rank in {t.cost.messages:.0f} "
-            f"messages, {t.cost.flops / 1e9:.3g} GFLOP per rank ({ratio}: "
+            f"modelled:   {_plan._fmt_bytes(t.cost.nbytes)} received per rank in {t.cost.describe_messages()}, "
+            f"{t.cost.flops / 1e9:.3g} GFLOP per rank ({ratio}: "
             f"lower bound {_plan._fmt_bytes(lb)} per rank)"
         )
     lines.append("log:        CUBLASMP_LOG_LEVEL=5 makes cuBLASMp log the path it runs")

@@ -43,9 +43,8 @@ def model_plan(
     if gather_from is not None:  # host-staged: device->host, MPI, host->device
         mv = _plan.move(sizes, "d", gather_from, "R")
         moves += (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
-    plan = _plan.Plan(kernel, moves, nbytes, messages, flops, time=0.0)
-    return dataclasses.replace(plan, time=_plan.model_time(sizes, kernel, MODEL, messages=plan.messages,
-                                                           nbytes=plan.nbytes))
+    return _plan.costed_plan(sizes, kernel, moves, nbytes, messages, _plan.kernel_collectives(kernel, sizes.p), flops,
+                             MODEL)
 
 
 def _dims(p: Problem, split: Container[str]) -> dict[str, DimPlan]:
