@@ -16,7 +16,9 @@ a copy; NCCL: a ring of P - 1 steps in one launch): it costs
 ``collective_alpha`` once, and its bytes ``collective_beta`` each (None: alpha
 and beta). On CPU XLA's whole all-gathers and reduce-scatters copy more
 slowly per byte than its point-to-point shifts, so a one-shot schedule wins
-only while latency dominates: the calibration measures both.
+only while latency dominates. The calibration measures the point-to-point
+terms and keeps the defaults' premium of a collective over them
+(``dmatmul._bench.calibration.with_default_collectives`` says why).
 
 Calibration. ``dmatmul bench --calibrate`` measures the three constants on
 this machine and writes them as JSON to :func:`calibration_path`:
