@@ -562,6 +562,7 @@ class Matmul:
         self._held = _held(new)
         if spec != self._spec:
             if self._plan is not None:
+                self._told = (self._plan.algorithm, self._explanation())  # what it was, should none follow
                 self._plan.free()
             self._spec, self._plan = spec, None  # scalars are compiled in: re-plan
 
@@ -615,7 +616,7 @@ class Matmul:
     def free(self) -> None:
         """Release the plan's resources. Idempotent. ``algorithm`` and
         ``explain()`` still tell what the plan was (where it was made)."""
-        if self._plan is not None and self._told is None:
+        if self._plan is not None:
             self._told = (self._plan.algorithm, self._explanation())
         self._release()
 

@@ -244,6 +244,23 @@ def test_plan_reuse_and_reset_operands():
             read()
 
 
+def test_a_plan_dropped_by_new_scalars_still_tells_what_it_was_after_free():
+    """New scalars drop the plan (they are compiled in); freed before another is made, the Matmul still
+    tells what its plan was, as after any free() (it said 'freed before it was made')."""
+    a, b = np.ones((6, 4), np.float32), np.ones((4, 5), np.float32)
+    with dm.Matmul(a, b, distribution=(X, Y, X), devices=2) as mm:
+        mm.plan()
+        told = (mm.algorithm, mm.explain())
+        mm.reset_operands(alpha=2.0)
+    assert (mm.algorithm, mm.explain()) == told
+    with dm.Matmul(a, b, distribution=(Y, X, Y), devices=2) as mm:
+        mm.plan()
+        mm.reset_operands(alpha=2.0)
+        np.testing.assert_allclose(mm.execute(), 2 * a @ b)  # planned again: that plan is the one told
+        told = (mm.algorithm, mm.explain())
+    assert (mm.algorithm, mm.explain()) == told and told[0] == "reduce_scatter"
+
+
 def test_operands_changed_or_misplaced_are_refused_with_their_name():
     """What execute() reads must be what was given; what reset_operands takes
     is checked as the constructor checks it."""
