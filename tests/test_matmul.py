@@ -261,6 +261,19 @@ def test_a_plan_dropped_by_new_scalars_still_tells_what_it_was_after_free():
     assert (mm.algorithm, mm.explain()) == told and told[0] == "reduce_scatter"
 
 
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_a_64_bit_jax_bias_inside_jit_is_padded_without_a_warning():
+    """A float64 jax.Array bias of float32 operands (x64 off), the plan executed inside jit, M not a multiple
+    of the ranks: the bias is padded in its own dtype (jnp.zeros(n, float64) warned that it truncates)."""
+    a, b = np.ones((7, 4), np.float32), np.ones((4, 5), np.float32)
+    with jax.enable_x64(True):
+        bias = jnp.arange(7.0)
+    with dm.Matmul(a, b, epilog="bias", bias=bias, distribution=X, devices=2) as mm:
+        d = jax.jit(lambda: mm.execute())()
+    assert d.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(d), np.broadcast_to(4 + np.arange(7.0)[:, None], (7, 5)))
+
 def test_operands_changed_or_misplaced_are_refused_with_their_name():
     """What execute() reads must be what was given; what reset_operands takes
     is checked as the constructor checks it."""

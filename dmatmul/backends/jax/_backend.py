@@ -783,7 +783,9 @@ class JaxPlan:
             out = np.zeros(m.padded_size, bias.dtype)
             out[m.positions] = bias
             return out
-        return jnp.zeros(m.padded_size, bias.dtype).at[jnp.asarray(m.positions)].set(bias)
+        # zeros_like keeps a 64-bit bias's dtype where x64 is off (a float64 jax.Array inside jit), as numpy's
+        # path does: jnp.zeros(n, float64) would warn that it truncates it to float32
+        return jnp.zeros_like(bias, shape=(m.padded_size,)).at[jnp.asarray(m.positions)].set(bias)
 
     def _function(self, kind: str) -> Any:
         """The jitted function for padded operands ("padded") or global jax.Arrays ("jax")."""
