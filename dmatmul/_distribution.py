@@ -69,6 +69,19 @@ def _as_pair(value: Any, what: str, *, minimum: int) -> tuple[int, int]:
     )
 
 
+def one_of(value: Any, names: Sequence[str | None]) -> bool:
+    """Whether ``value`` is one of ``names`` (strings, and None where None is
+    one): only a string can equal a name, so any other value (a numpy array,
+    whose ``==`` is elementwise; bytes; a list) is simply not one of them.
+
+    >>> one_of("row", ("row", "col")), one_of(np.array(["row", "col"]), ("row", "col")), one_of(None, (None, "x"))
+    (True, False, True)
+    """
+    if value is None:
+        return None in names
+    return isinstance(value, str) and value in names
+
+
 def _global_shape(global_shape: Any) -> tuple[int, int]:
     return _as_pair(global_shape, "global_shape", minimum=0)
 
@@ -147,7 +160,7 @@ class ProcessGrid:
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape:
             raise TypeError(f"ProcessGrid shape must be a tuple of positive ints, got {shape!r}")
         dims = tuple(_as_int(s, f"ProcessGrid shape[{i}]", minimum=1) for i, s in enumerate(shape))
-        if layout not in ("row", "col"):
+        if not one_of(layout, ("row", "col")):
             raise DistributionError(
                 f"ProcessGrid layout must be 'row' (rank = r*cols + c) or 'col' "
                 f"(rank = r + c*rows), got {layout!r}"

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _cost, _runtime
 from . import backends as _backends
-from ._distribution import Distribution
+from ._distribution import Distribution, one_of
 from ._empty import EmptyProduct
 from ._epilogue import EPILOGS, Epilog, EpilogName, has_bias
 from ._errors import DistributionError, PlanFreedError
@@ -179,7 +179,7 @@ def _check_local(
     for name, flag in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if epilog not in EPILOGS:
+    if not one_of(epilog, EPILOGS):
         raise ValueError(f"epilog must be one of {EPILOGS}, got {epilog!r}")
     epilog = Epilog.of(epilog)
     if epilog is not None and epilog.activation is not None and dtype.startswith("complex"):
@@ -219,11 +219,11 @@ def _check_local(
             "distribution is required when running as several processes (each rank passes its local "
             "blocks): e.g. distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X)"
         )
-    if backend not in _backends.NAMES:
+    if not one_of(backend, _backends.NAMES):
         raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
-    if algorithm != "auto" and algorithm not in ALGORITHMS:
+    if not one_of(algorithm, ("auto", *ALGORITHMS)):
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
-    if precision not in PRECISIONS:
+    if not one_of(precision, PRECISIONS):
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     devices = check_devices(devices, spmd=spmd)
     shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731

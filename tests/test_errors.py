@@ -81,6 +81,14 @@ CASES = [
      ["c is a numpy masked array"]),
     (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=np.ma.masked_array(ones(4))), TypeError,
      ["bias is a numpy masked array"]),
+    # a numpy array for a name: refused by name (its == is elementwise: numpy's "truth value of an array is
+    # ambiguous" came out, naming nothing; found by tests/test_bad_inputs.py)
+    (dict(a=ones(4, 3), b=ones(3, 5), epilog=np.array(["relu", "bias"])), ValueError, ["epilog", "array(['relu'"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), backend=np.array(["jax", "auto"])), ValueError, ["backend", "array(['jax'"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), algorithm=np.array(["local", "summa"])), ValueError,
+     ["algorithm", "array(['local'"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), precision=np.array(["high", "default"])), ValueError,
+     ["precision", "array(['high'"]),
 ]
 
 
@@ -93,6 +101,12 @@ def test_bad_input(kwargs, exc, words):
         dm.matmul(a, b, c, **kwargs)
     for w in words:
         assert w in str(info.value), f"{w!r} not in: {info.value}"
+
+
+def test_a_grid_layout_that_is_an_array_is_refused_by_name():
+    """Found by tests/test_bad_inputs.py: numpy's "truth value ... is ambiguous", naming nothing."""
+    with pytest.raises(ValueError, match=r"ProcessGrid layout must be 'row' .* got array\(\['row', 'col'\]"):
+        dm.ProcessGrid((2, 2), layout=np.array(["row", "col"]))
 
 
 def test_more_devices_than_exist():
