@@ -124,8 +124,9 @@ def numroc(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> int:
 def _cyclic_indices(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> np.ndarray:
     """Global ids held by ``iproc`` under a 1-D block-cyclic deal (local order)."""
     mydist = (nprocs + iproc - isrcproc) % nprocs
+    nb = min(nb, max(n, 1))  # a block longer than n holds all n, as a block of n does (and the ids stay int64)
     starts = np.arange(mydist * nb, n, nprocs * nb)
-    ids = (starts[:, None] + np.arange(min(nb, n))[None, :]).ravel()  # a block longer than n: n ids at most
+    ids = (starts[:, None] + np.arange(nb)[None, :]).ravel()
     return ids[ids < n]
 
 
@@ -250,7 +251,8 @@ class Distribution:
 
     Subclasses are immutable values: equal distributions compare and hash
     equal. Subclasses define :meth:`_dim_indices` (the global ids along one
-    matrix dimension that a rank holds) and, if gridded, :attr:`grid`.
+    matrix dimension that a rank holds), :meth:`_dim_length` (how many, without
+    listing them) and, if gridded, :attr:`grid`.
     """
 
     grid: ProcessGrid | None = None
@@ -295,11 +297,15 @@ class Distribution:
         return self._dim_indices(0, rank, shape[0], p), self._dim_indices(1, rank, shape[1], p)
 
     def shape(self, rank: int, global_shape: tuple[int, int], nranks: int | None = None) -> tuple[int, int]:
-        """The local shape of ``rank``'s block."""
-        rows, cols = self.global_indices(rank, global_shape, nranks)
-        return (len(rows), len(cols))
+        """The local shape of ``rank``'s block (counted, not listed: any global shape)."""
+        rank, shape, p = self._check(rank, global_shape, nranks)
+        return self._dim_length(0, rank, shape[0], p), self._dim_length(1, rank, shape[1], p)
 
     def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _dim_length(self, dim: int, rank: int, size: int, nranks: int) -> int:
+        """``len(self._dim_indices(...))``, without making the list."""
         raise NotImplementedError
 
     def global_shape(self, local_shapes: Sequence[tuple[int, int]]) -> tuple[int, int]:
@@ -357,7 +363,7 @@ class Distribution:
         window = max(2, blocks[dim]) + 2
 
         def misses(size: int) -> int:
-            return sum(len(self._dim_indices(dim, r, size, p)) != s[dim] for r, s in enumerate(shapes))
+            return sum(self._dim_length(dim, r, size, p) != s[dim] for r, s in enumerate(shapes))
 
         candidates = range(max(0, guess - window), guess + window + 1)
         return min(candidates, key=lambda size: (misses(size), abs(size - guess)))
@@ -394,6 +400,9 @@ class Slab(Distribution):
         start, length = slab_extent(size, nranks, rank)
         return np.arange(start, start + length)
 
+    def _dim_length(self, dim: int, rank: int, size: int, nranks: int) -> int:
+        return slab_extent(size, nranks, rank)[1] if dim == self.dim else size
+
     def _infer_extents(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
         split = sum(s[self.dim] for s in shapes)
         return (split, shapes[0][1]) if self.dim == 0 else (shapes[0][0], split)
@@ -412,6 +421,9 @@ class Replicated(Distribution):
 
     def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
         return np.arange(size)
+
+    def _dim_length(self, dim: int, rank: int, size: int, nranks: int) -> int:
+        return size
 
     def __repr__(self) -> str:
         return "Replicated()"
@@ -465,10 +477,15 @@ class BlockNonCyclic(_GridDistribution):
         self._init_grid(grid, first_process)
 
     def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
-        parts = self.grid.shape[dim]
-        part = (self.grid.coords(rank)[dim] - self.first_process[dim]) % parts
-        start, length = slab_extent(size, parts, part)
+        start, length = self._extent(dim, rank, size)
         return np.arange(start, start + length)
+
+    def _dim_length(self, dim: int, rank: int, size: int, nranks: int) -> int:
+        return self._extent(dim, rank, size)[1]
+
+    def _extent(self, dim: int, rank: int, size: int) -> tuple[int, int]:
+        parts = self.grid.shape[dim]
+        return slab_extent(size, parts, (self.grid.coords(rank)[dim] - self.first_process[dim]) % parts)
 
     def __repr__(self) -> str:
         fp = "" if self.first_process == (0, 0) else f", first_process={self.first_process}"
@@ -499,13 +516,14 @@ class BlockCyclic(_GridDistribution):
         object.__setattr__(self, "block_sizes", _as_pair(block_sizes, "block_sizes", minimum=1))
 
     def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
-        return _cyclic_indices(
-            size,
-            self.block_sizes[dim],
-            self.grid.coords(rank)[dim],
-            self.first_process[dim],
-            self.grid.shape[dim],
-        )
+        return _cyclic_indices(size, *self._deal(dim, rank))
+
+    def _dim_length(self, dim: int, rank: int, size: int, nranks: int) -> int:
+        return numroc(size, *self._deal(dim, rank))
+
+    def _deal(self, dim: int, rank: int) -> tuple[int, int, int, int]:
+        """``(nb, iproc, isrcproc, nprocs)`` of ``rank`` along ``dim``, as NUMROC takes them."""
+        return self.block_sizes[dim], self.grid.coords(rank)[dim], self.first_process[dim], self.grid.shape[dim]
 
     def __repr__(self) -> str:
         fp = "" if self.first_process == (0, 0) else f", first_process={self.first_process}"
@@ -568,15 +586,17 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
         raise TypeError(f"join: blocks must be a non-empty list of per-rank blocks, got {type(blocks).__name__}")
     p = d.nranks(len(blocks))
     arrays = [np.asarray(b) for b in blocks]
+    for rank, block in enumerate(arrays):  # every block checked before the result is made (of any global shape)
+        want = d.shape(rank, shape, p)
+        if block.shape != want:
+            raise DistributionError(
+                f"join: block of rank {rank} must have shape {want} under {d!r} for global shape {shape}, "
+                f"got {block.shape}"
+            )
     dtype = np.result_type(*arrays)
     out = np.zeros(shape, dtype=dtype)
     for rank, block in enumerate(arrays):
         rows, cols = d.global_indices(rank, shape, p)
-        if block.shape != (len(rows), len(cols)):
-            raise DistributionError(
-                f"join: block of rank {rank} must have shape {(len(rows), len(cols))} "
-                f"under {d!r} for global shape {shape}, got {block.shape}"
-            )
         out[np.ix_(rows, cols)] = block
     if isinstance(d, Replicated):
         differs = next((r for r, b in enumerate(arrays[1:], 1) if not _same(b, arrays[0])), None)

@@ -348,3 +348,27 @@ def test_a_block_longer_than_the_matrix_costs_nothing():
     assert d.shape(0, (5, 7)) == (5, 7) and d.shape(1, (5, 7)) == (0, 7)
     rows, cols = d.global_indices(0, (5, 7))
     assert rows.tolist() == list(range(5)) and cols.tolist() == list(range(7))
+
+
+@pytest.mark.parametrize("nb", [2**63, 2**70])
+def test_a_block_beyond_int64_splits_and_joins(nb):
+    """Found by tests/test_bad_inputs.py: a block size past int64 made the other
+    ranks' (empty) index lists float, and dm.split raised IndexError ("arrays
+    used as indices must be of integer type") while dm.matmul took the layout."""
+    d = dm.BlockCyclic(dm.ProcessGrid((2, 2)), (nb, 2))
+    x = np.arange(40.0).reshape(5, 8)
+    blocks = dm.split(x, d)
+    assert [b.shape for b in blocks] == [d.shape(r, x.shape) for r in range(4)] == [(5, 4), (5, 4), (0, 4), (0, 4)]
+    rows, _ = d.global_indices(2, x.shape)
+    assert rows.dtype.kind == "i" and rows.size == 0
+    np.testing.assert_array_equal(dm.join(blocks, d, x.shape), x)
+
+
+@pytest.mark.parametrize("shape", [(2**40, 4), (0, 2**62)])
+def test_join_checks_the_blocks_before_making_a_huge_result(shape):
+    """Found by tests/test_bad_inputs.py: a global_shape far larger than the blocks
+    allocated the result (MemoryError) or listed its indices (ValueError "array is too
+    big") before finding that no block fits it."""
+    blocks = dm.split(np.ones((4, 4)), dm.Slab.X, nranks=2)
+    with pytest.raises(dm.DistributionError, match=r"join: block of rank 0 must have shape .* got \(2, 4\)"):
+        dm.join(blocks, dm.Slab.X, shape)
