@@ -224,7 +224,7 @@ def _axes_of(part: Any) -> tuple:
 # checks and vma alignment
 # --------------------------------------------------------------------------- #
 def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferred: Any) -> tuple[_Ring, Any, Any]:
-    x, y = jnp.asarray(x), jnp.asarray(y)
+    x, y = _operand(name, "x", x), _operand(name, "y", y)
     for arg, v, fix in (("x", x, "(rows, k)"), ("y", y, "(k, columns)")):
         if v.ndim != 2:
             raise ValueError(
@@ -245,7 +245,8 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     if isinstance(axis, tuple) and not axis:
         raise ValueError(f"{name}: axis_name=() names no mesh axis; pass a mesh axis name or a tuple of them")
     names = axis if isinstance(axis, tuple) else (axis,)
-    if any(isinstance(n, (int, np.integer)) or n is None for n in names):  # JAX would read an int as a position
+    # JAX would read an int as a position; a name is hashable (a dict, a set or an array is none)
+    if any(isinstance(n, (int, np.integer)) or n is None or not isinstance(n, Hashable) for n in names):
         raise TypeError(
             f"{name}: axis_name must be a mesh axis name (e.g. 'model') or a tuple of them, got {axis_name!r}"
         )
@@ -258,6 +259,12 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
             f"{name}: axis_name={axis!r} is not an axis of an enclosing jax.shard_map ({e}); call {name} "
             "inside a function run by jax.shard_map whose mesh has that axis"
         ) from e
+    refused = _refused_by_dot(x, y, precision=precision)
+    if refused is not None:  # (else JAX's own error would come from inside the ring, naming no argument)
+        raise ValueError(
+            f"{name}: precision={precision!r} is none that jnp.dot takes ({refused}); pass None, 'default', "
+            "'high', 'highest', a jax.lax.Precision or a pair of them"
+        ) from refused
     # the product's dtype, as jnp.dot chooses it
     dtype = jnp.result_type(x, y) if preferred is None else _preferred(name, x, y, preferred)
     # As jnp.dot does, type both operands as varying over the union of their
@@ -271,25 +278,52 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     return ring, x, y
 
 
+def _operand(name: str, arg: str, v: Any) -> jax.Array:
+    """``jnp.asarray(v)``; what JAX cannot take as an array, refused naming ``arg``."""
+    try:
+        return jnp.asarray(v)
+    except (TypeError, ValueError) as e:
+        dtype = f" of dtype {v.dtype}" if isinstance(getattr(v, "dtype", None), np.dtype) else ""
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise type(e)(
+            f"{name}: {arg} must be an array of numbers (a jax.Array, or what jnp.asarray takes), got "
+            f"{type(v).__name__}{dtype} ({why})"
+        ) from e
+
+
+def _refused_by_dot(x: jax.Array, y: jax.Array, **options: Any) -> Exception | None:
+    """What ``lax.dot_general`` of x's and y's dtypes raises for ``options``
+    (precision, preferred_element_type), as jnp.dot would; None where it takes them."""
+    dims = (((1,), (0,)), ((), ()))
+    try:
+        jax.eval_shape(
+            functools.partial(lax.dot_general, dimension_numbers=dims, **options),
+            jax.ShapeDtypeStruct((1, 1), x.dtype),
+            jax.ShapeDtypeStruct((1, 1), y.dtype),
+        )
+    except (TypeError, ValueError) as e:
+        return e
+    return None
+
+
 def _preferred(name: str, x: jax.Array, y: jax.Array, preferred: Any) -> np.dtype:
     """``preferred_element_type`` as a dtype, where jnp.dot takes it for these
     operands (it refuses, e.g., one narrower than a complex operand's); else a
     TypeError naming the argument, the operands' dtypes and the fix."""
-    dims = (((1,), (0,)), ((), ()))
+    refused: Exception | None
     try:
         dtype = np.dtype(jax.dtypes.canonicalize_dtype(preferred))
-        jax.eval_shape(
-            functools.partial(lax.dot_general, dimension_numbers=dims, preferred_element_type=dtype),
-            jax.ShapeDtypeStruct((1, 1), x.dtype),
-            jax.ShapeDtypeStruct((1, 1), y.dtype),
-        )
     except TypeError as e:
-        product, why = jnp.result_type(x, y), str(e).rstrip(".")
+        refused = e
+    else:
+        refused = _refused_by_dot(x, y, preferred_element_type=dtype)
+    if refused is not None:
+        product, why = jnp.result_type(x, y), str(refused).rstrip(".")
         raise TypeError(
             f"{name}: preferred_element_type={preferred!r} cannot be the dtype of the product of x ({x.dtype}) "
             f"and y ({y.dtype}); jnp.dot refuses it too ({why}). Pass preferred_element_type=None (the product "
             f"is then {product}) or a dtype at least as wide as {product}"
-        ) from e
+        ) from refused
     return dtype
 
 

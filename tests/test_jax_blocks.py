@@ -586,6 +586,30 @@ def test_axis_name_must_be_a_shard_map_axis():
             trace("allgather_matmul", (4, 3), (3, 2), axis=bad)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize(
+    "x, kw, error, words",
+    [  # found by tests/test_bad_inputs.py: JAX's own errors (naming no argument) or an internal one came out
+        (None, {}, ValueError, ["x must be an array of numbers", "got NoneType"]),
+        ({}, {}, TypeError, ["x must be an array of numbers", "got dict"]),
+        (np.ones((8, 3), object), {}, TypeError, ["x must be an array of numbers", "ndarray of dtype object"]),
+        ([[1.0], [1.0, 2.0]], {}, ValueError, ["x must be an array of numbers", "got list"]),
+        (np.ones((8, 3)), {"precision": "fast"}, ValueError, ["precision='fast' is none that jnp.dot takes"]),
+        (np.ones((8, 3)), {"precision": np.array([1, 2])}, ValueError, ["precision=array([1, 2]) is none"]),
+        (np.ones((8, 3)), {"axis_name": {"model"}}, TypeError, ["axis_name must be a mesh axis name", "{'model'}"]),
+    ],
+)
+def test_bad_operands_and_options_name_the_argument(op, x, kw, error, words):
+    kw = {"axis_name": "model", **kw}
+    mesh = make_mesh((2, 4), "auto")
+    f = jax.shard_map(lambda: getattr(dmj, op)(x, np.ones((3, 2)), **kw), mesh=mesh, in_specs=(), out_specs=P(),
+                      check_vma=False)
+    with pytest.raises(error) as e:
+        jax.make_jaxpr(f)()
+    for word in words:
+        assert word in str(e.value), (word, str(e.value))
+
+
 def test_options_are_keyword_only():
     with pytest.raises(TypeError):
         dmj.allgather_matmul(jnp.ones((4, 3)), jnp.ones((3, 2)), "model")  # type: ignore[misc]
