@@ -82,6 +82,14 @@ def one_of(value: Any, names: Sequence[str | None]) -> bool:
     return isinstance(value, str) and value in names
 
 
+def to_numpy(x: Any, name: str) -> np.ndarray:
+    """``np.asarray(x)``; numpy's error on what is no array (a ragged list) named for ``name``."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name} cannot be read as an array ({type(x).__name__}): {e}") from e
+
+
 def _global_shape(global_shape: Any) -> tuple[int, int]:
     return _as_pair(global_shape, "global_shape", minimum=0)
 
@@ -549,7 +557,7 @@ def split(a: Any, d: Distribution, nranks: int | None = None) -> list[np.ndarray
     [[[0, 1], [2, 3]], [[4, 5]]]
     """
     d = _check_distribution(d)
-    a = np.asarray(a)
+    a = to_numpy(a, "split: a")
     if a.ndim != 2:
         raise ValueError(f"split: a must be a 2-D matrix, got shape {a.shape}")
     p = d.nranks(nranks)
@@ -585,7 +593,7 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
     if isinstance(blocks, np.ndarray) or not isinstance(blocks, Sequence) or not blocks:
         raise TypeError(f"join: blocks must be a non-empty list of per-rank blocks, got {type(blocks).__name__}")
     p = d.nranks(len(blocks))
-    arrays = [np.asarray(b) for b in blocks]
+    arrays = [to_numpy(b, f"join: the block of rank {rank}") for rank, b in enumerate(blocks)]
     for rank, block in enumerate(arrays):  # every block checked before the result is made (of any global shape)
         want = d.shape(rank, shape, p)
         if block.shape != want:

@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from ._distribution import Distribution
+from ._distribution import Distribution, to_numpy
 from ._epilogue import Epilog, has_bias
 from ._errors import DistributionError
 
@@ -219,14 +219,6 @@ def check_devices(devices: Any, *, spmd: bool) -> Any:
     if not devices:
         raise ValueError("devices must not be an empty list")
     return tuple(devices)
-
-
-def to_numpy(x: Any, name: str) -> np.ndarray:
-    """``np.asarray(x)``; numpy's error on what is no array (a ragged list) named for ``name``."""
-    try:
-        return np.asarray(x)
-    except (ValueError, TypeError) as e:
-        raise type(e)(f"{name} cannot be read as an array ({type(x).__name__}): {e}") from e
 
 
 def native_order(x: Any) -> Any:

@@ -302,6 +302,10 @@ def test_a_grid_counts_its_ranks_exactly():
         (lambda: dm.split(np.ones(3), dm.Slab.X, nranks=2), ValueError, ["2-D", "(3,)"]),
         (lambda: dm.split(np.ones((3, 3)), "Slab.X", nranks=2), TypeError, ["distribution", "'Slab.X'"]),
         (lambda: dm.join([np.ones((2, 3)), np.ones((2, 3))], dm.Slab.X, (3, 3)), ValueError, ["rank 1", "(1, 3)", "(2, 3)"]),
+        # ragged lists (found by tests/test_bad_inputs.py: numpy's "inhomogeneous shape", naming nothing)
+        (lambda: dm.split([[1.0], [2.0, 3.0]], dm.Slab.X, nranks=2), ValueError, ["split: a cannot be read", "list"]),
+        (lambda: dm.join([np.ones((1, 2)), [[1.0], [2.0, 3.0]]], dm.Slab.X, (2, 2)), ValueError,
+         ["join: the block of rank 1 cannot be read as an array (list)"]),
     ],
 )
 def test_bad_arguments_raise_clear_errors(make, exc, words):
