@@ -116,6 +116,16 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
     assert "FAILED" not in proc.stdout, output(proc)
 
 
+def test_a_generated_bad_argument_on_one_rank_raises_on_every_rank():
+    """tests/mpi/bad_input.py: the bad-input matrix of tests/test_bad_inputs.py with
+    one rank's argument corrupted (a different rank each time): every rank raises a
+    TypeError/ValueError promptly, and the valid product still runs after."""
+    proc = launch(4, "tests/mpi/bad_input.py", "40" if os.environ.get("DMATMUL_LONG", "") not in ("", "0") else "4",
+                  timeout=400)
+    assert proc.returncode == 0, output(proc)
+    assert "ok bad-input: " in proc.stdout, output(proc)
+
+
 @pytest.mark.parametrize("mode", ["user-reversed", "used-first", "used-on-one-rank", "after-finalize"])
 def test_the_process_group_starts_on_every_rank_or_raises_on_every_rank(mode):
     """A jax.distributed the user started, numbering its processes otherwise than
