@@ -83,6 +83,8 @@ def _scalar(x: Any, name: str, dtype: str) -> complex:
         return complex(x) if dtype.startswith("complex") else float(x)
     except OverflowError:
         raise ValueError(f"{name}={x!r} does not fit a double") from None
+    except ValueError as e:  # a number that has no float value (Decimal('sNaN'))
+        raise ValueError(f"{name}={x!r} has no floating-point value: {e}") from None
 
 
 def _distributions(distribution: Any) -> tuple[Distribution, Distribution, Distribution] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import decimal
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,7 @@ CASES = [
     (dict(a=ones(4, 3), b=ones(3, 5), epilog="bias", bias=ones(5)), ValueError, ["bias", "length M=4", "(5,)"]),
     (dict(a=ones(4, 3), b=ones(3, 5), bias=ones(4)), ValueError, ["bias is given", "epilog=None"]),
     (dict(a=ones(4, 3), b=ones(3, 5), epilog="swish"), ValueError, ["epilog", "'relu'", "'swish'"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), alpha=decimal.Decimal("sNaN")), ValueError, ["alpha=Decimal('sNaN')"]),
     (
         dict(a=ones(4, 3, dtype=np.complex64), b=ones(3, 5, dtype=np.complex64), epilog="relu"),
         TypeError,
