@@ -33,8 +33,9 @@ class EmptyProduct:
         self.backend = backend  # the one the product would run on: it says how many ranks there are
 
     def plan(self, spec: Spec, operands: Operands) -> EmptyPlan:
+        ranks = self.backend.ranks(spec, operands)  # (refuses operands whose layout the backend refuses)
         if spec.distributions is not None:
-            check_fit(spec.distributions, self.backend.ranks(spec, operands), spmd=spec.spmd)
+            check_fit(spec.distributions, ranks, spmd=spec.spmd)
             fits = getattr(self.backend, "fits", None)
             if spec.algorithm != "auto" and fits is not None:
                 # a named algorithm fits the layouts or not whatever the sizes: as for one element each

@@ -577,3 +577,15 @@ def test_results_are_sharded_as_their_distribution_says(dists, mnk, tb, jit):
         rows, cols = dists[2].global_indices(r, (m, n), 4)
         assert shards[dev].data.shape == (len(rows), len(cols)), (r, d.sharding)
         assert_close(np.asarray(shards[dev].data), want[np.ix_(rows, cols)], "float32")
+
+
+@pytest.mark.parametrize("k", [0, 6])
+def test_a_sharding_no_distribution_expresses_is_refused_for_an_empty_product_too(k):
+    """distribution=None reads the layouts off the operands' shardings: one that
+    replicates over a mesh axis is refused naming the operand, also where K = 0
+    (an empty product, never planned on the backend, was computed regardless)."""
+    mesh6 = jax.make_mesh((3, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:6])
+    a = jax.device_put(np.ones((k, 21), np.float32), NamedSharding(mesh6, P("data", None)))
+    b = jax.device_put(np.ones((25, k), np.float32), NamedSharding(mesh6, P()))
+    with pytest.raises(ValueError, match=r"a: its sharding P\('data', None\) .* replicates over mesh axis 'model'"):
+        dm.matmul(a, b, transpose_a=True, transpose_b=True)

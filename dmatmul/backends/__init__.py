@@ -58,7 +58,8 @@ class Backend(Protocol):
 
     * ``plan(spec, operands)``: a :class:`BackendPlan` for a validated product.
     * ``ranks(spec, operands)``: how many ranks a product of ``spec`` on
-      ``operands`` spans here.
+      ``operands`` spans here (raising where the backend refuses the operands'
+      own layouts, as ``plan`` would: an empty product asks only this).
     * ``start(runtime)``: bring the backend's own process group up under a
       multi-process launch (called once, before its first product); returns
       the runtime, with this process's device filled in where it has one.

@@ -1099,8 +1099,17 @@ class JaxBackend:
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
         """One device per process under mpiexec; else the devices of the operands'
-        mesh, or those ``devices=`` picks (as :class:`JaxPlan` takes them)."""
-        return spec.nprocs if spec.spmd else len(plan_devices(spec, mesh_of(spec, operands)))
+        mesh, or those ``devices=`` picks (as :class:`JaxPlan` takes them). With
+        ``distribution=None``, jax.Array operands whose sharding is none of
+        dmatmul's distributions are refused here as :meth:`plan` refuses them
+        (an empty product asks only this)."""
+        if spec.spmd:
+            return spec.nprocs
+        devices = plan_devices(spec, mesh_of(spec, operands))
+        if spec.distributions is None and spec.family == "jax":
+            _infer_distribution(operands.a, devices, "a")
+            _infer_distribution(operands.b, devices, "b")
+        return len(devices)
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
         """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""
