@@ -514,6 +514,29 @@ def test_eager_jvp_of_an_empty_product_on_the_users_mesh(kind):
         assert x.sharding == NamedSharding(mesh, P("data", "model")) and not np.asarray(x).any(), x.sharding
 
 
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("k", [12, 0])
+def test_eager_vjp_of_a_c_that_beta_0_leaves_unread(kind, k):
+    """C given with beta = 0 is not read (NaN there stays out of the result),
+    yet under eager vjp its cotangent is a zero of its own placement, as for
+    jnp's ``0 * c``: not one JAX makes from a type alone, which it cannot on
+    Explicit axes outside set_mesh (it raised about lowering platforms)."""
+    mesh = mesh_of(kind)
+    a_np, b_np = A[:, :k], B[:k]
+    a, b = put(a_np, mesh, P(AXES, None)), put(b_np, mesh, P())
+    c = put(np.full((16, 24), np.nan, np.float32), mesh, P(None, AXES))
+    d, pull = jax.vjp(lambda x, y, z: dm.matmul(x, y, z, alpha=2.0, beta=0.0), a, b, c)
+    g_np = RNG.standard_normal((16, 24)).astype(np.float32)
+    ga, gb, gc = pull(jax.device_put(g_np, d.sharding))  # a cotangent laid out as the result
+    assert_close(np.asarray(d), 2 * reference(a_np, b_np), "float32")
+    if k:
+        assert_close(np.asarray(ga), 2 * reference(g_np, b_np.T), "float32")
+        assert_close(np.asarray(gb), 2 * reference(a_np.T, g_np), "float32")
+    else:  # (JAX lays zero-size sharded arrays out with whole-shape shards, which it then cannot read)
+        assert (ga.shape, gb.shape) == (a.shape, b.shape)
+    assert gc.shape == c.shape and not np.asarray(gc).any()
+
+
 def test_eager_transformations_of_operands_committed_to_one_device():
     """Eager jax.grad around dm.matmul: operands committed to one device (the
     traced value's and the constant's) move onto the plan's devices; gradients

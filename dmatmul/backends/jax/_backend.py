@@ -63,6 +63,29 @@ def _inside_shard_map(manual: Sequence[str]) -> str:
     )
 
 
+def depending_on(d: jax.Array, *unused: Any) -> jax.Array:
+    """``d`` as it is, made to depend on each of the operands ``unused`` that are
+    a trace's values (None: none), with a zero derivative.
+
+    An operand that a result does not use (C with beta = 0; A and B of an
+    empty product) gets from eager ``vjp`` a symbolic zero cotangent, which JAX
+    then makes from its type alone; on a mesh with Explicit axes outside
+    ``jax.set_mesh`` it cannot (JAX raises about lowering platforms, as it does
+    for ``jax.vjp(lambda x, y: 2 * x, x, y)``). A select on a constant False
+    keeps each one, as ``jnp.dot``'s users' ``beta * c`` would, without reading
+    its values (NaN or Inf in C stay out of the result, as BLAS has it) and
+    without changing any of ``d``'s bits. (A cotangent left on one device,
+    uncommitted, still fails there: JAX cannot broadcast its sum onto an
+    Explicit type, as ``jax.vjp(lambda x: x - x.sum(), x)`` shows.)"""
+    for x in unused:
+        if not isinstance(x, jax.core.Tracer):
+            continue
+        s = jnp.sum(x)
+        s = jnp.real(s) if jnp.iscomplexobj(s) and not jnp.iscomplexobj(d) else s
+        d = d - jnp.where(False, s.astype(d.dtype), 0)  # x - (+0.0) is x, bit for bit (-0.0, NaN, Inf too)
+    return d
+
+
 def _traced(operands: Operands) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in (operands.a, operands.b, operands.c, operands.bias))
 
@@ -372,10 +395,8 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     if _traced(operands) and mesh is not None:
         # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
         # devices (an abstract mesh's); and under jvp a result that depends on neither gets a tangent JAX makes
-        # from its type alone (on its default device; on Explicit axes outside set_mesh, none). Their sums
-        # keep them, adding nothing: with K = 0 both are empty (sums 0); else the result is (M or N = 0)
-        for x in (operands.a, operands.b):
-            d = d + jnp.sum(jnp.asarray(x)).astype(d.dtype)
+        # from its type alone (on its default device; on Explicit axes outside set_mesh, none)
+        d = depending_on(d, operands.a, operands.b, None if spec.use_c else operands.c)
         return _typed_on(d, _on_mesh(dist, mesh, shape))
     if isinstance(mesh, Mesh):
         return jax.device_put(d, _on_mesh(dist, mesh, shape))
@@ -878,18 +899,25 @@ class JaxPlan:
 
     def execute(self, operands: Operands) -> Any:
         with _x64(self.spec.dtype):
-            if self.traced:
-                return self._execute_traced(operands)
-            if self.user_mesh is not None and in_jax_trace():
-                # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
-                if self._twin is None:
-                    self._twin = JaxPlan(self.spec, operands)
-                return self._twin.execute(operands)
-            with contextlib.nullcontext() if _traced(operands) else self._own_context():
-                d = self._execute(operands)
-            if self.user_mesh is not None:
-                return self._to_user_mesh(d)
-            return self._to_result_grid(d) if self.spec.family == "jax" and not self.spec.spmd else d
+            d = self._execute_where(operands)
+            if self.spec.use_c or not _traced(operands):
+                return d
+            return depending_on(d, operands.c)  # C given with beta = 0
+
+    def _execute_where(self, operands: Operands) -> Any:
+        """The result on the mesh (or host) it goes to, as :meth:`execute` says."""
+        if self.traced:
+            return self._execute_traced(operands)
+        if self.user_mesh is not None and in_jax_trace():
+            # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
+            if self._twin is None:
+                self._twin = JaxPlan(self.spec, operands)
+            return self._twin.execute(operands)
+        with contextlib.nullcontext() if _traced(operands) else self._own_context():
+            d = self._execute(operands)
+        if self.user_mesh is not None:
+            return self._to_user_mesh(d)
+        return self._to_result_grid(d) if self.spec.family == "jax" and not self.spec.spmd else d
 
     def _own_context(self) -> contextlib.AbstractContextManager[Any]:
         """One process: dmatmul's own mesh as the context of its computations
