@@ -14,6 +14,7 @@ what was given.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import numbers
 import sys
@@ -31,7 +32,6 @@ from ._errors import DistributionError, PlanFreedError
 from ._spec import (
     ALGORITHMS,
     DTYPES,
-    PRECISIONS,
     AlgorithmName,
     BackendName,
     Operands,
@@ -43,6 +43,7 @@ from ._spec import (
     dtype_name,
     family,
     native_order,
+    normalize_precision,
     refuse_trace_under_mpi,
     refuse_unusable,
     to_numpy,
@@ -225,8 +226,7 @@ def _check_local(
         raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
     if not one_of(algorithm, ("auto", *ALGORITHMS)):
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
-    if not one_of(precision, PRECISIONS):
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    precision = normalize_precision(precision)
     devices = check_devices(devices, spmd=spmd)
     shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731
     return _Checked(
@@ -360,7 +360,8 @@ _DOCS = {
             ``dmatmul.ALGORITHMS``. precision: None (the framework's
             default: ``jax.default_matmul_precision`` on JAX, nvmath's default
             compute type on nvmath), "default", "high" or "highest", as for
-            ``jnp.dot``. devices: an int N (the first N devices) or a list of
+            ``jnp.dot`` (a ``jax.lax.Precision`` or one of JAX's other names,
+            such as "tensorfloat32", is read as the one it stands for). devices: an int N (the first N devices) or a list of
             JAX devices (one process).""",
     "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
     sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
@@ -380,7 +381,7 @@ class MatmulOptions(TypedDict, total=False):
     bias: Any
     backend: BackendName
     algorithm: AlgorithmName
-    precision: PrecisionName | None
+    precision: PrecisionName | enum.Enum | None
     devices: int | Sequence[Any] | None
 
 
@@ -420,7 +421,7 @@ class Matmul:
         bias: Any = None,
         backend: BackendName = "auto",
         algorithm: AlgorithmName = "auto",
-        precision: PrecisionName | None = None,
+        precision: PrecisionName | enum.Enum | None = None,
         devices: int | Sequence[Any] | None = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
@@ -662,7 +663,8 @@ class Matmul:
         s = self._spec
         head = [
             f"dmatmul.Matmul: D[{s.m}x{s.n}] = op(A)[{s.m}x{s.k}] @ op(B)[{s.k}x{s.n}], {s.dtype}, "
-            f"transpose_a={s.transpose_a}, transpose_b={s.transpose_b}",
+            f"transpose_a={s.transpose_a}, transpose_b={s.transpose_b}"
+            + (f", precision={s.precision!r}" if s.precision is not None else ""),
             f"  backend:    {self._backend.name}",
             f"  algorithm:  {self._plan.algorithm}",
         ]

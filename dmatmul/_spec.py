@@ -18,10 +18,11 @@ Importing it loads numpy only.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import numbers
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from ._epilogue import Epilog, has_bias
 from ._errors import DistributionError
 
 __all__ = [
-    "DTYPES", "ALGORITHMS", "BACKEND_NAMES", "PRECISIONS",
+    "DTYPES", "ALGORITHMS", "BACKEND_NAMES", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
     "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
     "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
     "family", "dtype_name", "as_matrix", "native_order", "Operands", "Spec", "check_distribution", "check_fit",
@@ -49,6 +50,37 @@ ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 BACKEND_NAMES: tuple[str, ...] = get_args(BackendName)
 #: ``precision=``: None follows the framework's default; the others mean what they mean for ``jnp.dot``
 PRECISIONS: tuple[str | None, ...] = (None, *get_args(PrecisionName))
+#: the other names ``jax.lax.Precision`` takes, each for one of :data:`PRECISIONS`
+PRECISION_ALIASES = {
+    "fastest": "default", "bfloat16": "default", "bfloat16_3x": "high", "tensorfloat32": "high",
+    "float32": "highest",
+}
+
+
+def normalize_precision(precision: Any) -> PrecisionName | None:
+    """``precision=`` as one of :data:`PRECISIONS`: from its name, one of JAX's
+    other names for it (:data:`PRECISION_ALIASES`) or a ``jax.lax.Precision``
+    (any enum member named DEFAULT, HIGH or HIGHEST), without importing JAX;
+    what ``jnp.dot`` refuses ("HIGHEST", a pair) is a ValueError. Every rank
+    then agrees on, and every backend reads, one spelling.
+
+    >>> normalize_precision("highest"), normalize_precision("tensorfloat32"), normalize_precision(None)
+    ('highest', 'high', None)
+    """
+    if precision is None:
+        return None
+    if isinstance(precision, enum.Enum) and isinstance(precision.name, str):
+        key: Any = precision.name.lower()  # DEFAULT, HIGH, HIGHEST
+    else:
+        key = precision if isinstance(precision, str) else None
+    key = PRECISION_ALIASES.get(key, key) if key is not None else None
+    if key is None or key not in PRECISIONS:
+        aliases = ", ".join(repr(a) for a in PRECISION_ALIASES)
+        raise ValueError(
+            f"precision must be one of None, 'default', 'high', 'highest' (or a jax.lax.Precision, or JAX's "
+            f"other names for them: {aliases}), got {precision!r}"
+        )
+    return cast(PrecisionName, key)
 
 
 @dataclasses.dataclass(frozen=True)

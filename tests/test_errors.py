@@ -218,6 +218,28 @@ def test_precision_is_accepted(precision):
     np.testing.assert_allclose(d, a @ b.T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("spelling, level", [
+    ("tensorfloat32", "high"), ("float32", "highest"), ("bfloat16", "default"), ("fastest", "default"),
+    ("bfloat16_3x", "high"), ("lax.Precision.HIGH", "high"), ("lax.Precision.HIGHEST", "highest"),
+])
+def test_precision_as_jax_spells_it(spelling, level):
+    """JAX's other names for a precision, and jax.lax.Precision itself, are read
+    as the level they stand for, as jnp.dot reads them: one spelling then
+    reaches the backend (and the other ranks), and explain() names it."""
+    lax = pytest.importorskip("jax.lax")
+    precision = getattr(lax.Precision, spelling.rsplit(".", 1)[1]) if spelling.startswith("lax.") else spelling
+    a, b = np.random.default_rng(1).standard_normal((2, 9, 6)).astype(f32)
+    with dm.Matmul(a, b.T, distribution=dm.Slab.X, precision=precision) as mm:
+        np.testing.assert_allclose(mm.execute(), a @ b.T, rtol=1e-5, atol=1e-5)
+        assert f"precision={level!r}" in mm.explain().splitlines()[0], mm.explain()
+
+
+@pytest.mark.parametrize("bad", ["HIGHEST", " high", ("high", "high"), 2])
+def test_precision_jnp_dot_refuses_is_refused(bad):
+    with pytest.raises(ValueError, match=r"precision must be one of None, 'default', 'high', 'highest' .*got"):
+        dm.matmul(np.ones((2, 3)), np.ones((3, 2)), precision=bad)
+
+
 def test_an_empty_product_still_checks_the_grid_against_the_devices():
     """Found by the differential matrix: K = 0 skipped the grid check (no error for a 2x2 grid on 1 device)."""
     pytest.importorskip("jax")

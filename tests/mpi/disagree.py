@@ -63,6 +63,7 @@ expect("result-distribution", ValueError, ["distribution of the result", "rank 1
 expect("alpha", ValueError, ["alpha", "rank 1 passes 2.0"], call(alpha=2.0))
 expect("beta", ValueError, ["beta", "rank 1"], call(beta=0.5))
 expect("epilog", ValueError, ["epilog", "rank 1 passes 'relu'"], call(epilog="relu"))
+expect("precision", ValueError, ["precision", "rank 1 passes 'high'"], call(precision="high"))
 expect("transpose-on-square", ValueError, ["transpose_a", "rank 1"], call(transpose_a=True))
 expect(
     "grid-instead-of-slab", ValueError, ["distribution of a", "rank 1"],
@@ -202,6 +203,9 @@ if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):
 d = dm.matmul(la, lb, distribution=(X, Y, X))
 if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):
     problems.append(f"rank {me}: wrong result after the errors")
+d = dm.matmul(la, lb, precision=jax.lax.Precision.HIGH if odd else "tensorfloat32", distribution=(X, Y, X))
+if not np.allclose(d, dm.split(a @ b, X)[me], atol=1e-4):  # one precision, spelt two ways: no disagreement
+    problems.append(f"rank {me}: precision=lax.Precision.HIGH on rank 1, 'tensorfloat32' elsewhere: wrong result")
 row, col = dm.ProcessGrid((2, 2)), dm.ProcessGrid((2, 2), layout="col")
 dists = (dm.BlockCyclic(row, (2, 3)), dm.BlockNonCyclic(col), dm.BlockCyclic(col, (5, 2)))
 d = dm.matmul(dm.split(a, dists[0])[me], dm.split(b, dists[1])[me], distribution=dists)

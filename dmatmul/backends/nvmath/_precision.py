@@ -20,15 +20,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PRECISIONS", "compute_type", "normalize_precision"]
+from ..._spec import normalize_precision
 
-#: the names ``precision=`` accepts, as ``jax.lax.Precision`` does (aliases included)
-_ALIASES = {
-    "default": "default", "fastest": "default", "bfloat16": "default",
-    "high": "high", "bfloat16_3x": "high", "tensorfloat32": "high",
-    "highest": "highest", "float32": "highest",
-}
-PRECISIONS = ("default", "high", "highest")
+__all__ = ["compute_type", "normalize_precision"]
 
 #: dtype name -> (compute type for "high", compute type for "highest"); None/"default": nvmath's default
 _COMPUTE_TYPES = {
@@ -39,24 +33,6 @@ _COMPUTE_TYPES = {
     "float64": ("COMPUTE_64F", "COMPUTE_64F"),
     "complex128": ("COMPUTE_64F", "COMPUTE_64F"),
 }
-
-
-def normalize_precision(precision: Any) -> str | None:
-    """``None`` or one of :data:`PRECISIONS`, from a string or a ``jax.lax.Precision``.
-
-    >>> normalize_precision("HIGHEST"), normalize_precision("tensorfloat32"), normalize_precision(None)
-    ('highest', 'high', None)
-    """
-    if precision is None:
-        return None
-    name = precision if isinstance(precision, str) else getattr(precision, "name", None)
-    key = name.strip().lower() if isinstance(name, str) else None
-    if key not in _ALIASES:
-        raise ValueError(
-            f"precision={precision!r} is not a precision: expected None, 'default', 'high' or 'highest' "
-            "(or a jax.lax.Precision)"
-        )
-    return _ALIASES[key]
 
 
 def _dtype_name(dtype: Any) -> str:
