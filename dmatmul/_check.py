@@ -892,8 +892,10 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
     fixes the devices' places, the blocks are required. Inside ``jax.jit`` (or
     a transformation: a trace too) a result on a grid of the other order than
     a's or b's keeps the product's layout (README, "Your mesh in, your mesh
-    out"): any sharding then. A ``batched`` result (``jax.vmap``: a batch axis
-    first) holds each matrix so, the batch axis not split: each device the
+    out"): any sharding then; on a mesh of both Explicit and Auto axes too
+    (a type names the Explicit ones only: ``jax.jit(lambda x: x * 2)`` turns
+    P(("data", "model")) with "data" Auto into P("model"), in halves). A
+    ``batched`` result (``jax.vmap``: a batch axis first) holds each matrix so, the batch axis not split: each device the
     whole batch of its blocks."""
     shards = {s.device: s for s in d.addressable_shards}
     if set(shards) != set(ranks):
@@ -910,9 +912,11 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
     if all(x.shape == batch + (len(rows), len(cols)) and close(x, want[np.ix_(*lead, rows, cols)])
            for x, (rows, cols) in zip(datas, blocks)):
         return []
-    traced = case.jit or case.transform is not None
+    traced = case.jit or case.transform is not None or (case.on_mesh is not None and case.on_mesh.call != "eager")
     if traced and dd.grid is not None and any(g.layout != dd.grid.layout for g in (da.grid, db.grid) if g):
         return []
+    if traced and case.on_mesh is not None and case.on_mesh.mixed:
+        return []  # a type names the Explicit axes only; the Auto ones are XLA's, as for any jitted function
     replicated = all(x.shape == want.shape and close(x, want) for x in datas)
     if replicated and not (case.on_mesh is None and _in_order_blocks(dd, shape, p)):
         return []

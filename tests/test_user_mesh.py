@@ -476,6 +476,22 @@ def test_constants_inside_the_users_jit(kind, order, context):
         assert_close(np.asarray(d), 2 * want, "float32")
 
 
+@pytest.mark.parametrize("kind", ["explicit-auto", "auto-explicit"])
+@pytest.mark.parametrize("dist_d, spec", [(X, P(AXES, None)), (Y, P(None, AXES)),
+                                          (dm.BlockNonCyclic(GRID_ROW), P("data", "model"))])
+def test_inside_jit_on_a_mesh_of_both_kinds_the_result_is_laid_out_as_jax_lays_out_its_type(kind, dist_d, spec):
+    """On a mesh of both Explicit and Auto axes a jitted result's type names
+    the Explicit axes only, and JAX lays it out so: dm.matmul's result lies as
+    ``jax.jit(lambda x: x * 2)`` leaves an input laid out as its distribution
+    (split over "model" alone, in halves, where "data" is Auto and first)."""
+    mesh = _user_mesh(kind, "reversed")
+    a, b = put(A, mesh, P(AXES, None)), put(B, mesh, P())
+    d = jax.jit(lambda x, y: dm.matmul(x, y, distribution=(X, R, dist_d)))(a, b)
+    same = jax.jit(lambda x: x * 2)(put(reference(A, B).astype(np.float32), mesh, spec))
+    assert d.sharding.is_equivalent_to(same.sharding, 2), (d.sharding, same.sharding)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+
+
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
 def test_derivatives_inside_jit_of_closed_over_operands(kind):
     """Found by the differential matrix: jax.vjp and jax.jvp around dm.matmul
