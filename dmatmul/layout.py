@@ -68,8 +68,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterator
-from typing import TypeAlias, Union, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias, Union, cast
 
 __all__ = [
     "IntTuple",
@@ -802,20 +802,23 @@ def logical_divide(layout: Layout, tiler: Tiler) -> Layout:
     """
     _check_layout(layout, "logical_divide(layout, tiler): layout")
     if isinstance(tiler, (tuple, list)):
-        if len(tiler) > layout.rank:
-            raise ValueError(
-                f"logical_divide(layout, tiler): the tiler has {len(tiler)} modes but "
-                f"layout {layout} has only {layout.rank}"
-            )
-        modes = [
-            layout[i] if t is None else logical_divide(layout[i], t)
-            for i, t in enumerate(tiler)
-        ]
-        modes.extend(layout[i] for i in range(len(tiler), layout.rank))
-        return make_layout(*modes)
+        return _by_mode(logical_divide, layout, tiler)
     b = _tiler_layout(tiler, "logical_divide(layout, tiler): tiler")
     rest = _complement(b, layout.size, True, "logical_divide(layout, tiler)")
     return composition(layout, make_layout(rest, b))
+
+
+def _by_mode(op: Callable[[Layout, Any], Layout], layout: Layout, tiler: Sequence[Any]) -> Layout:
+    """``op`` (logical_divide or logical_product) mode by mode: mode i by
+    ``tiler[i]`` (None: kept), the modes past the tiler's kept."""
+    if len(tiler) > layout.rank:
+        raise ValueError(
+            f"{op.__name__}(layout, tiler): the tiler has {len(tiler)} modes but layout {layout} has only "
+            f"{layout.rank}"
+        )
+    modes = [layout[i] if t is None else op(layout[i], t) for i, t in enumerate(tiler)]
+    modes.extend(layout[i] for i in range(len(tiler), layout.rank))
+    return make_layout(*modes)
 
 
 def logical_product(layout: Layout, tiler: Tiler) -> Layout:
@@ -837,17 +840,7 @@ def logical_product(layout: Layout, tiler: Tiler) -> Layout:
     """
     _check_layout(layout, "logical_product(layout, tiler): layout")
     if isinstance(tiler, (tuple, list)):
-        if len(tiler) > layout.rank:
-            raise ValueError(
-                f"logical_product(layout, tiler): the tiler has {len(tiler)} modes "
-                f"but layout {layout} has only {layout.rank}"
-            )
-        modes = [
-            layout[i] if t is None else logical_product(layout[i], t)
-            for i, t in enumerate(tiler)
-        ]
-        modes.extend(layout[i] for i in range(len(tiler), layout.rank))
-        return make_layout(*modes)
+        return _by_mode(logical_product, layout, tiler)
     b = _tiler_layout(tiler, "logical_product(layout, tiler): tiler")
     c = _complement(
         layout, layout.size * b.cosize, False, "logical_product(layout, tiler)"

@@ -692,6 +692,16 @@ def test_logical_product_size_and_modes(a: Layout, b: Layout) -> None:
     assert reps.isdisjoint(set(offsets(a)) - {0})
 
 
+@pytest.mark.parametrize("op", [logical_divide, logical_product])
+def test_by_mode_tilers(op: Callable[..., Layout]) -> None:
+    """A tuple tiler works mode by mode: None keeps a mode, modes past it are kept."""
+    a = Layout((4, 6))
+    assert op(a, (None, 3)) == make_layout(a[0], op(a[1], 3))
+    assert op(a, (2,)) == make_layout(op(a[0], 2), a[1])
+    with pytest.raises(ValueError, match=rf"{op.__name__}\(layout, tiler\): the tiler has 3 modes but layout .* only 2"):
+        op(a, (2, 3, 1))
+
+
 def test_divide_and_product_tables() -> None:
     assert logical_divide(Layout(8), Layout(2)) == Layout((4, 2), (2, 1))
     assert logical_divide(Layout(8), 2) == Layout((4, 2), (2, 1))
