@@ -235,8 +235,9 @@ class Transform:
     operands), over the case's jax operands (:attr:`Case.traced`):
 
     * ``"vjp"``: ``jax.vjp`` for a random cotangent of the result's shape and
-      dtype: the primal result and a gradient for each (checked against
-      :func:`dmatmul._reference.reference_vjp`);
+      dtype (eagerly on a mesh with Explicit axes, laid out as the result, as
+      a JAX user's is): the primal result and a gradient for each (checked
+      against :func:`dmatmul._reference.reference_vjp`);
     * ``"jvp"``: ``jax.jvp`` for random tangents of each: the primal result
       and its tangent (:func:`dmatmul._reference.reference_jvp`);
     * ``"vmap"``: ``jax.vmap`` over ``batched`` (a or b), stacked ``size``
@@ -500,6 +501,8 @@ class Case:
             cot = f"rand({(self.m, self.n)!r}, {self.dtype!r}, 'jax', seed=2)"
             if jit:
                 return f"jax.jit(lambda {ns}, g: jax.vjp({f}, {ns})[1](g))({prims}, {cot})"
+            if self.on_mesh is not None and self.on_mesh.call == "eager" and (self.on_mesh.explicit or self.on_mesh.mixed):
+                return f"(lambda d, pull: pull(jax.device_put({cot}, d.sharding)))(*jax.vjp({f}, {prims}))"
             return f"jax.vjp({f}, {prims})[1]({cot})"
         if t.kind == "jvp":
             prims = tup([given[n] for n in names])
@@ -1022,6 +1025,11 @@ class _TransformData:
 
             def apply(prims: tuple[Any, ...], extra: Any) -> Any:  # extra: the cotangent
                 out, pull = jax.vjp(f, *prims)
+                if not isinstance(out, jax.core.Tracer) and jax.typeof(out).sharding.mesh.explicit_axes:
+                    # eagerly, a result typed on Explicit axes gets its cotangent laid out as it is, as a JAX
+                    # user's (jnp.ones_like(out), or upstream values) is: one left on one device is what JAX
+                    # cannot transpose a sum or a select onto (jax.vjp(lambda x: x - x.sum(), x) fails the same)
+                    extra = jax.device_put(extra, out.sharding)
                 return (out, *pull(extra))
         elif t.kind == "jvp":
             extra = tuple(self.inputs[f"tangent of {n}"] for n in names)
