@@ -13,6 +13,7 @@ from ._spec import as_matrix, check_devices, check_distribution, family
 __all__ = ["redistribute"]
 
 
+@_runtime.agreed_arguments("dm.redistribute")
 def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any = None) -> Any:
     """``x``, laid out as ``src``, laid out as ``dst``; each element moves once.
 

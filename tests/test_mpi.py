@@ -109,7 +109,8 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
                      "grid-instead-of-slab", "dtype", "one-extra-row", "c-one-row-short", "init-on-another-comm",
                      "redistribute-dst", "redistribute-src", "redistribute-dtype", "reset-one-row-short",
                      "reset-alpha", "execute-on-freed-plan", "misspelt-keyword", "extra-positional",
-                     "matmul-plan-misspelt-keyword", "execute-with-an-argument", "reset-misspelt-keyword",
+                     "matmul-plan-misspelt-keyword", "redistribute-misspelt-keyword", "redistribute-extra-positional",
+                     "execute-with-an-argument", "reset-misspelt-keyword",
                      "inside-jit-on-one-rank", "cost-models-choose-otherwise", "cost-model-unreadable-on-one-rank",
                      "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)

@@ -157,6 +157,10 @@ expect("extra-positional", TypeError, ["too many positional arguments"],
        lambda: dm.matmul(la, lb, lc, *([2.0] if odd else []), distribution=(X, Y, X)))
 expect("matmul-plan-misspelt-keyword", TypeError, ["unexpected keyword argument 'algoritm'"],
        lambda: dm.Matmul(la, lb, distribution=(X, Y, X), **({"algoritm": "auto"} if odd else {})))
+expect("redistribute-misspelt-keyword", TypeError, ["unexpected keyword argument 'device'"],
+       lambda: dm.redistribute(la, X, Y, **({"device": None} if odd else {})))
+expect("redistribute-extra-positional", TypeError, ["too many positional arguments"],
+       lambda: dm.redistribute(la, X, Y, *([R] if odd else [])))
 with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
     mm.execute()
     expect("execute-with-an-argument", TypeError, ["too many positional arguments"],
