@@ -44,6 +44,7 @@ from ._spec import (
     family,
     native_order,
     normalize_precision,
+    refuse_spanning,
     refuse_trace_under_mpi,
     refuse_unusable,
     to_numpy,
@@ -170,12 +171,7 @@ def _check_local(
     ops.b = as_matrix(ops.b, "b")
     if spmd:
         for name, x in (("a", ops.a), ("b", ops.b), ("c", ops.c)):
-            if family(x) == "jax" and not getattr(x, "is_fully_addressable", True):
-                raise ValueError(
-                    f"{name} is a jax.Array that spans several processes; under mpiexec each rank passes its "
-                    f"local block of {name}: its part of dm.split(global_{name}, distribution), e.g. "
-                    f"{name}.addressable_shards[0].data for a Slab"
-                )
+            refuse_spanning(x, name)
     dtype = dtype_name(ops.a.dtype)
     if dtype_name(ops.b.dtype) != dtype:
         raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype)))

@@ -8,7 +8,7 @@ from . import _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._errors import DistributionError
-from ._spec import as_matrix, check_devices, check_distribution, family
+from ._spec import as_matrix, check_devices, check_distribution, family, refuse_spanning
 
 __all__ = ["redistribute"]
 
@@ -36,7 +36,10 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
         check_distribution(src, "src")
         check_distribution(dst, "dst")
         check_devices(devices, spmd=spmd)
-        return as_matrix(x, "x")
+        xm = as_matrix(x, "x")
+        if spmd:
+            refuse_spanning(xm, "x", "src")
+        return xm
 
     if not spmd:
         xm = check()

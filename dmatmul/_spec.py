@@ -180,6 +180,17 @@ def refuse_unusable(x: Any, name: str) -> None:
         raise ValueError(f"{name} is a deleted jax.Array (its buffers were freed or donated): pass a live array")
 
 
+def refuse_spanning(x: Any, name: str, distribution: str = "distribution") -> None:
+    """Under several processes: a jax.Array that spans several processes is no
+    rank's block (reading it fails on that rank alone, inside a collective)."""
+    if family(x) == "jax" and not getattr(x, "is_fully_addressable", True):
+        raise ValueError(
+            f"{name} is a jax.Array that spans several processes; under mpiexec each rank passes its "
+            f"local block of {name}: its part of dm.split(global_{name}, {distribution}), e.g. "
+            f"{name}.addressable_shards[0].data for a Slab"
+        )
+
+
 def in_jax_trace(*xs: Any) -> bool:
     """Whether a JAX transformation (``jit``, ``grad``...) is tracing now: one of
     ``xs`` is its value, or JAX says so (also where only closed-over constants

@@ -107,7 +107,7 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
     assert proc.returncode == 0, output(proc)
     for scenario in ("result-distribution", "alpha", "beta", "epilog", "transpose-on-square",
                      "grid-instead-of-slab", "dtype", "one-extra-row", "c-one-row-short", "init-on-another-comm",
-                     "redistribute-dst", "redistribute-src", "redistribute-dtype", "reset-one-row-short",
+                     "redistribute-dst", "redistribute-src", "redistribute-dtype", "redistribute-global-jax-array", "reset-one-row-short",
                      "reset-alpha", "execute-on-freed-plan", "misspelt-keyword", "extra-positional",
                      "matmul-plan-misspelt-keyword", "redistribute-misspelt-keyword", "redistribute-extra-positional",
                      "execute-with-an-argument", "reset-misspelt-keyword",

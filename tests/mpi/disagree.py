@@ -120,6 +120,13 @@ spanning = jax.make_array_from_process_local_data(
 )
 expect("global-jax-array-instead-of-a-block", ValueError, ["a is a jax.Array that spans several processes"],
        lambda: dm.matmul(spanning, lb, distribution=(X, Y, X)))
+# one of the shape of rank 1's block (3 x 12: its columns over the 4 processes), so no shape check stops it first
+spanning_block = jax.make_array_from_process_local_data(
+    NamedSharding(jax.make_mesh((P,), ("ranks",), devices=jax.devices()), PartitionSpec(None, "ranks")),
+    la[:, 3 * me:3 * me + 3],
+)
+expect("redistribute-global-jax-array", ValueError, ["x is a jax.Array that spans several processes"],
+       lambda: dm.redistribute(spanning_block if odd else la, X, Y))
 dead = jnp.asarray(la)
 if odd:
     dead.delete()
