@@ -201,6 +201,35 @@ def test_operands_on_different_grids_are_redistributed(family):
     assert_close(got, reference(a, b, c, beta=0.5), "float32")
 
 
+_ROWS, _COLS = dm.BlockNonCyclic(dm.ProcessGrid((4, 1))), dm.BlockNonCyclic(dm.ProcessGrid((1, 4)))
+_SLAB_LIKE = [dm.Slab.X, dm.Slab.Y, dm.Replicated(), _ROWS, _COLS]
+
+
+@pytest.mark.parametrize("dists", [t for t in itertools.product(_SLAB_LIKE, repeat=3) if _ROWS in t and _COLS in t],
+                         ids=lambda t: "-".join(("X", "Y", "R", "rows41", "cols14")[_SLAB_LIKE.index(x)] for x in t))
+def test_named_algorithms_on_slab_like_operands_of_two_grids(dists):
+    """A BlockNonCyclic on a (4, 1) or (1, 4) grid splits as a Slab does, and the
+    1-D kernels take it so; with one operand on each of those two grids, the one
+    off the product's grid was re-laid as Slab.X and lost its role, so a named
+    algorithm that fits the layouts as given was refused (found under mpiexec:
+    a=BlockNonCyclic((1, 4)) transposed, b=Slab.X, result=BlockNonCyclic((4, 1)),
+    algorithm="allgather"). Every algorithm of a kernel that takes the roles runs,
+    with nothing re-laid, and gives numpy's product."""
+    plan_ = importlib.import_module("dmatmul._plan")
+    case = _SLAB_LIKE.index(dists[0]) * 25 + _SLAB_LIKE.index(dists[1]) * 5 + _SLAB_LIKE.index(dists[2])
+    ta, tb = TRANSPOSES[case % 4]
+    roles = [plan_.role_of(d, op, t, 4) for d, op, t in zip(dists, "abd", (ta, tb, False))]
+    fitting = {kern.algorithm for kern in plan_.KERNELS
+               if all(r == w or (r == "R" and i < 2 and w != "G") for i, (r, w) in enumerate(zip(roles, (kern.a, kern.b, kern.d))))}
+    a, b, c = operands(case, 9, 7, 6, ta, tb)
+    for algorithm in sorted(fitting):
+        with dm.Matmul(a, b, c, beta=0.5, distribution=dists, transpose_a=ta, transpose_b=tb, algorithm=algorithm,
+                       devices=4) as mm:
+            got = mm.execute()
+            assert mm.algorithm == algorithm and "another grid" not in mm.explain(), mm.explain()
+        assert_close(got, reference(a, b, c, beta=0.5, transpose_a=ta, transpose_b=tb), "float32")
+
+
 def test_grid_size_must_match_the_devices():
     a, b, _ = operands(0, 8, 8, 8, False, False)
     with pytest.raises(dm.DistributionError, match=r"4 ranks.*8 devices|8 devices.*4 ranks"):

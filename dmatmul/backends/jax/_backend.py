@@ -488,7 +488,16 @@ class JaxPlan:
             if d.grid is not None and d.grid.ndim == 2 and grid is not None and d.grid != grid
             and not (op == "d" and self.replicated_result is not None)
         }
-        pa, pb, pd = (Slab.X if op in self.foreign else d for op, d in zip("abd", self.distributions))
+        # an operand on another grid that splits as a Slab does (a BlockNonCyclic on a (P, 1) or (1, P) grid)
+        # is that Slab, whose blocks are the same on any mesh: taken as it, with nothing to re-lay (re-laid as
+        # Slab.X it lost its role, and a named algorithm that fits it was refused)
+        as_slab: dict[str, Distribution] = {}
+        for op in _plan.OPERANDS:
+            role = _plan.role_of(self.foreign[op], op, spec.transposes[op], p) if op in self.foreign else None
+            if role is not None:
+                as_slab[op] = _plan.role_dist(op, role, spec.transposes[op])
+                del self.foreign[op]
+        pa, pb, pd = (Slab.X if op in self.foreign else as_slab.get(op, d) for op, d in zip("abd", self.distributions))
         if self.replicated_result is not None:
             pd = Replicated()
         self.planned = (pa, pb, pd)
