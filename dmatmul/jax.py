@@ -129,7 +129,8 @@ def allgather_matmul(
 
     Raises:
       ValueError: an operand is not 2-D, the inner dimensions differ, or
-        ``axis_name`` is not an axis of the enclosing ``shard_map``'s mesh.
+        ``axis_name`` is not a manual axis of the enclosing ``shard_map`` (a
+        ``jax.vmap`` axis, or a mesh axis its ``axis_names`` leave automatic).
       TypeError: ``preferred_element_type`` is not a dtype, or one that
         ``jnp.dot`` refuses for these operands.
     """
@@ -170,8 +171,9 @@ def matmul_reduce_scatter(
 
     Raises:
       ValueError: an operand is not 2-D, the inner dimensions differ, ``M`` is
-        not a multiple of ``P``, or ``axis_name`` is not an axis of the
-        enclosing ``shard_map``'s mesh.
+        not a multiple of ``P``, or ``axis_name`` is not a manual axis of the
+        enclosing ``shard_map`` (a ``jax.vmap`` axis, or a mesh axis its
+        ``axis_names`` leave automatic).
       TypeError: ``preferred_element_type`` is not a dtype, or one that
         ``jnp.dot`` refuses for these operands.
     """
@@ -255,10 +257,10 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     try:
         p = int(lax.axis_size(axis))
     except NameError as e:
-        raise ValueError(
-            f"{name}: axis_name={axis!r} is not an axis of an enclosing jax.shard_map ({e}); call {name} "
-            "inside a function run by jax.shard_map whose mesh has that axis"
-        ) from e
+        raise ValueError(_not_a_ring(name, axis, names, str(e))) from e
+    manual = tuple(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))
+    if any(n not in manual for n in names):  # bound, but not by shard_map (jax.vmap's axis_name)
+        raise ValueError(_not_a_ring(name, axis, names, "bound by another transformation, such as jax.vmap"))
     refused = _refused_by_dot(x, y, precision=precision)
     if refused is not None:  # (else JAX's own error would come from inside the ring, naming no argument)
         raise ValueError(
@@ -276,6 +278,25 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     y = _vary(y, order)
     ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype)
     return ring, x, y
+
+
+def _not_a_ring(name: str, axis: Any, names: tuple, why: str) -> str:
+    """Why ``axis`` cannot number a ring here: a mesh axis the enclosing
+    ``shard_map`` leaves automatic (``axis_names=``), or no ``shard_map`` axis."""
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = tuple(getattr(mesh, "manual_axes", ()))
+    auto = [n for n in names if n in tuple(mesh.axis_names) and n not in manual]
+    if auto:
+        return (
+            f"{name}: axis_name={axis!r} names mesh axis {auto[0]!r}, which the enclosing jax.shard_map leaves "
+            f"automatic (its manual axes: {manual}); a ring runs over manual axes: add {auto[0]!r} to "
+            "shard_map's axis_names"
+        )
+    here = f" (its manual axes here: {manual})" if manual else ""
+    return (
+        f"{name}: axis_name={axis!r} is not an axis of an enclosing jax.shard_map ({why}); call {name} "
+        f"inside a function run by jax.shard_map whose mesh has that axis{here}"
+    )
 
 
 def _operand(name: str, arg: str, v: Any) -> jax.Array:

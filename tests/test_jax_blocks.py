@@ -587,6 +587,37 @@ def test_axis_name_must_be_a_shard_map_axis():
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_a_vmap_axis_or_an_automatic_axis_is_refused_naming_axis_name(op):
+    """A ring runs over axes a shard_map makes manual. jax.vmap's axis_name,
+    outside a shard_map or inside one (alone or in a tuple with a mesh axis),
+    came out as JAX's "pvary should be called under jax.shard_map" or a bare
+    AssertionError; a mesh axis that shard_map(axis_names=) leaves automatic
+    was said to be no axis of the shard_map. Each is a ValueError naming
+    axis_name, the axis and what to do."""
+    y = jnp.ones((3, 2))
+
+    def call(t, axis):
+        return getattr(dmj, op)(t, y, axis_name=axis)
+
+    vmapped = r"axis_name={} is not an axis of an enclosing jax.shard_map \(bound by another transformation"
+    with pytest.raises(ValueError, match=vmapped.format("'b'") + r".*jax.vmap"):
+        jax.vmap(lambda t: call(t, "b"), axis_name="b")(jnp.ones((2, 8, 3)))
+    mesh = make_mesh((2, 4), "auto")
+    for axis in ("b", ("model", "b")):
+        f = jax.shard_map(lambda x, axis=axis: jax.vmap(lambda t: call(t, axis), axis_name="b")(x), mesh=mesh,
+                          in_specs=P(), out_specs=P(), check_vma=False)
+        with pytest.raises(ValueError, match=vmapped.format(re.escape(repr(axis))) + r".*manual axes here"):
+            jax.make_jaxpr(f)(jnp.ones((2, 8, 3)))
+    for axis in ("data", ("model", "data")):
+        f = jax.shard_map(lambda x, axis=axis: call(x, axis), mesh=mesh, in_specs=P(), out_specs=P(),
+                          axis_names={"model"}, check_vma=False)
+        with pytest.raises(ValueError, match=re.escape(f"axis_name={axis!r} names mesh axis 'data', which the "
+                                                       "enclosing jax.shard_map leaves automatic") +
+                           r".*add 'data' to shard_map's axis_names"):
+            jax.make_jaxpr(f)(jnp.ones((8, 3)))
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize(
     "x, kw, error, words",
     [  # found by tests/test_bad_inputs.py: JAX's own errors (naming no argument) or an internal one came out
