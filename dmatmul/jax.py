@@ -208,8 +208,10 @@ def _on_auto_axes(fn: Any, args: tuple[jax.Array, ...], out_specs: Any) -> Any:
 
 def _product_spec(x: jax.Array, y: jax.Array, ring: _Ring) -> Any:
     """How ``x @ y`` is typed along the automatic axes (as ``jnp.dot`` types it;
-    its error where that is ambiguous): the rings' results are typed so."""
-    return jax.eval_shape(lambda u, v: ring.mm(u, v, 1, 0), x, y).sharding.spec
+    its error where that is ambiguous): the rings' results are typed so. (The
+    traced type: ``jax.eval_shape`` gives no sharding, None, where the mesh has
+    Auto axes besides Explicit ones.)"""
+    return jax.make_jaxpr(lambda u, v: ring.mm(u, v, 1, 0))(x, y).out_avals[0].sharding.spec
 
 
 def _spec(x: jax.Array) -> Any:

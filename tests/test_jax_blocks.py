@@ -414,6 +414,45 @@ def test_partially_manual_shard_map(op, types, where, shape, names, ring):
         np.testing.assert_allclose(np.asarray(z), np.tile(x @ y, (p_ring, 1)), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("op, where", [
+    ("allgather_matmul", "x rows over data, y columns over seq"),
+    ("allgather_matmul bidirectional", "y columns over data"),
+    ("matmul_reduce_scatter", "x rows over data"),
+    ("matmul_reduce_scatter", "y columns over data"),
+])
+def test_partially_manual_with_explicit_and_auto_axes_left_automatic(op, where):
+    """shard_map manual over "model" on a mesh whose other axes are one Explicit
+    ("data") and one Auto ("seq"), the blocks sharded over "data": there
+    jax.eval_shape types its result with no sharding (None), and the blocks
+    failed with "AttributeError: 'NoneType' object has no attribute 'spec'"
+    (a generated case: an MLP under vmap and grad). Result and gradients
+    against numpy."""
+    op, bidirectional = op.split()[0], op.endswith("bidirectional")
+    kinds = (AxisType.Explicit, AxisType.Explicit, AxisType.Auto)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "model", "seq"), axis_types=kinds)
+    p, rows, k, n = 2, 8, 6, 4  # rows and n: the global blocks of one ring rank
+    x_spec = P(("model", "data"), None) if "x rows" in where else P("model", None)
+    y_spec = P(None, "data") if where == "y columns over data" else P(None, "seq") if "seq" in where else P()
+    rng = np.random.default_rng(zlib.crc32(f"{op}{where}{bidirectional}".encode()))
+    x, y = (rng.standard_normal(s).astype(np.float32) for s in ((p * rows, k), (k, n)))
+    w = rng.standard_normal((p * p * rows if op == "allgather_matmul" else rows, n)).astype(np.float32)
+    kw = {"bidirectional": True} if bidirectional else {}
+    f = jax.shard_map(lambda x, y: getattr(dmj, op)(x, y, axis_name="model", **kw), mesh=mesh,
+                      in_specs=(P("model"), P()), out_specs=P("model"), axis_names={"model"})
+    with jax.set_mesh(mesh):
+        args = [jax.device_put(v, NamedSharding(mesh, s)) for v, s in ((x, x_spec), (y, y_spec))]
+        z, (gx, gy) = jax.jit(lambda x, y: (f(x, y), jax.grad(lambda x, y: jnp.sum(f(x, y) * w), (0, 1))(x, y)))(*args)
+    blocks = np.split(x, p)  # rank r's block of x
+    if op == "allgather_matmul":  # every rank: all_gather(x) @ y
+        want, w_sum = np.tile(x @ y, (p, 1)), sum(np.split(w, p))
+        want_gx, want_gy = w_sum @ y.T, x.T @ w_sum
+    else:  # the sum over ranks of x_r @ y, rank r keeping row block r
+        want = sum(b @ y for b in blocks)
+        want_gx, want_gy = np.tile(w @ y.T, (p, 1)), sum(b.T @ w for b in blocks)
+    for what, got, expected in (("result", z, want), ("dx", gx, want_gx), ("dy", gy, want_gy)):
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=what)
+
+
 def test_reverse_mode_works_and_forward_mode_is_refused():
     """What the README and the module docstring promise: grad, vjp and jacrev
     (checked against numpy); jvp, linearize and jacfwd refused by JAX, as for
