@@ -87,6 +87,14 @@ class _Ring:
     def zeros(self, shape: tuple[int, ...]) -> jax.Array:
         return varying_zeros(shape, self.dtype, self.vma)
 
+    def for_cotangent(self, operand: jax.Array) -> _Ring:
+        """This ring, its products made and summed in the wider of the product's
+        dtype and ``operand``'s: the gradient of an operand wider than
+        ``preferred_element_type`` is not narrowed to it (``jnp.dot``'s own
+        transpose makes it in the operand's dtype)."""
+        dtype = jnp.promote_types(self.dtype, operand.dtype)
+        return self if dtype == jnp.dtype(self.dtype) else dataclasses.replace(self, dtype=dtype)
+
     def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
         """What travels of block ``a`` (split along ``axis``): ``(piece, shift, offset)``,
         the whole block leftwards, or with ``bidirectional`` its first half left
@@ -415,15 +423,16 @@ def _allgather_matmul_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Arr
 
 def _allgather_matmul_grads(ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
     m = x.shape[0]
-    dx = _scatter_rows(dz, y, 1, 1, ring)  # psum_scatter(dz @ y.T)
+    rx, ry = ring.for_cotangent(x), ring.for_cotangent(y)
+    dx = _scatter_rows(dz, y, 1, 1, rx)  # psum_scatter(dz @ y.T)
 
     pieces = ring.pieces(x, 0)
 
     def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:  # x_j.T @ dz_j
         rows = lax.dynamic_slice_in_dim(dz, j * m + pieces[i][2], blk.shape[0], axis=0)
-        return acc + ring.mm(blk, rows, 0, 0)
+        return acc + ry.mm(blk, rows, 0, 0)
 
-    dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ring.zeros(y.shape), step, ring.p, ring.axis)
+    dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ry.zeros(y.shape), step, ring.p, ring.axis)
     return _cotangent(dx, x), _cotangent(dy, y)
 
 
@@ -450,13 +459,14 @@ def _matmul_reduce_scatter_grads(
     ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     m = dz.shape[0]
+    rx, ry = ring.for_cotangent(x), ring.for_cotangent(y)
 
     def step(acc: tuple[jax.Array, jax.Array], blk: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
         dx, dy = acc  # one ring of dz's blocks feeds both: dx_j = dz_j @ y.T, dy += x_j.T @ dz_j
-        dx = lax.dynamic_update_slice_in_dim(dx, ring.mm(blk, y, 1, 1), j * m, axis=0)
-        return dx, dy + ring.mm(lax.dynamic_slice_in_dim(x, j * m, m, axis=0), blk, 0, 0)
+        dx = lax.dynamic_update_slice_in_dim(dx, rx.mm(blk, y, 1, 1), j * m, axis=0)
+        return dx, dy + ry.mm(lax.dynamic_slice_in_dim(x, j * m, m, axis=0), blk, 0, 0)
 
-    dx, dy = ring_allgather(dz, (ring.zeros(x.shape), ring.zeros(y.shape)), step, ring.p, ring.axis)
+    dx, dy = ring_allgather(dz, (rx.zeros(x.shape), ry.zeros(y.shape)), step, ring.p, ring.axis)
     return _cotangent(dx, x), _cotangent(dy, y)
 
 

@@ -453,6 +453,41 @@ def test_partially_manual_with_explicit_and_auto_axes_left_automatic(op, where):
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=what)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("wide", ["x", "y"])
+def test_a_gradient_is_not_narrowed_to_preferred_element_type(op, wide):
+    """One operand float32, the other bfloat16, preferred_element_type=bfloat16
+    (jnp.dot takes them): the float32 operand's gradient was made and summed in
+    bfloat16, off by ~3e-3 of its scale, where jnp.dot's own transpose makes it
+    in float32. Both gradients against numpy (on the rounded inputs): the
+    float32 one to float32's accuracy."""
+    p, m, k, n = 4, 4, 64, 8
+    mesh = make_mesh((p,), "auto")
+    dtypes = {"x": jnp.float32, "y": jnp.bfloat16} if wide == "x" else {"x": jnp.bfloat16, "y": jnp.float32}
+    rows = p * m if op == "allgather_matmul" else p * p * m  # x's rows, split over the ring
+    rng = np.random.default_rng(zlib.crc32(f"{op}{wide}".encode()))
+    x, y = (np.asarray(rng.standard_normal(s).astype(dtypes[a])) for a, s in (("x", (rows, k)), ("y", (k, n))))
+    f = jax.jit(jax.shard_map(
+        lambda x, y: getattr(dmj, op)(x, y, axis_name="model", preferred_element_type=jnp.bfloat16),
+        mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model")))
+    z, pullback = jax.vjp(f, x, y)
+    w = np.asarray(rng.standard_normal(z.shape).astype(jnp.bfloat16))
+    gx, gy = pullback(w)
+    X, Y, W = (v.astype(np.float64) for v in (x, y, w))
+    if op == "allgather_matmul":  # every rank: all_gather(x) @ y
+        w_sum = sum(np.split(W, p))
+        want = {"x": w_sum @ Y.T, "y": X.T @ w_sum}
+        bound = {"x": sum(np.split(abs(W), p)) @ abs(Y).T, "y": abs(X).T @ sum(np.split(abs(W), p))}
+    else:  # the sum over ranks of x_r @ y, rank r keeping row block r
+        want = {"x": np.tile(W @ Y.T, (p, 1)), "y": sum(b.T @ W for b in np.split(X, p))}
+        bound = {"x": np.tile(abs(W) @ abs(Y).T, (p, 1)), "y": sum(abs(b).T @ abs(W) for b in np.split(X, p))}
+    for a, got in (("x", gx), ("y", gy)):
+        assert got.dtype == dtypes[a], (a, got.dtype)
+        err = np.abs(np.asarray(got).astype(np.float64) - want[a]).max() / bound[a].max()
+        tol = 1e-6 if a == wide else 2e-2  # float32's accuracy / bfloat16's
+        assert err <= tol, f"d{a} ({got.dtype}): error {err:.3g} of its scale > {tol}"
+
+
 def test_reverse_mode_works_and_forward_mode_is_refused():
     """What the README and the module docstring promise: grad, vjp and jacrev
     (checked against numpy); jvp, linearize and jacfwd refused by JAX, as for
