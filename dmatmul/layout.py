@@ -625,14 +625,7 @@ def composition(a: Layout, b: Tiler) -> Layout:
     if isinstance(b, Layout):
         return _compose(a, b)
     if isinstance(b, (tuple, list)):
-        if len(b) > a.rank:
-            raise ValueError(
-                f"composition(a, b): the tiler b has {len(b)} modes but a = {a} has "
-                f"only {a.rank}"
-            )
-        modes = [a[i] if bi is None else composition(a[i], bi) for i, bi in enumerate(b)]
-        modes.extend(a[i] for i in range(len(b), a.rank))
-        return make_layout(*modes)
+        return _by_mode(composition, a, b, "composition(a, b): the tiler b")
     if isinstance(b, bool) or not hasattr(b, "__index__"):
         raise TypeError(
             "composition(a, b): b must be a Layout, an int or a tuple tiler, got "
@@ -808,14 +801,13 @@ def logical_divide(layout: Layout, tiler: Tiler) -> Layout:
     return composition(layout, make_layout(rest, b))
 
 
-def _by_mode(op: Callable[[Layout, Any], Layout], layout: Layout, tiler: Sequence[Any]) -> Layout:
-    """``op`` (logical_divide or logical_product) mode by mode: mode i by
-    ``tiler[i]`` (None: kept), the modes past the tiler's kept."""
+def _by_mode(op: Callable[[Layout, Any], Layout], layout: Layout, tiler: Sequence[Any], what: str = "") -> Layout:
+    """``op`` (composition, logical_divide or logical_product) mode by mode:
+    mode i by ``tiler[i]`` (None: kept), the modes past the tiler's kept;
+    ``what`` names the tiler in the error (default: ``op(layout, tiler): the tiler``)."""
     if len(tiler) > layout.rank:
-        raise ValueError(
-            f"{op.__name__}(layout, tiler): the tiler has {len(tiler)} modes but layout {layout} has only "
-            f"{layout.rank}"
-        )
+        what = what or f"{op.__name__}(layout, tiler): the tiler"
+        raise ValueError(f"{what} has {len(tiler)} modes but layout {layout} has only {layout.rank}")
     modes = [layout[i] if t is None else op(layout[i], t) for i, t in enumerate(tiler)]
     modes.extend(layout[i] for i in range(len(tiler), layout.rank))
     return make_layout(*modes)
