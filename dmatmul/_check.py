@@ -375,7 +375,8 @@ class Case:
             required.append(Refusal((TypeError,), (re.escape(repr(self.epilog)), "complex"),
                                     f"epilog={self.epilog!r} on {self.dtype}"))
         if self.has_bias and (self.bias_dtype or self.dtype).startswith("complex") \
-                and not self.dtype.startswith("complex"):
+                and not self.dtype.startswith("complex") and not (self.bias_kind == "list" and self.m == 0):
+            # (an empty list has no dtype: no complex number in it to refuse)
             required.append(Refusal((TypeError,), (r"\bbias\b", "complex", re.escape(self.dtype)),
                                     f"bias={self.bias_dtype} on {self.dtype}"))
         on = self.on_mesh
