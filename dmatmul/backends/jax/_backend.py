@@ -921,7 +921,7 @@ class JaxPlan:
             # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
             if self._twin is None:
                 self._twin = JaxPlan(self.spec, operands)
-            return self._twin.execute(operands)
+            return self._twin._execute_where(operands)  # (under this execute()'s _x64 and C anchor)
         with contextlib.nullcontext() if _traced(operands) else self._own_context():
             d = self._execute(operands)
         if self.user_mesh is not None:
