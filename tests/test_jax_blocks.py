@@ -11,7 +11,12 @@ reverse mode by jax.grad or jax.vjp. The result and both gradients are checked
 against numpy and against the formulation the functions claim to equal
 (``all_gather(x) @ y``, ``psum_scatter(x @ y)``, with ``jnp.dot``), run through
 the same ``shard_map`` with the same specs and differentiated the same way.
-DMATMUL_LONG=1 draws 600 cases instead of 60.
+DMATMUL_LONG=1 draws 600 cases instead of 60. ``test_generated_programs``
+chains the blocks (an MLP either way round, a scan over layers) under
+jax.vmap (outside shard_map, or inside it) and jax.checkpoint, operands split
+over any mesh axes, and checks the result and the gradient (along random
+directions) against a numpy simulation of the ranks (5 drawn and 3 pinned
+programs; DMATMUL_LONG=1: 300).
 
 Where JAX cannot run its own formulation, a block must fail as it does (the
 same exception type) or run and match numpy. JAX 0.10 on the CPU cannot:
@@ -345,6 +350,246 @@ def pinned(**kw) -> Block:
 def test_generated_blocks(c):
     with jax.enable_x64(c.x64):
         run_block(c)
+
+
+# --------------------------------------------------------------------------- #
+# composed programs: chained blocks under vmap, checkpoint and scan
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """Blocks chained in one shard_map body, against a numpy simulation of the
+    ranks (the result, and the gradient's derivative along random directions)."""
+
+    prog: str  # "mlp": rs(tanh(ag(x, w1)), w2); "rev": ag(tanh(rs(x, w1)), w2); "scan": x + mlp(x), per layer
+    names: tuple[str, ...]  # the mesh's axes, in its order
+    shape: tuple[int, ...]
+    explicit: tuple[bool, ...]
+    devices: tuple[int, ...]
+    axis: Any  # the ring: one axis, or a tuple of any of them in any order
+    specs: tuple[Any, ...]  # in_specs of x, w1, w2: any mesh axes on any dimension
+    out: Any  # out_specs: every axis the result varies over
+    sizes: tuple[int, int, int, int]  # local m, k, h, n
+    wrap: str  # "" / "vmap outside" / "vmap inside" / "checkpoint body" / "checkpoint blocks"
+    bidirectional: bool
+    check_vma: bool
+    seed: int
+
+    @property
+    def size(self) -> dict[str, int]:
+        return dict(zip(self.names, self.shape))
+
+    @property
+    def ring(self) -> tuple[str, ...]:
+        return self.axis if isinstance(self.axis, tuple) else (self.axis,)
+
+
+def spec_parts(spec: Any, ndim: int) -> list[tuple[str, ...]]:
+    parts = list(spec) + [None] * (ndim - len(spec))
+    return [() if s is None else (s,) if isinstance(s, str) else tuple(s) for s in parts]
+
+
+@st.composite
+def programs(draw) -> Program:
+    shape = tuple(draw(st.lists(st.sampled_from((2, 1, 4, 3)), min_size=1, max_size=3)
+                       .filter(lambda s: 2 <= math.prod(s) <= 8)))
+    total = math.prod(shape)
+    names = tuple(draw(st.permutations(AXIS_NAMES))[: len(shape)])
+    ring = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+    axis = tuple(ring) if len(ring) > 1 or draw(st.booleans()) else ring[0]
+    prog = draw(st.sampled_from(("mlp", "rev", "scan")))
+    wrap = draw(st.sampled_from(("", "vmap outside", "checkpoint body", "checkpoint blocks")
+                                + (("vmap inside",) if prog != "scan" else ())))
+    layers = prog == "scan"
+    ndims = (2 + (wrap == "vmap inside"), 2 + layers, 2 + layers)  # x, w1, w2
+
+    def spec(ndim: int, first: int) -> Any:  # each axis nowhere or on one dimension (from ``first``)
+        parts: list[list[str]] = [[] for _ in range(ndim)]
+        for a in draw(st.permutations(names)):
+            d = draw(st.integers(first - 1, ndim - 1))
+            if d >= first:
+                parts[d].append(a)
+        return P(*(tuple(s) if len(s) > 1 else s[0] if s else None for s in parts))
+
+    # x's batch dimension (vmapped inside) and the weights' layer dimension (scan) unsplit
+    specs = (spec(ndims[0], int(wrap == "vmap inside")) if not layers else spec(2, 0), spec(ndims[1], layers),
+             spec(ndims[2], layers))
+    used = set(ring).union(*(a for s in specs for a in spec_parts(s, 3)))
+    out: list[list[str]] = [[] for _ in range(2 + (wrap == "vmap inside"))]
+    for a in draw(st.permutations(names)):
+        if a in used or draw(st.booleans()):
+            out[draw(st.integers(0, len(out) - 1))].append(a)
+    m, k, h, n = (draw(st.integers(1, 5)) for _ in range(4))
+    if prog == "rev":
+        m *= math.prod(dict(zip(names, shape))[a] for a in ring)
+    return Program(
+        prog=prog, names=names, shape=shape, explicit=tuple(draw(st.booleans()) for _ in shape),
+        devices=tuple(draw(st.permutations(range(8)))[:total]), axis=axis, specs=specs,
+        out=P(*(tuple(s) if len(s) > 1 else s[0] if s else None for s in out)), sizes=(m, k, h, n), wrap=wrap,
+        bidirectional=draw(st.booleans()), check_vma=draw(st.booleans()), seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+class Ranks:
+    """numpy's view of the program: every rank's blocks, and the blocks' collectives."""
+
+    def __init__(self, c: Program):
+        self.c = c
+        self.coords = [dict(zip(c.names, t)) for t in np.ndindex(*c.shape)]
+
+    def index(self, coord: dict[str, int], axes: tuple[str, ...]) -> int:  # row-major, as lax.axis_index
+        return int(np.ravel_multi_index([coord[a] for a in axes], [self.c.size[a] for a in axes])) if axes else 0
+
+    def split(self, a: np.ndarray, spec: Any) -> list[np.ndarray]:
+        parts = spec_parts(spec, a.ndim)
+        out = []
+        for coord in self.coords:
+            at = []
+            for d, axes in enumerate(parts):
+                b = a.shape[d] // math.prod(self.c.size[x] for x in axes)
+                at.append(slice(self.index(coord, axes) * b, (self.index(coord, axes) + 1) * b))
+            out.append(a[tuple(at)])
+        return out
+
+    def join(self, blocks: list[np.ndarray], spec: Any) -> np.ndarray:
+        parts = spec_parts(spec, blocks[0].ndim)
+        shape = [s * math.prod(self.c.size[x] for x in axes) for s, axes in zip(blocks[0].shape, parts)]
+        out = np.zeros(shape, blocks[0].dtype)
+        for coord, blk in zip(self.coords, blocks):
+            at = tuple(slice(self.index(coord, axes) * s, (self.index(coord, axes) + 1) * s)
+                       for s, axes in zip(blk.shape, parts))
+            out[at] = blk
+        return out
+
+    def group(self, r: int) -> list[int]:  # rank r's ring, in ring order
+        same = [q for q, co in enumerate(self.coords)
+                if all(co[a] == self.coords[r][a] for a in self.c.names if a not in self.c.ring)]
+        return sorted(same, key=lambda q: self.index(self.coords[q], self.c.ring))
+
+    def ag(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.concatenate([xs[q] for q in self.group(r)], axis=-2) @ ys[r] for r in range(len(xs))]
+
+    def rs(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[np.ndarray]:
+        out = []
+        for r in range(len(xs)):
+            total = sum(xs[q] @ ys[q] for q in self.group(r))
+            rows = total.shape[-2] // len(self.group(r))
+            i = self.index(self.coords[r], self.c.ring)
+            out.append(total[..., i * rows:(i + 1) * rows, :])
+        return out
+
+
+def program_numpy(c: Program, x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+    """The global result, numpy in float64 (x batched along axis 0 for "vmap outside")."""
+    if c.wrap == "vmap outside":
+        return np.stack([program_numpy(dataclasses.replace(c, wrap=""), xb, w1, w2) for xb in x])
+    ranks = Ranks(c)
+    xs, w1s, w2s = (ranks.split(v, s) for v, s in zip((x, w1, w2), c.specs))
+    if c.prog == "mlp":
+        z = ranks.rs([np.tanh(v) for v in ranks.ag(xs, w1s)], w2s)
+    elif c.prog == "rev":
+        z = ranks.ag([np.tanh(v) for v in ranks.rs(xs, w1s)], w2s)
+    else:
+        z = xs
+        for i in range(w1.shape[0]):
+            hs = ranks.ag(z, [w[i] for w in w1s])
+            z = [a + b for a, b in zip(z, ranks.rs([np.tanh(v) for v in hs], [w[i] for w in w2s]))]
+    return ranks.join(z, c.out)
+
+
+def program_body(c: Program):
+    kw = dict(axis_name=c.axis)
+
+    def ag(x, y):
+        return dmj.allgather_matmul(x, y, bidirectional=c.bidirectional, **kw)
+
+    def rs(x, y):
+        return dmj.matmul_reduce_scatter(x, y, **kw)
+
+    if c.wrap == "checkpoint blocks":
+        ag, rs = jax.checkpoint(ag), jax.checkpoint(rs)
+
+    def body(x, w1, w2):
+        if c.prog == "mlp":
+            return rs(jnp.tanh(ag(x, w1)), w2)
+        if c.prog == "rev":
+            return ag(jnp.tanh(rs(x, w1)), w2)
+        # scan over the layers; the carry varies over every axis a layer's result varies over
+        varying = set(c.ring).union(*(a for s in c.specs for a in spec_parts(s, 3)))
+        has = set(a for part in spec_parts(c.specs[0], 2) for a in part) if c.check_vma else set()
+        missing = tuple(a for a in c.names if a in varying - has)
+        x = lax.pcast(x, missing, to="varying") if missing else x
+        return lax.scan(lambda z, w: (z + rs(jnp.tanh(ag(z, w[0])), w[1]), None), x, (w1, w2))[0]
+
+    if c.wrap == "vmap inside":  # the blocks batched inside shard_map
+        return lambda x, w1, w2: jax.vmap(body, in_axes=(0, None, None))(x, w1, w2)
+    return jax.checkpoint(body) if c.wrap == "checkpoint body" else body
+
+
+def run_program(c: Program) -> None:
+    rng = np.random.default_rng(c.seed)
+    m, k, h, n = c.sizes
+    layers = (2,) if c.prog == "scan" else ()
+    batch = (2,) if c.wrap == "vmap inside" else ()
+    local = {"mlp": ((*batch, m, k), (k, h), (h, n)), "rev": ((*batch, m, k), (k, h), (h, n)),
+             "scan": ((m, k), (*layers, k, h), (*layers, h, k))}[c.prog]
+    shapes = [tuple(s * math.prod(c.size[a] for a in axes) for s, axes in zip(shp, spec_parts(spec, len(shp))))
+              for shp, spec in zip(local, c.specs)]
+    if c.wrap == "vmap outside":
+        shapes[0] = (2, *shapes[0])
+    args_np = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    kinds = tuple(AxisType.Explicit if e else AxisType.Auto for e in c.explicit)
+    mesh = Mesh(np.array([jax.devices()[i] for i in c.devices], dtype=object).reshape(c.shape), c.names,
+                axis_types=kinds)
+    f = jax.shard_map(program_body(c), mesh=mesh, in_specs=c.specs, out_specs=c.out, check_vma=c.check_vma)
+    if c.wrap == "vmap outside":
+        f = jax.vmap(f, in_axes=(0, None, None))
+    want = program_numpy(c, *args_np)
+    w = rng.standard_normal(want.shape).astype(np.float32)
+    with jax.set_mesh(mesh):
+        specs = (P(None, *c.specs[0]) if c.wrap == "vmap outside" else c.specs[0], *c.specs[1:])
+        args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args_np, specs)]
+        z, grads = jax.jit(lambda *a: (f(*a), jax.grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(*a)))(*args)
+    bound = program_numpy(c, *(np.abs(a) for a in args_np))  # |tanh(t)| = tanh(|t|): a bound on every sum
+    tol = 2.0**-24 * 8 * (math.prod(c.shape) + 4) * (4 if c.prog == "scan" else 2)
+    assert_near("result", np.asarray(z), want.astype(np.complex128), max(np.abs(bound).max(), 1e-30), tol)
+    for g, a in zip(grads, args_np):
+        assert g.shape == a.shape and g.dtype == np.float32, (g.shape, a.shape, g.dtype)
+    for _ in range(2):  # the gradient along random directions: against numpy's central difference
+        v = [rng.standard_normal(a.shape) for a in args_np]
+        step = 1e-6
+        up, down = (program_numpy(c, *(a + s * d for a, d in zip(args_np, v))) for s in (step, -step))
+        slope = np.sum((up - down) * w) / (2 * step)
+        ours = sum(np.sum(np.asarray(g, np.float64) * d) for g, d in zip(grads, v))
+        scale = sum(np.sum(np.abs(np.asarray(g, np.float64) * d)) for g, d in zip(grads, v))
+        assert abs(ours - slope) <= 20 * tol * scale + 1e-9, (
+            f"the gradient along a random direction: {ours:.8g}, numpy's central difference {slope:.8g}")
+
+
+def pinned_program(**kw) -> Program:
+    case = dict(names=("seq", "data", "model"), shape=(2, 2, 2), explicit=(True, False, True),
+                devices=(7, 6, 5, 4, 3, 2, 1, 0), bidirectional=True, check_vma=True, seed=1)
+    return Program(**{**case, **kw})
+
+
+@given(c=programs())
+@example(c=pinned_program(  # reduce-scatter first; a ring tuple in reverse mesh order, not adjacent
+    prog="rev", axis=("model", "seq"), specs=(P("data", None), P(None, "seq"), P("model", None)),
+    out=P(("data", "seq"), "model"), sizes=(4, 3, 5, 2), wrap="checkpoint blocks"))
+@example(c=pinned_program(  # blocks vmapped inside shard_map, odd rows both ways round the ring
+    prog="mlp", names=("data", "model"), shape=(2, 4), explicit=(False, True), devices=(3, 0, 6, 1, 7, 2, 5, 4),
+    axis=("model", "data"), specs=(P(None, "model", None), P(None, "data"), P("data", None)),
+    out=P(None, ("model", "data"), None), sizes=(3, 5, 2, 7), wrap="vmap inside", check_vma=False))
+@example(c=pinned_program(  # a scan over layers under checkpoint, every operand split
+    prog="scan", axis=("data", "model"), specs=(P("seq", "data"), P(None, "data", "model"), P(None, "model", "seq")),
+    out=P("seq", ("data", "model")), sizes=(2, 3, 4, 1), wrap="checkpoint body", bidirectional=False))
+@settings(max_examples=300 if LONG else 5, deadline=None)
+def test_generated_programs(c):
+    """Both blocks chained (an MLP either way round, a scan over layers), inside
+    jax.vmap (a batch outside shard_map, or blocks batched inside it) or
+    jax.checkpoint, on meshes of one to three axes in any order and ring tuples
+    in any order, every operand split over any mesh axes: the result and the
+    gradient (along random directions) against numpy."""
+    run_program(c)
 
 
 def test_global_result_is_the_numpy_product():
