@@ -886,6 +886,24 @@ def _in_order_blocks(dist: Distribution, shape: tuple[int, int], p: int) -> bool
     return True
 
 
+def _on_trace_mesh(dist: Distribution, p: int) -> bool:
+    """Whether the mesh dmatmul types a jitted product on where the user gave
+    none (its devices in rank order, one axis per prime factor of P, smallest
+    first) says ``dist``'s even blocks: a grid whose leading side (its rows in
+    row order, its columns in column order) is a product of P's smallest prime
+    factors. (So every grid of 2**k ranks; not a 3x2 row grid of 6.)"""
+    if dist.grid is None:
+        return True
+    factors, n, f = [], p, 2
+    while n > 1:
+        while n % f:
+            f += 1
+        factors.append(f)
+        n //= f
+    rows, cols = dist.grid.shape
+    return (rows if dist.grid.layout == "row" else cols) in {int(np.prod(factors[:i])) for i in range(len(factors) + 1)}
+
+
 def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any], close: Any,
                        batched: bool = False) -> list[str]:
     """One process, a jax result: it lies on the ranks' devices, and (where the
@@ -893,10 +911,9 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
     (``dist.global_indices``), or every device the whole result where no
     NamedSharding says the distribution (contract section 1). Where the
     distribution deals even blocks in rank order and no mesh of the user's
-    fixes the devices' places, the blocks are required. Inside ``jax.jit`` (or
-    a transformation: a trace too) a result on a grid of the other order than
-    a's or b's keeps the product's layout (README, "Your mesh in, your mesh
-    out"): any sharding then; on a mesh of both Explicit and Auto axes too
+    fixes the devices' places, the blocks are required (inside ``jax.jit``:
+    where dmatmul's mesh of that trace says them, :func:`_on_trace_mesh`).
+    Inside a trace on a mesh of both Explicit and Auto axes any sharding
     (a type names the Explicit ones only: ``jax.jit(lambda x: x * 2)`` turns
     P(("data", "model")) with "data" Auto into P("model"), in halves). A
     ``batched`` result (``jax.vmap``: a batch axis first) holds each matrix so, the batch axis not split: each device the
@@ -906,7 +923,7 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
         return [f"result on devices {sorted(x.id for x in shards)}, expected the ranks' {[x.id for x in ranks]}"]
     if case.distributions is None or not want.size:
         return []
-    da, db, dd = case.distributions
+    dd = case.distributions[2]
     p = len(ranks)
     shape = want.shape[1:] if batched else want.shape
     lead = (np.arange(want.shape[0]),) if batched else ()
@@ -917,12 +934,11 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
            for x, (rows, cols) in zip(datas, blocks)):
         return []
     traced = case.jit or case.transform is not None or (case.on_mesh is not None and case.on_mesh.call != "eager")
-    if traced and dd.grid is not None and any(g.layout != dd.grid.layout for g in (da.grid, db.grid) if g):
-        return []
     if traced and case.on_mesh is not None and case.on_mesh.mixed:
         return []  # a type names the Explicit axes only; the Auto ones are XLA's, as for any jitted function
     replicated = all(x.shape == want.shape and close(x, want) for x in datas)
-    if replicated and not (case.on_mesh is None and _in_order_blocks(dd, shape, p)):
+    required = case.on_mesh is None and _in_order_blocks(dd, shape, p) and (not case.jit or _on_trace_mesh(dd, p))
+    if replicated and not required:
         return []
     where = [f"rank {r}: {x.shape}" for r, x in enumerate(datas)][:4]
     wanted = "its block" if replicated else "its block, or all the whole result"

@@ -10,6 +10,7 @@ checked against numpy.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -592,13 +593,16 @@ _G22, _G22C, _G41 = dm.ProcessGrid((2, 2)), dm.ProcessGrid((2, 2), layout="col")
     ((X, X, X), (16, 5, 8), True),
     ((dm.BlockNonCyclic(_G22), dm.BlockNonCyclic(_G22), dm.BlockNonCyclic(_G41)), (8, 8, 8), False),  # another grid
     ((dm.BlockNonCyclic(_G22), dm.BlockNonCyclic(_G22), dm.BlockNonCyclic(_G22C)), (8, 12, 6), False),
+    # a and b on a grid of another shape (split as slabs): inside jit the result kept their layout
+    ((dm.BlockNonCyclic(_G41), dm.BlockNonCyclic(_G41), dm.BlockNonCyclic(_G22C)), (8, 12, 6), False),
     ((X, Y, X), (8, 12, 0), False),  # K = 0: the empty product's placement
 ])
 @pytest.mark.parametrize("jit", [False, True])
 def test_results_are_sharded_as_their_distribution_says(dists, mnk, tb, jit):
     """devices=4, jax.Arrays not on a mesh: every rank's device holds exactly its
     block of the result (dist.global_indices, against numpy), eagerly and
-    inside jit; before, these came back replicated."""
+    inside jit; before, these came back replicated, and inside jit a result on
+    a grid of another order or shape than a's and b's kept their layout."""
     m, n, k = mnk
     rng = np.random.default_rng(m + n + k)
     a_np = rng.standard_normal((m, k)).astype(np.float32)
@@ -610,12 +614,95 @@ def test_results_are_sharded_as_their_distribution_says(dists, mnk, tb, jit):
     devices = jax.devices()[:4]
     shards = {s.device: s for s in d.addressable_shards}
     assert set(shards) == set(devices), d.sharding
-    if jit and dists[2].grid is not None and dists[2].grid.layout != dists[0].grid.layout:
-        return  # inside jit a result on a grid of another device order stays as computed (README)
     for r, dev in enumerate(devices):
         rows, cols = dists[2].global_indices(r, (m, n), 4)
         assert shards[dev].data.shape == (len(rows), len(cols)), (r, d.sharding)
         assert_close(np.asarray(shards[dev].data), want[np.ix_(rows, cols)], "float32")
+
+
+def _grids(p: int) -> list[dm.ProcessGrid]:
+    return [dm.ProcessGrid((r, p // r), layout=o) for r in range(1, p + 1) if p % r == 0 for o in ("row", "col")]
+
+
+def _dists(p: int) -> list:
+    """Every kind of distribution over ``p`` ranks: slabs, replicated, a
+    BlockNonCyclic on every grid of either order, block-cyclic on the 2-D ones."""
+    out = [X, Y, R] + [dm.BlockNonCyclic(g) for g in _grids(p)]
+    return out + [dm.BlockCyclic(g, (2, 3)) for g in _grids(p) if 1 not in g.shape]
+
+
+def _on_trace_mesh(dist, shape, p: int) -> bool:
+    """Whether inside a jit with no mesh of the user's a result laid out as
+    ``dist`` keeps its blocks (README): even blocks in rank order, and a grid
+    whose leading side (its rows in row order, its columns in column order) is
+    a product of P's smallest prime factors. Else it comes back replicated."""
+    if isinstance(dist, dm.Replicated):
+        return True
+    grid = dist.grid if dist.grid is not None else dm.ProcessGrid((p, 1) if dist == X else (1, p))
+    rows, cols = grid.shape
+    if shape[0] % rows or shape[1] % cols:
+        return False
+    for r in range(p):  # block-cyclic: one block per process, its whole share
+        i, j = grid.coords(r)
+        got = dist.global_indices(r, shape, p)
+        want = (np.arange(i * shape[0] // rows, (i + 1) * shape[0] // rows),
+                np.arange(j * shape[1] // cols, (j + 1) * shape[1] // cols))
+        if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+            return False
+    factors, n = [], p
+    for f in range(2, p + 1):
+        while n % f == 0:
+            factors.append(f)
+            n //= f
+    lead = rows if grid.layout == "row" else cols
+    return lead in {int(np.prod(factors[:i])) for i in range(len(factors) + 1)}
+
+
+def _chains(p: int, count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    dists = _dists(p)
+    sizes = [p, 2 * p, 7, 13, 3 * p + 1]
+    for _ in range(count):
+        m, k, n, n2 = (int(rng.choice(sizes)) for _ in range(4))
+        first = tuple(dists[i] for i in rng.integers(len(dists), size=3))
+        second = tuple(dists[i] for i in rng.integers(len(dists), size=3))
+        yield (m, k, n, n2), first, second
+
+
+CHAINS = 300 if os.environ.get("DMATMUL_LONG", "") not in ("", "0") else 8
+
+
+@pytest.mark.parametrize("p", [4, 6, 8])
+def test_products_chained_in_one_jit(p):
+    """Two products inside one jax.jit on arrays of no mesh (a, b and each
+    result drawn apart from every distribution over P ranks; even, uneven and
+    prime sizes). Before, 17 of the 49 pairs of 4-rank layouts failed: products
+    on grids of two orders listed their devices in two orders ("incompatible
+    devices"), and an output on a grid was named by the first product's 1-D
+    mesh (IndivisibleError). Both results are checked against numpy, and each
+    device holds its block of each where the trace's mesh says it, else the
+    whole result."""
+    devices = jax.devices()[:p]
+    rng = np.random.default_rng(p)
+    for (m, k, n, n2), first, second in _chains(p, CHAINS, seed=p):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        z = rng.standard_normal((n, n2)).astype(np.float32)
+
+        def f(x, y, w):
+            t = dm.matmul(x, y, distribution=first, devices=p)
+            return t, dm.matmul(t, w, distribution=second, devices=p)
+
+        got = jax.jit(f)(jnp.asarray(a), jnp.asarray(b), jnp.asarray(z))
+        t_want = reference(a, b)
+        for d, want, dist in zip(got, (t_want, reference(np.asarray(got[0]), z)), (first[2], second[2])):
+            assert_close(np.asarray(d), want, "float32")
+            shards = {s.device: np.asarray(s.data) for s in d.addressable_shards}
+            assert set(shards) == set(devices), (first, second, d.sharding)
+            kept = _on_trace_mesh(dist, want.shape, p)
+            for r, dev in enumerate(devices):
+                rows, cols = dist.global_indices(r, want.shape, p) if kept else (range(want.shape[0]), range(want.shape[1]))
+                assert shards[dev].shape == (len(rows), len(cols)), (first, second, dist, d.sharding)
 
 
 @pytest.mark.parametrize("k", [0, 6])

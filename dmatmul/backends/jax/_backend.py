@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -93,6 +94,24 @@ def _traced(operands: Operands) -> bool:
 def _tracing(operands: Operands) -> bool:
     """Whether the product runs inside a user's trace: on its values, or on constants of it."""
     return in_jax_trace(operands.a, operands.b, operands.c, operands.bias)
+
+
+def _staging(operands: Operands) -> bool:
+    """Whether the product is staged into one computation with others: a
+    ``jit`` (or ``scan``, ``checkpoint``...) traces now, under any eager
+    ``grad``, ``jvp`` or ``vmap`` (JAX says so only privately; without that
+    answer, whether any transformation traces)."""
+    try:
+        from jax._src.core import trace_ctx
+        from jax._src.interpreters.partial_eval import DynamicJaxprTrace
+    except ImportError:  # pragma: no cover - a JAX without them
+        return _tracing(operands)
+    trace = trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, DynamicJaxprTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
 
 
 def _in_vmap() -> bool:
@@ -197,7 +216,43 @@ def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
     """The user's mesh a one-process product on jax.Arrays runs on (:func:`user_mesh`),
     unless ``devices=`` says otherwise; None under mpiexec and for other arrays."""
     wanted = spec.family == "jax" or in_jax_trace()  # numpy constants inside a trace give one of its values
-    return user_mesh(operands) if wanted and not spec.spmd and spec.devices is None else None
+    if not wanted or spec.spmd:
+        return None
+    mesh = user_mesh(operands) if spec.devices is None else None
+    if mesh is None and _staging(operands):
+        devices = _layout.resolve_devices(spec.devices)
+        return trace_mesh(devices) if len(devices) > 1 else None
+    return mesh
+
+
+@functools.lru_cache(maxsize=16)
+def trace_mesh(devices: tuple[jax.Device, ...]) -> Mesh:
+    """Inside a trace that names no mesh (operands on no mesh, no ``jax.set_mesh``):
+    the one mesh every product of that trace over ``devices`` is typed on, its
+    devices in rank order, one axis per prime factor of their number, smallest
+    first (``dm0``, ``dm1``, ...).
+
+    One computation lists its devices in one order, and JAX names a jitted
+    output's sharding by the mesh of the computation's first sharding: on
+    meshes of their own (a grid's, a Slab's), two products in one ``jit``
+    clashed, or their result could not be named. On this mesh a grid's blocks
+    are rows over its leading axes and columns over the others (or the other
+    way round for a grid of column order): every grid of 2**k devices, and a
+    result no sharding of it lays out comes back replicated, as for a user's mesh.
+
+    >>> import jax
+    >>> m = trace_mesh(tuple(jax.devices()[:4]))
+    >>> dict(m.shape)
+    {'dm0': 2, 'dm1': 2}
+    """
+    factors, n, f = [], len(devices), 2
+    while n > 1:
+        while n % f:
+            f += 1
+        factors.append(f)
+        n //= f
+    names = tuple(f"dm{i}" for i in range(len(factors)))
+    return Mesh(np.array(devices, dtype=object).reshape(factors), names, axis_types=(AxisType.Auto,) * len(factors))
 
 
 def _explicit(mesh: Mesh | AbstractMesh) -> bool:
@@ -501,14 +556,6 @@ class JaxPlan:
         if self.replicated_result is not None:
             pd = Replicated()
         self.planned = (pa, pb, pd)
-        if self.traced and grid is not None and isinstance(self.user_mesh, Mesh):
-            # inside a trace every sharding lists the trace's devices in the trace's order: the grid's mesh
-            # takes them position by position (the rank at each position being the grid's), as an abstract
-            # mesh does
-            flat, devices = tuple(self.user_mesh.devices.flat), list(self.devices)
-            for f, r in enumerate(_layout.Geometry.mesh_ranks_of(grid)):
-                devices[r] = flat[f]
-            self.devices = tuple(devices)
         self.geom = _layout.Geometry.create(self.devices, grid)
         # a jax.Array a or b whose layout no sharding on the mesh expresses (cyclic, uneven) is placed
         # replicated (:meth:`_device_operand`): the plan takes it as what it then is, Replicated(), and slices
@@ -609,6 +656,9 @@ class JaxPlan:
         """Why no ``jax.Array`` sharding lays a result out as ``dist`` says, or None."""
         mesh = self.user_mesh  # (0, 0): the layout alone; whether it splits evenly is judged below
         if mesh is not None and _sharding_of(_plain(dist, (self.spec.m, self.spec.n)), mesh, (0, 0)) is None:
+            if isinstance(mesh, Mesh) and mesh == trace_mesh(tuple(mesh.devices.flat)):
+                return (f"inside jit, with no mesh of yours, every product is typed on dmatmul's mesh "
+                        f"{dict(mesh.shape)}, and no sharding of it lays it out")
             return f"no sharding of the operands' mesh {dict(mesh.shape)} lays it out"
         return _unexpressed(dist, self._result_geometry(grid, dist), (self.spec.m, self.spec.n))
 
@@ -639,8 +689,6 @@ class JaxPlan:
             return d
         dist, shape = self.distributions[2], (self.spec.m, self.spec.n)
         geom = self._result_geometry(None)
-        if in_jax_trace(d) and tuple(geom.mesh.devices.flat) != tuple(self.geom.mesh.devices.flat):
-            return d  # one trace lists its devices in one order: the result stays as computed (Slab.X) there
         sharding = geom.sharding(_layout.placement_of(dist, geom, shape, (None, None)))
         if _in_vmap():  # each matrix of the batch re-laid (the result is on these devices already)
             return jax.lax.with_sharding_constraint(d, sharding)
@@ -863,6 +911,9 @@ class JaxPlan:
             op: _on_mesh(dist, user, shape)
             for op, dist, shape in zip("abd", self.planned, (spec.a_shape, spec.b_shape, (spec.m, spec.n)))
         }
+        # the result as its distribution says (one on another grid than the product's is computed as Slab.X)
+        result = _on_mesh(Replicated() if self.replicated_result is not None else self.distributions[2], user,
+                          (spec.m, spec.n))
         explicit = _explicit(user)
 
         def enter(x: jax.Array, op: str) -> jax.Array:
@@ -884,7 +935,7 @@ class JaxPlan:
                 if bias is not None:
                     bias = self._padded_bias(bias)
                 d = _layout.unpad(core(a, b, c, bias), given["d"])
-            return _typed_on(d, on_user["d"])
+            return _typed_on(d, result)
 
         return jax.jit(traced)
 
@@ -917,7 +968,7 @@ class JaxPlan:
         """The result on the mesh (or host) it goes to, as :meth:`execute` says."""
         if self.traced:
             return self._execute_traced(operands)
-        if self.user_mesh is not None and in_jax_trace():
+        if in_jax_trace() and (self.user_mesh is not None or mesh_of(self.spec, operands) is not None):
             # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
             if self._twin is None:
                 self._twin = JaxPlan(self.spec, operands)

@@ -156,8 +156,9 @@ def ring_order(axis: Any) -> tuple[Any, jax.Array | None]:
     ``lax.ppermute`` over a tuple of mesh axes numbers devices in the *mesh's*
     axis order, whatever the tuple's order, while ``lax.axis_index``,
     ``all_gather`` and ``psum_scatter`` number them in the tuple's order
-    (JAX 0.10). On a column-major grid the rank axis is ``("c", "r")`` on an
-    ``("r", "c")`` mesh, so a ring built from ``axis_index`` and ``ppermute``
+    (JAX 0.10). On a tuple not in mesh order (``("model", "data")`` of a
+    user's ``("data", "model")`` mesh in :mod:`dmatmul.jax`; once, dmatmul's
+    own column-order grids) a ring built from ``axis_index`` and ``ppermute``
     of that tuple sends blocks to the wrong ranks. A ring therefore runs over
     the tuple sorted into mesh order (where both primitives agree) and
     ``table[q]`` is the tuple-order index of ring position ``q``; ``table`` is

@@ -11,11 +11,12 @@ Three ideas, each one small value:
   of a row- and column-permuted matrix, and each rank's local storage is the
   same under both views.
 * :class:`Geometry` -- the mesh: 1-D ``("x",)`` for Slab/Replicated
-  products, 2-D ``("r", "c")`` for a :class:`~dmatmul.ProcessGrid`, with the
-  device at mesh position ``(i, j)`` being the rank at grid coordinates
-  ``(i, j)``. The *rank axis* (``"x"``, or ``("r", "c")`` for "row" grids and
-  ``("c", "r")`` for "col" grids) enumerates the devices in rank order, so a
-  Slab can split over all ranks of a 2-D mesh.
+  products, 2-D for a :class:`~dmatmul.ProcessGrid`, the device at
+  ``"r"`` = i, ``"c"`` = j being the rank at grid coordinates ``(i, j)``:
+  ``("r", "c")`` for "row" grids, ``("c", "r")`` (the transpose) for "col"
+  grids, so every mesh lists its devices in rank order. The *rank axis*
+  (``"x"``, or the mesh's own axis tuple) enumerates them, so a Slab can
+  split over all ranks of a 2-D mesh.
 * :class:`Placement` -- a matrix on the mesh: a DimMap per stored dimension
   and the mesh axes (or none) that split it. ``Slab.X`` over P ranks is
   ``(slab map, whole map), (rank axis, None)``; a BlockCyclic matrix is
@@ -140,15 +141,26 @@ class Geometry:
     @staticmethod
     @functools.lru_cache(maxsize=64)
     def create(devices: tuple[jax.Device, ...], grid: ProcessGrid | None = None) -> Geometry:
-        """``devices[r]`` is rank ``r``; with a grid, mesh position ``(i, j)`` is
-        the rank at grid coordinates ``(i, j)``."""
+        """``devices[r]`` is rank ``r``, and every mesh lists the devices in rank
+        order (one computation lists its devices in one order, so products and
+        moves on grids of either order meet in one ``jit``). With a grid, the
+        device at grid coordinates ``(i, j)`` is at ``"r"`` = i and ``"c"`` = j:
+        on a ``("r", "c")`` mesh for a grid of row order, on a ``("c", "r")``
+        mesh (its transpose) for one of column order.
+
+        >>> import jax
+        >>> g = Geometry.create(tuple(jax.devices()[:8]), ProcessGrid((2, 4), layout="col"))
+        >>> dict(g.mesh.shape), g.rank_axis
+        ({'c': 4, 'r': 2}, ('c', 'r'))
+        """
         if grid is None or grid.ndim != 2:
             mesh = Mesh(np.array(devices, dtype=object), ("x",), axis_types=(AxisType.Auto,))
             return Geometry(mesh, "x", None)
-        arr = np.empty(grid.shape, dtype=object)
-        arr.flat[:] = [devices[r] for r in Geometry.mesh_ranks_of(grid)]
-        mesh = Mesh(arr, ("r", "c"), axis_types=(AxisType.Auto, AxisType.Auto))
-        return Geometry(mesh, ("r", "c") if grid.layout == "row" else ("c", "r"), grid)
+        rows, cols = grid.shape
+        row = grid.layout == "row"
+        arr = np.array(devices, dtype=object).reshape((rows, cols) if row else (cols, rows))
+        names = ("r", "c") if row else ("c", "r")
+        return Geometry(Mesh(arr, names, axis_types=(AxisType.Auto, AxisType.Auto)), names, grid)
 
     def onto(self, x: jax.Array, sharding: Any) -> jax.Array:
         """A concrete jax.Array on this mesh: as it is where it already lies on
@@ -181,16 +193,10 @@ class Geometry:
         ``grad``) the devices, and their order, are the traced computation's."""
         return dataclasses.replace(self, mesh=self.mesh.abstract_mesh) if isinstance(self.mesh, Mesh) else self
 
-    @staticmethod
-    def mesh_ranks_of(grid: ProcessGrid) -> list[int]:
-        """The rank at each position of a grid's mesh, in mesh (row-major) order."""
-        rows, cols = grid.shape
-        return [grid.rank((i, j)) for i in range(rows) for j in range(cols)]
-
     @property
     def mesh_ranks(self) -> list[int]:
-        """The rank of each device of the mesh, in mesh (row-major) order."""
-        return list(range(self.nranks)) if self.grid is None else Geometry.mesh_ranks_of(self.grid)
+        """The rank of each device of the mesh, in mesh (row-major) order: rank order."""
+        return list(range(self.nranks))
 
     @property
     def nranks(self) -> int:
