@@ -394,7 +394,8 @@ class Case:
                 required.append(Refusal(
                     (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
-        if self.algorithm != "auto":
+        if self.algorithm != "auto" and not (self.distributions is not None and self.algorithm in _fitting_algorithms(
+                self.nranks, self.distributions, self.transpose_a, self.transpose_b)):
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
         return required, allowed
@@ -624,10 +625,11 @@ def _fitting_algorithms(
     nranks: int, dists: tuple[Distribution, Distribution, Distribution], ta: bool, tb: bool
 ) -> list[str]:
     """The named algorithms whose kernel takes the operands in their given
-    roles (Replicated fits wherever a Slab is needed; SUMMA: all on one grid,
-    whatever its shape: a BlockNonCyclic on a (P, 1) grid has a 1-D role, and is
-    on the grid all the same). Only a hint for drawing: a refusal of any named
-    algorithm is accepted."""
+    roles (Replicated fits wherever a Slab is needed for a or b, not for the
+    result: that would be another algorithm; SUMMA: all on one grid, whatever
+    its shape: a BlockNonCyclic on a (P, 1) grid has a 1-D role, and is on the
+    grid all the same). These must run (README: a named algorithm that does
+    not fit raises); a refusal of any other is accepted."""
     roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
     grids = {d.grid for d in dists}
     one_grid = len(grids) == 1 and None not in grids
@@ -637,7 +639,7 @@ def _fitting_algorithms(
         if kernel.algorithm == "summa":
             if one_grid:
                 out.append(kernel.algorithm)
-        elif all(g == w or (g == "R" and w != "G") for g, w in zip(roles, want)):
+        elif all(g == w or (g == "R" and w != "G" and op != "d") for g, w, op in zip(roles, want, "abd")):
             out.append(kernel.algorithm)
     return [name for name in ALGORITHMS if name in out]
 

@@ -420,6 +420,12 @@ def test_expected_refusals():
     required, allowed = _case(algorithm="summa").refusals()
     assert not required and allowed[0].matches(ValueError("algorithm='summa' does not fit ...; it needs one of: ..."))
     assert not allowed[0].matches(NotImplementedError("algorithm='summa' needs"))
+    # a named algorithm that fits the layouts by roles must run (a replicated operand fits where a slab is
+    # needed; a replicated result is another algorithm's)
+    assert _case(algorithm="allgather").refusals() == ([], [])
+    assert _case(algorithm="allgather", distributions=(dm.Slab.X, dm.Replicated(), dm.Slab.X)).refusals() == ([], [])
+    _, allowed = _case(algorithm="allgather", distributions=(dm.Slab.X, dm.Slab.Y, dm.Replicated())).refusals()
+    assert len(allowed) == 1
     assert _case().refusals() == ([], [])
     required, _ = _case(epilog="bias", bias_dtype="complex64").refusals()  # a complex bias on real operands
     assert len(required) == 1 and required[0].matches(TypeError(
@@ -432,6 +438,12 @@ def test_expected_refusals():
 def test_an_expected_refusal_counts_as_refused_and_a_missing_one_fails(monkeypatch):
     out = ck.run_case(_case(dtype="complex64", epilog="relu"), rng_seed=1)
     assert out.status == "refused" and "TypeError" in out.message
+    with monkeypatch.context() as mp:  # a named algorithm that fits, refused: a failure
+        mp.setattr(dm, "matmul", lambda *a, **k: _raise(ValueError("algorithm='allgather' ... it needs one of: ...")))
+        assert ck.run_case(_case(algorithm="allgather"), rng_seed=1).status == "failed"
+        assert ck.run_case(_case(algorithm="summa"), rng_seed=1).status == "failed"  # (its own name is not in it)
+        mp.setattr(dm, "matmul", lambda *a, **k: _raise(ValueError("algorithm='summa' ... it needs one of: ...")))
+        assert ck.run_case(_case(algorithm="summa"), rng_seed=1).status == "refused"
     monkeypatch.setattr(dm, "matmul", lambda *a, **k: np.zeros((6, 5), np.complex64))
     out = ck.run_case(_case(dtype="complex64", epilog="relu"), rng_seed=1)
     assert out.status == "failed" and "expected one" in out.message
