@@ -366,8 +366,10 @@ class Case:
           dmatmul's distributions: ValueError naming the operand and its
           sharding (allowed, not required, inside ``jax.jit`` on Auto axes,
           whose types say nothing);
-        * a named algorithm may not fit the distributions: ValueError naming
-          the algorithm and saying what it needs.
+        * a named algorithm that does not fit the distributions by roles
+          (:func:`_fitting_algorithms`; with distribution=None, operands on a
+          user's mesh whose layouts it does not take): ValueError naming the
+          algorithm and saying what it needs.
         """
         required: list[Refusal] = []
         allowed: list[Refusal] = []
@@ -394,8 +396,12 @@ class Case:
                 required.append(Refusal(
                     (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
-        if self.algorithm != "auto" and not (self.distributions is not None and self.algorithm in _fitting_algorithms(
-                self.nranks, self.distributions, self.transpose_a, self.transpose_b)):
+        # a named algorithm runs where it fits the layouts by roles, and with distribution=None on operands of
+        # no mesh (the model picks among the layouts it takes)
+        if self.algorithm != "auto" and not (
+                (self.distributions is None and self.on_mesh is None)
+                or (self.distributions is not None and self.algorithm in _fitting_algorithms(
+                    self.nranks, self.distributions, self.transpose_a, self.transpose_b))):
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
         return required, allowed

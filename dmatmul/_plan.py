@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from . import _cost
-from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
+from ._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ._spec import ALGORITHMS
 
 __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
-    "role_dist", "kernel_cost", "gemm_calls", "model_time", "on_grid_roles", "plans", "choose", "choose_distributions", "needs", "needs_message",
+    "role_dist", "kernel_cost", "gemm_calls", "model_time", "on_grid_roles", "plans", "choose", "choose_distributions", "choose_grid", "needs", "needs_message",
     "dist_for_role", "stored_dims", "ALGORITHMS", "Schedule", "SCHEDULES", "forced_schedule", "schedule",
     "kernel_collectives", "costed_plan",
 ]
@@ -585,9 +585,12 @@ def choose_distributions(
     fixed: tuple[Distribution | None, Distribution | None] = (None, None),
     kernels: Sequence[Kernel] = KERNELS,
     deliverable: Callable[[Distribution], bool] | None = None,
+    algorithm: str = "auto",
 ) -> tuple[Distribution, Distribution, Distribution]:
     """``distribution=None`` (one process): the triple of 1-D distributions whose
-    cheapest plan, plus placing the operands there, the model says is fastest.
+    cheapest plan, plus placing the operands there, the model says is fastest;
+    with a named ``algorithm``, the cheapest it runs (for SUMMA a
+    ``BlockNonCyclic`` on the cheapest grid: :func:`choose_grid`).
 
     ``fixed``: a's and b's distribution where the operand already has one (a
     ``jax.Array`` laid out on the devices); the others are free. On one rank
@@ -600,7 +603,13 @@ def choose_distributions(
     >>> pr = Problem1D(64, 64, 4096, 4, 4, 4)
     >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False))
     (Slab.Y, Slab.X, Slab.X)
+    >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False), algorithm="allgather")
+    (Slab.X, Slab.X, Slab.X)
     """
+    if algorithm == "summa":
+        return choose_grid(problem, model, fixed=fixed, deliverable=deliverable)
+    if algorithm != "auto":
+        return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:
         return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
     options = (Slab.X, Slab.Y, Replicated())
@@ -625,6 +634,74 @@ def choose_distributions(
     if best is None:
         raise ValueError("no kernel of the backend runs any 1-D layout: pass distribution= explicitly")
     return best[1]
+
+
+def _choose_named(
+    problem: Problem1D, model: _cost.MachineModel, algorithm: str, transposes: tuple[bool, bool],
+    fixed: tuple[Distribution | None, Distribution | None], kernels: Sequence[Kernel],
+    deliverable: Callable[[Distribution], bool] | None,
+) -> tuple[Distribution, Distribution, Distribution]:
+    """:func:`choose_distributions` for a named 1-D ``algorithm``: the layouts
+    of one of its kernels as they are (a named algorithm runs on the layouts
+    given, with no move), the cheapest; a fixed operand keeps its layout (a
+    replicated one fits where a slab is needed). A result ``deliverable``
+    refuses is taken only where no other is. None fits: the given layouts
+    with Slab.X for the rest (the named algorithm then says what it needs)."""
+    if problem.p == 1:
+        return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
+    ta, tb = transposes
+    options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
+    for kern in kernels:
+        if kern.algorithm != algorithm:
+            continue
+        triple = []
+        for op, role, t, given in (("a", kern.a, ta, fixed[0]), ("b", kern.b, tb, fixed[1]), ("d", kern.d, False, None)):
+            have = None if given is None else role_of(given, op, t, problem.p)  # type: ignore[arg-type]
+            if given is not None and not (have == role or (have == "R" and role != "G")):
+                break
+            triple.append(given if given is not None else role_dist(op, role, t))  # type: ignore[arg-type]
+        else:
+            roles = roles_of(triple, transposes, problem.p)
+            found = plans(problem, roles, model, kernels=[kern])
+            time = found[0].time if found else float("inf")
+            options.append((deliverable is not None and not deliverable(triple[2]), time,
+                            (triple[0], triple[1], triple[2])))
+    if not options:
+        return (fixed[0] or Slab.X, fixed[1] or Slab.X, Slab.X)
+    return min(options, key=lambda o: (o[0], o[1]))[2]
+
+
+def choose_grid(
+    problem: Problem1D,
+    model: _cost.MachineModel,
+    *,
+    fixed: tuple[Distribution | None, Distribution | None] = (None, None),
+    deliverable: Callable[[Distribution], bool] | None = None,
+) -> tuple[Distribution, Distribution, Distribution]:
+    """``algorithm="summa"`` with ``distribution=None``: a, b and the result
+    ``BlockNonCyclic`` on the row-order grid whose SUMMA the model says is
+    fastest (a jax.Array operand keeps the layout its sharding says: its grid
+    then decides; ``deliverable`` as in :func:`choose_distributions`, waived
+    where no grid is).
+
+    >>> choose_grid(Problem1D(4096, 4096, 4096, 8, 4, 4), _cost.model_for("cpu"))[2]
+    BlockNonCyclic(ProcessGrid((2, 4), layout='row'))
+    >>> choose_grid(Problem1D(8192, 64, 4096, 8, 4, 4), _cost.model_for("cpu"))[2]  # tall: rows split more
+    BlockNonCyclic(ProcessGrid((8, 1), layout='row'))
+    """
+    p = problem.p
+    given = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2), None)
+    grids = [given] if given is not None else [ProcessGrid((r, p // r)) for r in range(1, p + 1) if p % r == 0]
+    summa = [kern for kern in KERNELS if kern.algorithm == "summa"]
+    options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
+    for grid in grids:
+        dist = BlockNonCyclic(grid)
+        triple = (fixed[0] or dist, fixed[1] or dist, dist)
+        sized = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
+        found = plans(sized, {"a": "G", "b": "G", "d": "G"}, model, kernels=summa, grid_ops=frozenset("abd"))
+        time = found[0].time if found else float("inf")
+        options.append((deliverable is not None and not deliverable(dist), time, triple))
+    return min(options, key=lambda o: (o[0], o[1]))[2]
 
 
 def versus_bound(nbytes: float, bound: float, replicated: Sequence[str]) -> str:

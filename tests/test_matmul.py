@@ -141,6 +141,27 @@ def test_distribution_left_out_is_chosen_by_the_model():
         assert "chosen by the cost model" in mm.explain()
 
 
+@pytest.mark.parametrize("algorithm", ["allgather", "reduce_scatter", "allreduce", "local", "summa"])
+@pytest.mark.parametrize("ndev", [1, 3, 8])
+def test_a_named_algorithm_without_distributions_runs_on_layouts_it_takes(algorithm, ndev):
+    """distribution=None with a named algorithm: the model picks among the
+    layouts that algorithm takes (SUMMA: a BlockNonCyclic grid), for numpy and
+    for jax.Arrays (whose results shard only evenly), transposes and uneven
+    sizes too. Before, the model picked for "auto" and the algorithm was then
+    refused naming layouts the user never gave (SUMMA always, allgather and
+    reduce_scatter on uneven jax results)."""
+    rng = np.random.default_rng(ndev)
+    for (m, k, n), ta, family in itertools.product([(13, 7, 29), (16, 24, 8)], [False, True], ["numpy", "jax"]):
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        x, y = (a, b) if family == "numpy" else (jnp.asarray(a), jnp.asarray(b))
+        with dm.Matmul(x, y, transpose_a=ta, algorithm=algorithm, devices=ndev) as mm:
+            mm.plan()
+            assert mm.algorithm == algorithm, (m, k, n, ta, family)
+            assert "chosen by the cost model" in mm.explain()
+            assert_close(np.asarray(mm.execute()), reference(a, b, transpose_a=ta), "float32")
+
+
 def test_every_kernels_gemm_calls_add_up_to_its_flops():
     from dmatmul import _plan
 

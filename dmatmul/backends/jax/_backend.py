@@ -763,7 +763,7 @@ class JaxPlan:
             lambda d: self._undeliverable(d, None) is None)
         chosen = _plan.choose_distributions(
             self.problem, self.model, transposes=(self.spec.transpose_a, self.spec.transpose_b), fixed=fixed,
-            deliverable=deliverable,
+            deliverable=deliverable, algorithm=self.spec.algorithm,
         )
         return chosen, True
 

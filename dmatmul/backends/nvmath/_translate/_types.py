@@ -94,7 +94,8 @@ class Problem:
             info = DTYPE_INFO[spec.dtype]
             sizes = _plan.Problem1D(spec.m, spec.n, spec.k, nranks, info.itemsize, info.acc_itemsize)
             transposes = (spec.transpose_a, spec.transpose_b)
-            dists, chosen = _plan.choose_distributions(sizes, MODEL, transposes=transposes, kernels=KERNELS), True
+            dists, chosen = _plan.choose_distributions(
+                sizes, MODEL, transposes=transposes, kernels=KERNELS, algorithm=spec.algorithm), True
         return cls(
             m=spec.m, n=spec.n, k=spec.k, nranks=nranks, transpose_a=spec.transpose_a,
             transpose_b=spec.transpose_b, distributions=tuple(dists), orders=orders, use_c=spec.use_c,
