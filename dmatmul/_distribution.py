@@ -51,12 +51,18 @@ GridLayout = Literal["row", "col"]
 # --------------------------------------------------------------------------- #
 # argument checking
 # --------------------------------------------------------------------------- #
-def _as_int(value: Any, what: str, *, minimum: int) -> int:
+#: the most ranks a distribution spans: MPI numbers ranks with a C int
+MAX_RANKS = 2**31 - 1
+
+
+def _as_int(value: Any, what: str, *, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
     value = int(value)
     if value < minimum:
         raise DistributionError(f"{what} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise DistributionError(f"{what} must be <= {maximum} (MPI numbers ranks with a C int), got {value}")
     return value
 
 
@@ -174,6 +180,11 @@ class ProcessGrid:
                 f"ProcessGrid layout must be 'row' (rank = r*cols + c) or 'col' "
                 f"(rank = r + c*rows), got {layout!r}"
             )
+        if math.prod(dims) > MAX_RANKS:
+            raise DistributionError(
+                f"ProcessGrid shape {dims} spans {math.prod(dims)} ranks, more than {MAX_RANKS} "
+                "(MPI numbers ranks with a C int)"
+            )
         if sum(d > 1 for d in dims) <= 1:
             # the two orders number the ranks alike where at most one axis is
             # longer than 1 (a 1-D grid, (4, 1), (1, 4)): keep one value, so
@@ -279,7 +290,7 @@ class Distribution:
                 )
             return self.grid.size
         if nranks is not None:
-            return _as_int(nranks, "nranks", minimum=1)
+            return _as_int(nranks, "nranks", minimum=1, maximum=MAX_RANKS)
         world = _runtime.world_size()
         if world is None:
             raise DistributionError(

@@ -260,9 +260,11 @@ def test_reprs_are_readable():
 
 
 def test_a_grid_counts_its_ranks_exactly():
-    """Python's ints, not int64: a product over 2**64 ranks does not wrap to 0."""
-    huge = dm.ProcessGrid((2**32, 2**32))
-    assert huge.size == 2**64 and dm.ProcessGrid((3, 5, 7)).size == 105
+    """Python's ints, not int64: a product over 2**64 ranks does not wrap to 0
+    (it is refused, counted exactly: MPI numbers at most 2**31 - 1 ranks)."""
+    with pytest.raises(dm.DistributionError, match=r"spans 18446744073709551616 ranks"):
+        dm.ProcessGrid((2**32, 2**32))
+    assert dm.ProcessGrid((2**31 - 1, 1)).size == 2**31 - 1 and dm.ProcessGrid((3, 5, 7)).size == 105
 
 
 # --------------------------------------------------------------------------- #
@@ -302,6 +304,10 @@ def test_a_grid_counts_its_ranks_exactly():
         (lambda: dm.split(np.ones(3), dm.Slab.X, nranks=2), ValueError, ["2-D", "(3,)"]),
         (lambda: dm.split(np.ones((3, 3)), "Slab.X", nranks=2), TypeError, ["distribution", "'Slab.X'"]),
         (lambda: dm.join([np.ones((2, 3)), np.ones((2, 3))], dm.Slab.X, (3, 3)), ValueError, ["rank 1", "(1, 3)", "(2, 3)"]),
+        # more ranks than MPI can number: split looped over 2**70 ranks
+        (lambda: dm.split(np.ones((4, 4)), dm.Slab.X, nranks=2**70), ValueError, ["nranks", "<= 2147483647", "C int"]),
+        (lambda: dm.Slab.Y.shape(0, (4, 4), nranks=2**31), ValueError, ["nranks", "2147483648"]),
+        (lambda: dm.ProcessGrid((2**20, 2**12)), ValueError, ["(1048576, 4096)", "4294967296 ranks", "C int"]),
         # ragged lists (found by tests/test_bad_inputs.py: numpy's "inhomogeneous shape", naming nothing)
         (lambda: dm.split([[1.0], [2.0, 3.0]], dm.Slab.X, nranks=2), ValueError, ["split: a cannot be read", "list"]),
         (lambda: dm.join([np.ones((1, 2)), [[1.0], [2.0, 3.0]]], dm.Slab.X, (2, 2)), ValueError,
