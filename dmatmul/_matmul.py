@@ -626,6 +626,8 @@ class Matmul:
         self._freed = True
 
     def __enter__(self) -> Matmul:
+        if self._freed:  # (every rank frees alike: each raises)
+            raise PlanFreedError("a with statement on a freed Matmul: create a new dmatmul.Matmul")
         return self
 
     def __exit__(self, *exc: object) -> None:

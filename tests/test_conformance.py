@@ -281,6 +281,9 @@ def test_plan_explain_execute_reset_free(here):
     assert all(np.array_equal(x, y) for x, y in zip(before, (a, b, c, bias)))
     with pytest.raises(dm.PlanFreedError):
         mm.execute()
+    with pytest.raises(dm.PlanFreedError, match="with statement on a freed Matmul"):
+        with mm:  # it entered, and ran nothing
+            pass
     mm.free()  # idempotent
 
 
