@@ -18,9 +18,12 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
     """``x``, laid out as ``src``, laid out as ``dst``; each element moves once.
 
     * One process: ``x`` is the global matrix. A ``jax.Array`` comes back laid
-      out on ``devices`` (default: all local devices) as ``dst`` says, with a
-      NamedSharding where one can express it (else replicated); numpy comes
-      back as numpy (the same values).
+      out on ``devices`` (default: the mesh ``x`` is on, or of ``jax.set_mesh``,
+      its devices in mesh order, and back on that mesh; else all local devices)
+      as ``dst`` says, with a NamedSharding where one can express it (else
+      replicated); numpy comes back as numpy (the same values). Inside a JAX
+      trace (``jit``, ``grad``, ``vmap``) it lays ``x`` out on the mesh a
+      product of that trace runs on.
     * Several processes (``mpiexec``): ``x`` is this rank's block under
       ``src``; this rank's block under ``dst`` comes back, in ``x``'s array
       family. Ranks exchange exactly the elements they need (pairwise rounds

@@ -715,3 +715,56 @@ def test_a_sharding_no_distribution_expresses_is_refused_for_an_empty_product_to
     b = jax.device_put(np.ones((25, k), np.float32), NamedSharding(mesh6, P()))
     with pytest.raises(ValueError, match=r"a: its sharding P\('data', None\) .* replicates over mesh axis 'model'"):
         dm.matmul(a, b, transpose_a=True, transpose_b=True)
+
+
+def _holds_blocks(d, dist, devices, shape):
+    """Each rank's device holds exactly its block of ``d`` (``dist.global_indices``)."""
+    shards = {s.device: s for s in d.addressable_shards}
+    assert set(shards) == set(devices), d.sharding
+    for r, dev in enumerate(devices):
+        rows, cols = dist.global_indices(r, shape, len(devices))
+        got = (np.arange(shape[0])[shards[dev].index[0]], np.arange(shape[1])[shards[dev].index[1]])
+        assert np.array_equal(got[0], rows) and np.array_equal(got[1], cols), (r, dist, d.sharding)
+
+
+@pytest.mark.parametrize("where", ["no mesh", "explicit", "auto"])
+def test_redistribute_inside_jit_between_products(where):
+    """dm.redistribute inside jax.jit, between two dm.matmul calls, and under
+    jax.grad: before, it read ``x.sharding`` of the tracer (AttributeError).
+    Inside jit it lays the matrix out on the mesh the products run on (the
+    user's, devices in any order, or dmatmul's one mesh of the trace), and an
+    array on a user's mesh also comes back on that mesh eagerly (before: on
+    dmatmul's own mesh over all 8 devices, which a jit with the user's other
+    arrays refuses). Values against numpy, blocks against global_indices."""
+    g22 = dm.BlockNonCyclic(dm.ProcessGrid((2, 2)))
+    rng = np.random.default_rng(11)
+    a_np, b_np, w_np = (rng.standard_normal(s).astype(np.float32) for s in ((8, 6), (6, 4), (4, 5)))
+    if where == "no mesh":
+        devices, kw, mesh = jax.devices()[:4], {"devices": 4}, None
+        a, b, w = jnp.asarray(a_np), jnp.asarray(b_np), jnp.asarray(w_np)
+    else:
+        devices = [jax.devices()[i] for i in (5, 2, 7, 0)]
+        types = (AxisType.Explicit if where == "explicit" else AxisType.Auto,) * 2
+        mesh = jax.make_mesh((2, 2), AXES, axis_types=types, devices=devices)
+        devices, kw = list(mesh.devices.flat), {}
+        a, b, w = put(a_np, mesh, P(AXES, None)), put(b_np, mesh, P()), put(w_np, mesh, P())
+
+    def f(x, y, z):
+        t = dm.matmul(x, y, distribution=(X, R, X), **kw)
+        u = dm.redistribute(t, X, g22, **kw)
+        return u, dm.matmul(u, z, distribution=(g22, R, Y), **kw)
+
+    u, d = jax.jit(f)(a, b, w)
+    t_want = reference(a_np, b_np)
+    assert_close(np.asarray(u), t_want, "float32")
+    assert_close(np.asarray(d), reference(t_want.astype(np.float32), w_np), "float32")
+    _holds_blocks(u, g22, devices, (8, 4))
+    if mesh is not None:
+        assert u.sharding.mesh == mesh, u.sharding
+        eager = dm.redistribute(a, X, g22)
+        assert eager.sharding.mesh == mesh, eager.sharding
+        _holds_blocks(eager, g22, devices, (8, 6))
+        assert_close(np.asarray(eager), a_np, "float32")
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        ga = jax.jit(jax.grad(lambda x: jnp.sum(f(x, b, w)[1])))(a)
+    assert_close(np.asarray(ga), np.ones((8, 5)) @ w_np.T.astype(np.float64) @ b_np.T.astype(np.float64), "float32")

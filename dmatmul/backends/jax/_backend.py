@@ -464,6 +464,41 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     return jax.device_put(d, sharding)
 
 
+def _redistribute_traced(
+    x: jax.Array, src: Distribution, dst: Distribution, *, shape: tuple[int, int], devices: Any
+) -> jax.Array:
+    """One process, ``x`` a value of a trace (``jit``, ``grad``, ``vmap``...): the
+    global matrix, its values unchanged, laid out as ``dst`` says on the mesh a
+    product of the same trace runs on (:func:`mesh_of`): the user's (the one in
+    ``x``'s type, or of ``jax.set_mesh``) unless ``devices=`` says otherwise, else
+    inside ``jit`` dmatmul's one mesh of the trace (:func:`trace_mesh`), else (an
+    eager ``grad``, ``jvp`` or ``vmap``) dmatmul's own mesh, as outside any trace.
+    A layout no sharding of it expresses comes back replicated, as a product's
+    result does. (The moves of :mod:`._redistribute` read the concrete shards,
+    which a trace does not have: inside one, XLA moves the blocks.)"""
+    operands = Operands(x, None)
+    mesh = user_mesh(operands) if devices is None else None
+    devs = tuple(mesh.devices.flat) if isinstance(mesh, Mesh) else (
+        _layout.resolve_devices(mesh.size) if mesh is not None else _layout.resolve_devices(devices))
+    for name, d in (("src", src), ("dst", dst)):
+        try:
+            d.nranks(len(devs))
+        except DistributionError as e:
+            raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
+    if mesh is None and _staging(operands) and len(devs) > 1:
+        mesh = trace_mesh(devs)
+    if mesh is not None:
+        if jax.typeof(x).sharding.mesh.explicit_axes and jax.typeof(x).sharding.mesh != mesh.abstract_mesh:
+            x = _auto_typed(x)  # on another mesh than its type's: a change of type only, then placed
+        return _typed_on(x, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
+    geom = _layout.Geometry.create(devs, dst.grid if dst.grid is not None and dst.grid.ndim == 2 else None)
+    placement = _layout.placement_of(dst, geom, shape, (None, None))
+    sharding = geom.sharding(placement) if 0 not in shape and _layout.expressible(placement) else geom.replicated()
+    if _in_vmap():  # each matrix of the batch laid out (a device_put would split the batch axis)
+        return jax.jit(lambda v: jax.lax.with_sharding_constraint(v, sharding))(x)
+    return jax.device_put(x, sharding)
+
+
 def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSchedule:
     """SUMMA's panels from op(A)'s K map (over grid columns) and op(B)'s (over
     grid rows): runs of consecutive k held by one grid column of A and one grid
@@ -1215,12 +1250,21 @@ class JaxBackend:
         devices: Any, rank: int | None,
     ) -> Any:
         """:func:`dmatmul.redistribute` on JAX devices: ``devices`` (one process, ``rank``
-        None) or one device per process (``rank``: this process's)."""
+        None) or one device per process (``rank``: this process's). In one process a
+        jax.Array on a mesh of the user's (or under ``jax.set_mesh``), with no
+        ``devices=``, is re-laid over that mesh's devices (its ranks in mesh order)
+        and comes back on that mesh, as a product's result does; inside a trace
+        see :func:`_redistribute_traced`."""
         with _x64(str(x.dtype)):
+            if rank is None and isinstance(x, jax.core.Tracer):
+                return _redistribute_traced(x, src, dst, shape=shape, devices=devices)
+            mesh = user_mesh(Operands(x, None)) if rank is None and family == "jax" and devices is None else None
             if rank is not None:
                 rt = _runtime.active()
                 assert rt is not None
                 devs = _layout.process_devices(rt.size)
+            elif isinstance(mesh, Mesh):
+                devs = tuple(mesh.devices.flat)
             else:
                 devs = _layout.resolve_devices(devices)
             for name, d in (("src", src), ("dst", dst)):
@@ -1228,7 +1272,10 @@ class JaxBackend:
                     d.nranks(len(devs))
                 except DistributionError as e:
                     raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
-            return _moves.redistribute(x, src, dst, shape=shape, family=family, devices=devs, rank=rank)
+            out = _moves.redistribute(x, src, dst, shape=shape, family=family, devices=devs, rank=rank)
+            if isinstance(mesh, Mesh):  # the same blocks on the same devices, named on the user's mesh
+                return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
+            return out
 
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         manual = jax.sharding.get_abstract_mesh().manual_axes
