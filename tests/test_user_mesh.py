@@ -768,3 +768,24 @@ def test_redistribute_inside_jit_between_products(where):
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         ga = jax.jit(jax.grad(lambda x: jnp.sum(f(x, b, w)[1])))(a)
     assert_close(np.asarray(ga), np.ones((8, 5)) @ w_np.T.astype(np.float64) @ b_np.T.astype(np.float64), "float32")
+
+
+@pytest.mark.parametrize("dists", [(X, X, Y), (dm.BlockCyclic(dm.ProcessGrid((2, 2)), (1, 2)), Y,
+                                             dm.BlockNonCyclic(dm.ProcessGrid((2, 2), layout="col")))])
+def test_jit_of_the_pullback_of_an_eager_vjp(dists):
+    """jax.jit(pull) of an eager jax.vjp on uncommitted arrays (jnp.asarray's):
+    before, the pullback put each cotangent back on the operand's one device
+    (the transpose of dmatmul's device_put), and jit of it met the product's
+    four devices and that one: 'Received incompatible devices for jitted
+    computation'. Gradients against numpy, eagerly and jitted."""
+    rng = np.random.default_rng(5)
+    a_np, b_np, c_np, g = (rng.standard_normal(s).astype(np.float32) for s in ((8, 6), (6, 4), (8, 4), (8, 4)))
+    out, pull = jax.vjp(lambda x, y, z: dm.matmul(x, y, z, beta=0.5, distribution=dists, devices=4),
+                        jnp.asarray(a_np), jnp.asarray(b_np), jnp.asarray(c_np))
+    assert_close(np.asarray(out), reference(a_np, b_np, c_np, beta=0.5), "float32")
+    g64 = g.astype(np.float64)
+    for grads in (pull(jnp.asarray(g)), jax.jit(pull)(jnp.asarray(g))):
+        ga, gb, gc = (np.asarray(x) for x in grads)
+        assert_close(ga, g64 @ b_np.T.astype(np.float64), "float32")
+        assert_close(gb, a_np.T.astype(np.float64) @ g64, "float32")
+        assert_close(gc, 0.5 * g64, "float32")

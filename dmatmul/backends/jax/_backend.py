@@ -989,7 +989,14 @@ class JaxPlan:
             # grad or vjp a move of its value (committed to one device, say) onto the plan's devices; under
             # vmap onto them whole (a sharding of the matrix would split the batch axis): the jitted
             # product lays out each matrix of the batch
-            return jax.device_put(x, self.geom.replicated() if _in_vmap() else target)
+            to = self.geom.replicated() if _in_vmap() else target
+            value = _concrete(x)
+            if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and not value.committed:
+                # an uncommitted value (jnp.asarray's) is where dmatmul puts it: its cotangent stays on the
+                # plan's devices too (JAX would put it back on the value's one device, and jax.jit of the
+                # pullback then met the product's devices and that one device: 'incompatible devices')
+                return jax.device_put(x, to, src=to)
+            return jax.device_put(x, to)
         return self.geom.onto(x, target)
 
     def execute(self, operands: Operands) -> Any:
