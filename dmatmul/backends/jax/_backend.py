@@ -464,6 +464,16 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     return jax.device_put(d, sharding)
 
 
+def _fit_devices(src: Distribution, dst: Distribution, p: int) -> None:
+    """``dm.redistribute``'s ``src`` and ``dst`` span the ``p`` devices in use,
+    else a DistributionError naming the one that does not."""
+    for name, d in (("src", src), ("dst", dst)):
+        try:
+            d.nranks(p)
+        except DistributionError as e:
+            raise DistributionError(f"{name}: {d!r} does not fit the {p} devices in use: {e}") from None
+
+
 def _redistribute_traced(
     x: jax.Array, src: Distribution, dst: Distribution, *, shape: tuple[int, int], devices: Any
 ) -> jax.Array:
@@ -480,11 +490,7 @@ def _redistribute_traced(
     mesh = user_mesh(operands) if devices is None else None
     devs = tuple(mesh.devices.flat) if isinstance(mesh, Mesh) else (
         _layout.resolve_devices(mesh.size) if mesh is not None else _layout.resolve_devices(devices))
-    for name, d in (("src", src), ("dst", dst)):
-        try:
-            d.nranks(len(devs))
-        except DistributionError as e:
-            raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
+    _fit_devices(src, dst, len(devs))
     if mesh is None and _staging(operands) and len(devs) > 1:
         mesh = trace_mesh(devs)
     if mesh is not None:
@@ -1274,11 +1280,7 @@ class JaxBackend:
                 devs = tuple(mesh.devices.flat)
             else:
                 devs = _layout.resolve_devices(devices)
-            for name, d in (("src", src), ("dst", dst)):
-                try:
-                    d.nranks(len(devs))
-                except DistributionError as e:
-                    raise DistributionError(f"{name}: {d!r} does not fit the {len(devs)} devices in use: {e}") from None
+            _fit_devices(src, dst, len(devs))
             out = _moves.redistribute(x, src, dst, shape=shape, family=family, devices=devs, rank=rank)
             if isinstance(mesh, Mesh):  # the same blocks on the same devices, named on the user's mesh
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
