@@ -705,6 +705,44 @@ def test_products_chained_in_one_jit(p):
                 assert shards[dev].shape == (len(rows), len(cols)), (first, second, dist, d.sharding)
 
 
+@pytest.mark.parametrize("context", ["none", "set_mesh"])
+def test_a_matmul_of_numpy_operands_run_first_inside_jit_then_eagerly(context):
+    """A Matmul planned inside jax.jit (on constants: numpy operands) and then
+    executed outside it returns numpy, as numpy in gives numpy out (under
+    jax.set_mesh it returned a jax.Array before; without a mesh too, once
+    products inside jit were typed on dmatmul's trace mesh)."""
+    mesh = jax.make_mesh((4,), ("a",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
+    with jax.set_mesh(mesh) if context == "set_mesh" else contextlib.nullcontext():
+        with dm.Matmul(A, B, devices=None if context == "set_mesh" else 4) as mm:
+            inside = jax.jit(lambda: mm.execute())()
+            outside = mm.execute()
+    assert isinstance(inside, jax.Array) and type(outside) is np.ndarray
+    for d in (inside, outside):
+        assert_close(np.asarray(d), reference(A, B), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_devices_given_under_set_mesh_inside_transformations(kind):
+    """devices= naming the jax.set_mesh mesh's devices (in mesh order) inside
+    jit, jvp, grad and vmap runs on that mesh, as without devices= (JAX's
+    'acts as an assert' or 'context mesh should match' errors before); other
+    devices raise a ValueError naming devices= and the context mesh."""
+    types = (AxisType.Explicit,) if kind == "explicit" else (AxisType.Auto,)
+    mesh = jax.make_mesh((4,), ("a",), axis_types=types, devices=jax.devices()[:4])
+    a, b = A[:, :6], B[:6, :8]
+    f = lambda x: dm.matmul(x, jnp.asarray(b), distribution=(X, R, X), devices=4)  # noqa: E731
+    with jax.set_mesh(mesh):
+        x = jnp.asarray(a)
+        assert_close(np.asarray(jax.jit(f)(x)), reference(a, b), "float32")
+        assert_close(np.asarray(jax.jvp(f, (x,), (x,))[1]), reference(a, b), "float32")
+        assert_close(np.asarray(jax.vmap(f)(jnp.stack([x, 2 * x]))[1]), reference(2 * a, b), "float32")
+        want = np.ones((16, 8)) @ b.T.astype(np.float64)
+        for grad in (jax.grad(lambda x: f(x).sum()), jax.jit(jax.grad(lambda x: f(x).sum()))):
+            assert_close(np.asarray(grad(x)), want, "float32")
+        with pytest.raises(ValueError, match=r"devices=8 .* under jax.set_mesh, whose mesh \{'a': 4\}"):
+            jax.jit(lambda x: dm.matmul(x, jnp.asarray(b), devices=8))(x)
+
+
 @pytest.mark.parametrize("k", [0, 6])
 def test_a_sharding_no_distribution_expresses_is_refused_for_an_empty_product_too(k):
     """distribution=None reads the layouts off the operands' shardings: one that

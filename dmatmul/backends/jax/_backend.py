@@ -219,10 +219,28 @@ def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
     if not wanted or spec.spmd:
         return None
     mesh = user_mesh(operands) if spec.devices is None else None
-    if mesh is None and _staging(operands):
-        devices = _layout.resolve_devices(spec.devices)
-        return trace_mesh(devices) if len(devices) > 1 else None
-    return mesh
+    if mesh is not None or not _tracing(operands):
+        return mesh
+    devices = _layout.resolve_devices(spec.devices)
+    context = jax.sharding.get_abstract_mesh()
+    if spec.devices is not None and not context.empty and context.size > 1:
+        # a trace under jax.set_mesh runs on that mesh: devices= may name it, in mesh order
+        concrete = _context_mesh()
+        if concrete is not None and tuple(concrete.devices.flat) == devices:
+            return concrete
+        raise ValueError(_devices_in_context(spec.devices, devices, concrete or context))
+    return trace_mesh(devices) if len(devices) > 1 and _staging(operands) else None
+
+
+def _devices_in_context(given: Any, devices: tuple[jax.Device, ...], mesh: Mesh | AbstractMesh) -> str:
+    ids = [d.id for d in devices]
+    on = f"devices {[d.id for d in mesh.devices.flat]}" if isinstance(mesh, Mesh) else f"{mesh.size} devices"
+    return (
+        f"devices={given!r} (device ids {ids}) inside a JAX transformation under jax.set_mesh, whose mesh "
+        f"{dict(mesh.shape)} spans {on}: a traced product runs on the context mesh. Leave devices= out "
+        "(the ranks are then the mesh's devices in mesh order), pass that mesh's devices in mesh order, or "
+        "call dm.matmul outside jax.set_mesh"
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -1013,14 +1031,21 @@ class JaxPlan:
             return depending_on(d, operands.c)  # C given with beta = 0
 
     def _execute_where(self, operands: Operands) -> Any:
-        """The result on the mesh (or host) it goes to, as :meth:`execute` says."""
+        """The result on the mesh (or host) it goes to, as :meth:`execute` says.
+        A plan made on the other side of a trace's edge than it now runs runs its
+        twin, planned on this side (under this execute()'s _x64 and C anchor)."""
+        if self.traced and not _tracing(operands):
+            # planned inside a trace (a Matmul of constants first executed inside jit), now run outside one
+            if self._twin is None:
+                self._twin = JaxPlan(self.spec, operands)
+            return self._twin._execute_where(operands)
         if self.traced:
             return self._execute_traced(operands)
         if in_jax_trace() and (self.user_mesh is not None or mesh_of(self.spec, operands) is not None):
             # planned outside the trace it now runs in (a Matmul executed inside jit): its traced form
             if self._twin is None:
                 self._twin = JaxPlan(self.spec, operands)
-            return self._twin._execute_where(operands)  # (under this execute()'s _x64 and C anchor)
+            return self._twin._execute_where(operands)
         with contextlib.nullcontext() if _traced(operands) else self._own_context():
             d = self._execute(operands)
         if self.user_mesh is not None:
