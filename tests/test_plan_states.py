@@ -500,13 +500,18 @@ class PlanStates(RuleBasedStateMachine):
     @precondition(lambda self: self.entries)
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
-        """free(), free() twice (idempotent), or a with block left by an exception (which frees)."""
+        """free(), free() twice (idempotent), or a with block left by an exception (which frees; on a
+        freed plan it raises PlanFreedError)."""
         e = self._pick(data)
         how = data.draw(st.sampled_from(("free()", "free() twice", "with")), label="how")
         if how != "with":
             e.mm.free()
             if how == "free() twice":
                 e.mm.free()
+        elif e.freed:  # a with statement on a freed plan raises, as any other use of it
+            with pytest.raises(dm.PlanFreedError, match="with statement on a freed Matmul"):
+                with e.mm:
+                    raise AssertionError("entered a freed plan")
         else:
 
             class Boom(Exception):
@@ -516,11 +521,7 @@ class PlanStates(RuleBasedStateMachine):
                 with e.mm as mm:
                     assert mm is e.mm
                     if data.draw(st.booleans()):
-                        if e.freed:
-                            with pytest.raises(dm.PlanFreedError):
-                                mm.plan()
-                        else:
-                            self._planning(e, mm.plan)
+                        self._planning(e, mm.plan)
                     raise Boom
         e.freed = True
         assert "freed" in repr(e.mm)
