@@ -214,12 +214,24 @@ def _on_auto_axes(fn: Any, args: tuple[jax.Array, ...], out_specs: Any) -> Any:
     return jax.sharding.auto_axes(fn, axes=axes, out_sharding=out_specs())(*args)
 
 
-def _product_spec(x: jax.Array, y: jax.Array, ring: _Ring) -> Any:
+def _product_spec(x: jax.Array, y: jax.Array, ring: _Ring, rows: int | None = None) -> Any:
     """How ``x @ y`` is typed along the automatic axes (as ``jnp.dot`` types it;
-    its error where that is ambiguous): the rings' results are typed so. (The
-    traced type: ``jax.eval_shape`` gives no sharding, None, where the mesh has
-    Auto axes besides Explicit ones.)"""
-    return jax.make_jaxpr(lambda u, v: ring.mm(u, v, 1, 0))(x, y).out_avals[0].sharding.spec
+    its error where that is ambiguous): the rings' results are typed so, on
+    ``rows`` rows where given (a reduce-scatter's ``M // P``). Where the rows
+    do not split evenly over the axes that split x's rows (1 row over a
+    2-device axis), the trailing axes that do not divide them are dropped:
+    those rows are typed unsplit along them. (The traced type:
+    ``jax.eval_shape`` gives no sharding, None, where the mesh has Auto axes
+    besides Explicit ones.)"""
+    spec = jax.make_jaxpr(lambda u, v: ring.mm(u, v, 1, 0))(x, y).out_avals[0].sharding.spec
+    if rows is None or not spec or spec[0] is None:
+        return spec
+    sizes = dict(jax.sharding.get_abstract_mesh().shape)
+    axes = list(_axes_of(spec[0]))
+    while axes and rows % int(np.prod([sizes[a] for a in axes])):
+        axes.pop()
+    part = tuple(axes) if len(axes) > 1 else axes[0] if axes else None
+    return jax.sharding.PartitionSpec(part, *spec[1:])
 
 
 def _spec(x: jax.Array) -> Any:
@@ -443,7 +455,8 @@ _allgather_matmul_jit = jax.jit(_allgather_matmul, static_argnums=2)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _matmul_reduce_scatter(x: jax.Array, y: jax.Array, ring: _Ring) -> jax.Array:
-    return _on_auto_axes(lambda u, v: _scatter_rows(u, v, 1, 0, ring), (x, y), lambda: _product_spec(x, y, ring))
+    return _on_auto_axes(lambda u, v: _scatter_rows(u, v, 1, 0, ring), (x, y),
+                         lambda: _product_spec(x, y, ring, rows=x.shape[0] // ring.p))
 
 
 def _matmul_reduce_scatter_fwd(x: jax.Array, y: jax.Array, ring: _Ring) -> tuple[jax.Array, Any]:

@@ -698,6 +698,33 @@ def test_partially_manual_with_explicit_and_auto_axes_left_automatic(op, where):
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=what)
 
 
+@pytest.mark.parametrize("kinds", ["explicit", "explicit data, auto model"])
+@pytest.mark.parametrize("rows", [2, 6, 12])  # x's local rows: M / P = 1, 3, 6 rows of the result over |data| = 2
+def test_reduce_scatter_rows_split_over_an_explicit_automatic_axis_that_does_not_divide_the_result(kinds, rows):
+    """matmul_reduce_scatter in shard_map(axis_names={"model"}), x's rows
+    sharded over the Explicit axis "data" left automatic: the result was typed
+    as x @ y is, its rows over "data", which M // P rows need not fill evenly
+    (here 1 or 3 rows over 2), and JAX refused its own type: "ValueError:
+    Sharding spec ('data',) implies that array axis 0 is partitioned 2 times,
+    but does not evenly divide the dimension size 3". Such a result's rows are
+    typed unsplit. Result and gradients against numpy."""
+    kind = (AxisType.Explicit, AxisType.Explicit if kinds == "explicit" else AxisType.Auto)
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=kind)
+    p, k, n = 2, 3, 4
+    f = jax.shard_map(lambda x, y: dmj.matmul_reduce_scatter(x, y, axis_name="model"), mesh=mesh,
+                      in_specs=(P("model"), P()), out_specs=P("model"), axis_names={"model"})
+    rng = np.random.default_rng(rows)
+    x, y = rng.standard_normal((p * rows, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    w = rng.standard_normal((rows, n)).astype(np.float32)
+    with jax.set_mesh(mesh):
+        xa = jax.device_put(x, NamedSharding(mesh, P(("model", "data"))))
+        z, (gx, gy) = jax.jit(lambda x, y: (f(x, y), jax.grad(lambda x, y: jnp.sum(f(x, y) * w), (0, 1))(x, y)))(xa, y)
+    blocks = np.split(x, p)  # rank r's block of x; the result: the sum, rank r keeping row block r
+    want, want_gx, want_gy = sum(b @ y for b in blocks), np.tile(w @ y.T, (p, 1)), sum(b.T @ w for b in blocks)
+    for what, got, expected in (("result", z, want), ("dx", gx, want_gx), ("dy", gy, want_gy)):
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=what)
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("wide", ["x", "y"])
 def test_a_gradient_is_not_narrowed_to_preferred_element_type(op, wide):
