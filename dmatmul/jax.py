@@ -95,6 +95,15 @@ class _Ring:
         dtype = jnp.promote_types(self.dtype, operand.dtype)
         return self if dtype == jnp.dtype(self.dtype) else dataclasses.replace(self, dtype=dtype)
 
+    def summing(self) -> _Ring:
+        """This ring, its products made in at least float32: for a sum that
+        stays on this rank (nothing of it travels), rounded to the gradient's
+        dtype once, at the end, as one GEMM's accumulator is (``jnp.dot``'s
+        transpose makes it as one GEMM); summed in bfloat16 it took P roundings."""
+        if jnp.issubdtype(self.dtype, jnp.floating) and jnp.dtype(self.dtype).itemsize < 4:
+            return dataclasses.replace(self, dtype=jnp.dtype(jnp.float32))
+        return self
+
     def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
         """What travels of block ``a`` (split along ``axis``): ``(piece, shift, offset)``,
         the whole block leftwards, or with ``bidirectional`` its first half left
@@ -435,7 +444,7 @@ def _allgather_matmul_bwd(ring: _Ring, res: Any, dz: jax.Array) -> tuple[jax.Arr
 
 def _allgather_matmul_grads(ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Array) -> tuple[jax.Array, jax.Array]:
     m = x.shape[0]
-    rx, ry = ring.for_cotangent(x), ring.for_cotangent(y)
+    rx, ry = ring.for_cotangent(x), ring.for_cotangent(y).summing()
     dx = _scatter_rows(dz, y, 1, 1, rx)  # psum_scatter(dz @ y.T)
 
     pieces = ring.pieces(x, 0)
@@ -472,7 +481,7 @@ def _matmul_reduce_scatter_grads(
     ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     m = dz.shape[0]
-    rx, ry = ring.for_cotangent(x), ring.for_cotangent(y)
+    rx, ry = ring.for_cotangent(x), ring.for_cotangent(y).summing()
 
     def step(acc: tuple[jax.Array, jax.Array], blk: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
         dx, dy = acc  # one ring of dz's blocks feeds both: dx_j = dz_j @ y.T, dy += x_j.T @ dz_j
