@@ -698,6 +698,43 @@ def test_partially_manual_with_explicit_and_auto_axes_left_automatic(op, where):
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=what)
 
 
+@pytest.mark.parametrize("op", ["allgather_matmul", "allgather_matmul bidirectional", "matmul_reduce_scatter"])
+def test_vmap_with_spmd_axis_name_over_the_shard_map(op):
+    """jax.vmap(shard_map(block), spmd_axis_name="data") on an Auto mesh: the
+    batch is split over "data", and the batched blocks vary over it too. The
+    rings' loop carries (zeros, and blocks after a ppermute) were typed by the
+    unbatched trace, varying over "model" alone, and the batched loop refused
+    them: "Scan carry input and output got mismatched varying manual axes"
+    (allgather_matmul, and both backward passes), where the formulation runs.
+    Result (y batched or not) and gradients (y batched: with y unbatched JAX
+    refuses the gradient of any custom_vjp function there, its summed
+    cotangent typed varying over "data") against numpy."""
+    op, bidirectional = op.split()[0], op.endswith("bidirectional")
+    mesh = make_mesh((2, 4), "auto")
+    p, b, m, k, n = 4, 2, 3, 5, 2
+    kw = {"bidirectional": True} if bidirectional else {}
+    f = jax.shard_map(lambda x, y: getattr(dmj, op)(x, y, axis_name="model", **kw), mesh=mesh,
+                      in_specs=(P("model"), P()), out_specs=P("model"))
+    rows = p * m if op == "allgather_matmul" else p * p * m  # x's rows, split over the ring
+    rng = np.random.default_rng(zlib.crc32(op.encode()))
+    x, y = rng.standard_normal((b, rows, k)).astype(np.float32), rng.standard_normal((b, k, n)).astype(np.float32)
+    w = rng.standard_normal((b, p * rows if op == "allgather_matmul" else rows // p, n)).astype(np.float32)
+    g = jax.vmap(f, in_axes=(0, 0), spmd_axis_name="data")
+    z, (gx, gy) = jax.jit(lambda x, y: (g(x, y), jax.grad(lambda x, y: jnp.sum(g(x, y) * w), (0, 1))(x, y)))(x, y)
+    z_shared = jax.jit(jax.vmap(f, in_axes=(0, None), spmd_axis_name="data"))(x, y[0])  # one y for the batch
+    for i in range(b):
+        blocks = np.split(x[i], p)  # rank r's block of x
+        if op == "allgather_matmul":  # every rank: all_gather(x) @ y
+            w_sum = sum(np.split(w[i], p))
+            want = {"result": np.tile(x[i] @ y[i], (p, 1)), "shared y": np.tile(x[i] @ y[0], (p, 1)),
+                    "dx": w_sum @ y[i].T, "dy": x[i].T @ w_sum}
+        else:  # the sum over ranks of x_r @ y, rank r keeping row block r
+            want = {"result": sum(blk @ y[i] for blk in blocks), "shared y": sum(blk @ y[0] for blk in blocks),
+                    "dx": np.tile(w[i] @ y[i].T, (p, 1)), "dy": sum(blk.T @ w[i] for blk in blocks)}
+        for what, got in (("result", z), ("shared y", z_shared), ("dx", gx), ("dy", gy)):
+            np.testing.assert_allclose(np.asarray(got[i]), want[what], rtol=1e-5, atol=1e-5, err_msg=f"{what} {i}")
+
+
 @pytest.mark.parametrize("kinds", ["explicit", "explicit data, auto model"])
 @pytest.mark.parametrize("rows", [2, 6, 12])  # x's local rows: M / P = 1, 3, 6 rows of the result over |data| = 2
 def test_reduce_scatter_rows_split_over_an_explicit_automatic_axis_that_does_not_divide_the_result(kinds, rows):
