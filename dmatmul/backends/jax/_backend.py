@@ -99,19 +99,10 @@ def _tracing(operands: Operands) -> bool:
 def _staging(operands: Operands) -> bool:
     """Whether the product is staged into one computation with others: a
     ``jit`` (or ``scan``, ``checkpoint``...) traces now, under any eager
-    ``grad``, ``jvp`` or ``vmap`` (JAX says so only privately; without that
-    answer, whether any transformation traces)."""
-    try:
-        from jax._src.core import trace_ctx
-        from jax._src.interpreters.partial_eval import DynamicJaxprTrace
-    except ImportError:  # pragma: no cover - a JAX without them
-        return _tracing(operands)
-    trace = trace_ctx.trace
-    while trace is not None:
-        if isinstance(trace, DynamicJaxprTrace):
-            return True
-        trace = getattr(trace, "parent_trace", None)
-    return False
+    ``grad``, ``jvp`` or ``vmap`` (without JAX's answer, whether any
+    transformation traces)."""
+    found = _tracing_with("partial_eval", "DynamicJaxprTrace")
+    return _tracing(operands) if found is None else found
 
 
 def _in_vmap() -> bool:
@@ -119,16 +110,24 @@ def _in_vmap() -> bool:
     the product's shardings do not name, and JAX's ``device_put`` applies a
     sharding to the batched value as given (splitting the batch axis, or
     refusing where its length does not divide), unlike ``with_sharding_constraint``
-    and ``jit``'s shardings, which skip it. JAX says so only privately: without
-    that answer, False."""
+    and ``jit``'s shardings, which skip it. Without JAX's answer, False."""
+    return bool(_tracing_with("batching", "BatchTrace"))
+
+
+def _tracing_with(module: str, kind: str) -> bool | None:
+    """Whether a trace of ``jax._src.interpreters.<module>.<kind>`` is among the
+    traces now active (innermost to outermost); None where JAX does not say
+    (it says so only privately)."""
     try:
+        from importlib import import_module
+
         from jax._src.core import trace_ctx
-        from jax._src.interpreters.batching import BatchTrace
-    except ImportError:  # pragma: no cover - a JAX without them
-        return False
+        cls = getattr(import_module(f"jax._src.interpreters.{module}"), kind)
+    except (ImportError, AttributeError):  # pragma: no cover - a JAX without them
+        return None
     trace = trace_ctx.trace
     while trace is not None:
-        if isinstance(trace, BatchTrace):
+        if isinstance(trace, cls):
             return True
         trace = getattr(trace, "parent_trace", None)
     return False
