@@ -415,7 +415,8 @@ def _gather_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> j
         return lax.dynamic_update_slice_in_dim(acc, ring.mm(blk, b, ka, kb), j * m + pieces[i][2], axis=0)
 
     zeros = ring.zeros((ring.p * m, b.shape[1 - kb]))
-    return ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), zeros, step, ring.p, ring.axis)
+    return ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), zeros, step, ring.p, ring.axis,
+                           python_loop=True)
 
 
 def _scatter_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> jax.Array:
@@ -453,7 +454,8 @@ def _allgather_matmul_grads(ring: _Ring, x: jax.Array, y: jax.Array, dz: jax.Arr
         rows = lax.dynamic_slice_in_dim(dz, j * m + pieces[i][2], blk.shape[0], axis=0)
         return acc + ry.mm(blk, rows, 0, 0)
 
-    dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ry.zeros(y.shape), step, ring.p, ring.axis)
+    dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), ry.zeros(y.shape), step, ring.p, ring.axis,
+                         python_loop=True)
     return _cotangent(dx, x), _cotangent(dy, y)
 
 
@@ -488,7 +490,7 @@ def _matmul_reduce_scatter_grads(
         dx = lax.dynamic_update_slice_in_dim(dx, rx.mm(blk, y, 1, 1), j * m, axis=0)
         return dx, dy + ry.mm(lax.dynamic_slice_in_dim(x, j * m, m, axis=0), blk, 0, 0)
 
-    dx, dy = ring_allgather(dz, (rx.zeros(x.shape), ry.zeros(y.shape)), step, ring.p, ring.axis)
+    dx, dy = ring_allgather(dz, (rx.zeros(x.shape), ry.zeros(y.shape)), step, ring.p, ring.axis, python_loop=True)
     return _cotangent(dx, x), _cotangent(dy, y)
 
 

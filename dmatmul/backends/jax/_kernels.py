@@ -197,13 +197,16 @@ def ring_allgather(
     step: Callable[[Any, jax.Array, jax.Array], Any],
     p: int,
     axis: Any,
+    *,
+    python_loop: bool = False,
 ) -> Any:
     """``step(acc, block_j, j)`` over every block ``j`` of the ring, sending left.
 
     ``j`` is the block's index in ``axis``'s own numbering (``lax.axis_index``);
     ``acc`` may be any pytree (several products can ride one ring).
     """
-    return ring_allgathers(((block, -1),), acc, lambda acc, _, blk, j: step(acc, blk, j), p, axis)
+    return ring_allgathers(((block, -1),), acc, lambda acc, _, blk, j: step(acc, blk, j), p, axis,
+                           python_loop=python_loop)
 
 
 def ring_allgathers(
@@ -212,12 +215,16 @@ def ring_allgathers(
     step: Callable[[Any, int, jax.Array, jax.Array], Any],
     p: int,
     axis: Any,
+    *,
+    python_loop: bool = False,
 ) -> Any:
     """AllGather rings run side by side: ``(block, shift)`` travels to rank
     ``r + shift`` (``-1``: left, ``+1``: right) each step, so at step ``s`` rank
     ``r`` holds ring ``i``'s block ``j = (r - shift * s) mod P``, which meets
     ``step(acc, i, block, j)``. Two halves of a block sent opposite ways use
-    both directions of a bidirectional link."""
+    both directions of a bidirectional link. ``python_loop``: the steps as
+    straight-line code (up to 17 ranks), for :mod:`dmatmul.jax`'s blocks in a
+    user's shard_map, which a ``jax.vmap`` with ``spmd_axis_name`` may batch."""
     ring, table = ring_order(axis)
     idx = lax.axis_index(ring)
     shifts = tuple(shift for _, shift in blocks)
@@ -234,18 +241,18 @@ def ring_allgathers(
         return visit(acc, s, held), nxt
 
     held = tuple(blk for blk, _ in blocks)
-    # Unrolled: the rolled loop copies the travelling block every step (measured: +10% at n=2048, P=8).
-    # Up to 17 ranks a Python loop: a loop's carry must keep its type, and under jax.vmap with
-    # spmd_axis_name over the user's shard_map the batched ppermute does not ("Scan carry input and
-    # output got mismatched varying manual axes"). More ranks: a fori_loop unrolled 16 steps at a time,
-    # so that they do not blow up compile time.
-    if p - 1 <= 16:
+    # Unrolled: the rolled loop copies the travelling block every step (measured: +10% at n=2048, P=8);
+    # capped so that many ranks do not blow up compile time. With python_loop, up to 17 ranks a Python
+    # loop: a loop's carry must keep its type, and under jax.vmap with spmd_axis_name over the user's
+    # shard_map the batched ppermute does not ("Scan carry input and output got mismatched varying manual
+    # axes"). dmatmul's own kernels keep the loop they were measured with.
+    if python_loop and p - 1 <= 16:
         carry = (acc, held)
         for s in range(p - 1):
             carry = one(s, carry)
         acc, held = carry
     else:
-        acc, held = lax.fori_loop(0, p - 1, one, (acc, held), unroll=16)
+        acc, held = lax.fori_loop(0, p - 1, one, (acc, held), unroll=min(max(p - 1, 1), 16))
     return visit(acc, p - 1, held)
 
 
