@@ -654,18 +654,11 @@ def _choose_named(
     for kern in kernels:
         if kern.algorithm != algorithm:
             continue
-        triple = []
-        for op, role, t, given in (("a", kern.a, ta, fixed[0]), ("b", kern.b, tb, fixed[1]), ("d", kern.d, False, None)):
-            have = None if given is None else role_of(given, op, t, problem.p)  # type: ignore[arg-type]
-            if given is not None and not (have == role or (have == "R" and role != "G")):
-                break
-            triple.append(given if given is not None else role_dist(op, role, t))  # type: ignore[arg-type]
-        else:
-            roles = roles_of(triple, transposes, problem.p)
-            found = plans(problem, roles, model, kernels=[kern])
-            time = found[0].time if found else float("inf")
-            options.append((deliverable is not None and not deliverable(triple[2]), time,
-                            (triple[0], triple[1], triple[2])))
+        triple = (fixed[0] or role_dist("a", kern.a, ta), fixed[1] or role_dist("b", kern.b, tb),
+                  role_dist("d", kern.d, False))
+        found = plans(problem, roles_of(triple, transposes, problem.p), model, kernels=[kern])
+        if found and found[0].communication_free_moves:  # it fits as given, as choose() requires
+            options.append((deliverable is not None and not deliverable(triple[2]), found[0].time, triple))
     if not options:
         return (fixed[0] or Slab.X, fixed[1] or Slab.X, Slab.X)
     return min(options, key=lambda o: (o[0], o[1]))[2]
