@@ -5,7 +5,8 @@
 A is stored transposed (K x M) and split by columns (Slab.Y), so op(A) = A.T is
 split by rows; B (K x N) is split by columns; C and the result by rows.
 D = 0.45 * A.T @ B + 0.67 * C. On NVIDIA GPUs with nvmath-python this runs
-cuBLASMp's AllGather+GEMM; elsewhere the JAX ring.
+cuBLASMp's AllGather+GEMM; elsewhere the JAX backend's (at this size one
+all-gather and one GEMM).
 """
 
 import numpy as np
