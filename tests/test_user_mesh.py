@@ -827,3 +827,30 @@ def test_jit_of_the_pullback_of_an_eager_vjp(dists):
         assert_close(ga, g64 @ b_np.T.astype(np.float64), "float32")
         assert_close(gb, a_np.T.astype(np.float64) @ g64, "float32")
         assert_close(gc, 0.5 * g64, "float32")
+
+
+def test_readme_your_mesh_sections_run():
+    """README "Your mesh in, your mesh out": its first block (on the tour's a and b)
+    gives the sharding its comment names; the jitted ``layer`` reads Slab.X and
+    Replicated() off the types, with or without ``jax.set_mesh``. Against numpy."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Your mesh in, your mesh out", 1)[1].split("\n## ", 1)[0]
+    first, layer_block = re.findall(r"```python\n(.*?)```", section, re.S)
+    rng = np.random.default_rng(0)
+    a_np, b_np = rng.standard_normal((64, 24)).astype(np.float32), rng.standard_normal((24, 32)).astype(np.float32)
+    ns = {"jax": jax, "dm": dm, "NamedSharding": NamedSharding, "P": P, "a": a_np, "b": b_np}
+    exec(compile(first, "README.md", "exec"), ns)
+    (said,) = re.findall(r"^d\.sharding +# (.*)$", first, re.M)
+    assert ns["d"].sharding == eval(said, ns)
+    assert_close(np.asarray(ns["d"]), reference(a_np, b_np), "float32")
+    exec(compile(layer_block, "README.md", "exec"), ns)
+    mesh = ns["mesh"]
+    x, w = put(a_np, mesh, P(AXES, None)), put(b_np, mesh, P())
+    for context in (contextlib.nullcontext(), jax.set_mesh(mesh)):
+        with context:
+            out = ns["layer"](x, w)
+        assert out.sharding.spec == P(AXES, None)
+        assert_close(np.asarray(out), np.maximum(reference(a_np, b_np), 0), "float32")
