@@ -351,14 +351,15 @@ _DOCS = {
         alpha, beta: scalars. transpose_a, transpose_b: ``op(x) = x.T``.
         epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
             "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
-            added to every column.
+            (shape ``(M,)`` or ``(M, 1)``) added to every column.
         backend: "auto", "jax" or "nvmath". algorithm: "auto" or one of
             ``dmatmul.ALGORITHMS``. precision: None (the framework's
             default: ``jax.default_matmul_precision`` on JAX, nvmath's default
             compute type on nvmath), "default", "high" or "highest", as for
             ``jnp.dot`` (a ``jax.lax.Precision`` or one of JAX's other names,
-            such as "tensorfloat32", is read as the one it stands for). devices: an int N (the first N devices) or a list of
-            JAX devices (one process).""",
+            such as "tensorfloat32", is read as the one it stands for).
+        devices: an int N (the first N devices) or a list of JAX devices
+            (one process; default: all local devices).""",
     "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
     sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
     c), M = 0 or N = 0 an empty result.""",
