@@ -458,7 +458,7 @@ class _GridDistribution(Distribution):
         if grid.ndim != 2:
             raise DistributionError(
                 f"{type(self).__name__} needs a 2-D ProcessGrid, got shape {grid.shape}: "
-                f"use ProcessGrid(({grid.size}, 1)) or ({(1, grid.size)}) for a 1-D split"
+                f"use ProcessGrid(({grid.size}, 1)) or ProcessGrid({(1, grid.size)}) for a 1-D split"
             )
         fp = _as_pair(first_process, "first_process", minimum=0)
         for i in range(2):

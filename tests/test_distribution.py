@@ -382,3 +382,20 @@ def test_join_checks_the_blocks_before_making_a_huge_result(shape):
     blocks = dm.split(np.ones((4, 4)), dm.Slab.X, nranks=2)
     with pytest.raises(dm.DistributionError, match=r"join: block of rank 0 must have shape .* got \(2, 4\)"):
         dm.join(blocks, dm.Slab.X, shape)
+
+
+@pytest.mark.parametrize("kind", [dm.BlockNonCyclic, lambda g: dm.BlockCyclic(g, (2, 2))])
+def test_a_1d_grid_error_suggests_two_grids_that_work(kind):
+    """The fix the error names is code: both suggested grids make the distribution,
+    and it splits a matrix as Slab.X (or Slab.Y) over the same ranks (numpy's split)."""
+    import re
+
+    with pytest.raises(dm.DistributionError, match="needs a 2-D ProcessGrid") as info:
+        kind(dm.ProcessGrid(4))
+    suggested = re.findall(r"ProcessGrid\(\(\d+, \d+\)\)", str(info.value))
+    assert suggested == ["ProcessGrid((4, 1))", "ProcessGrid((1, 4))"], str(info.value)
+    a = np.arange(8 * 12.0).reshape(8, 12)
+    for code, slab in zip(suggested, (dm.Slab.X, dm.Slab.Y)):
+        d = dm.BlockNonCyclic(eval(code, {"ProcessGrid": dm.ProcessGrid}))
+        for got, want in zip(dm.split(a, d), np.array_split(a, 4, axis=slab.dim)):
+            np.testing.assert_array_equal(got, want)
