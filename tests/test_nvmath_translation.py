@@ -1054,7 +1054,8 @@ def test_fake_nvmath_refuses_at_execute_what_cublasmp_refuses(fake_nvmath):
 def test_fake_backend_one_process_asks_for_one_device(fake_nvmath):
     with pytest.raises(ValueError, match=r"devices=4 .* one rank per process .* mpiexec -n 4"):
         dm.matmul(np.ones((4, 3)), np.ones((3, 5)), devices=4, backend="nvmath")
-    with pytest.raises(dm.DistributionError, match=r"distribution of a: .* mpiexec -n 4"):
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: .* mpiexec -n 4, or span one process's "
+                                                   r"devices with backend='jax', devices=4$"):
         g = dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2))
         dm.matmul(np.ones((4, 4)), np.ones((4, 4)), distribution=g, backend="nvmath")
 

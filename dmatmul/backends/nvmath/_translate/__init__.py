@@ -117,7 +117,8 @@ def _check_fit(p: Problem) -> None:
                 f"distribution of {name}: {d!r} does not fit the {p.nranks} rank(s) of this run: {e}"
                 + (
                     "; the nvmath backend runs one rank per process (one GPU each): launch "
-                    f"with mpiexec -n {d.grid.size}" if d.grid is not None and p.nranks == 1 else ""
+                    f"with mpiexec -n {d.grid.size}, or span one process's devices with backend='jax', "
+                    f"devices={d.grid.size}" if d.grid is not None and p.nranks == 1 else ""
                 )
             ) from None
 
