@@ -352,7 +352,9 @@ _DOCS = {
         epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
             "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
             (shape ``(M,)`` or ``(M, 1)``) added to every column.
-        backend: "auto", "jax" or "nvmath". algorithm: "auto" or one of
+        backend: "auto" (nvmath where it can run, else jax; in one process,
+            jax for ``jax.Array`` operands, inside a JAX trace and for
+            ``devices=`` of several), "jax" or "nvmath". algorithm: "auto" or one of
             ``dmatmul.ALGORITHMS``. precision: None (the framework's
             default: ``jax.default_matmul_precision`` on JAX, nvmath's default
             compute type on nvmath), "default", "high" or "highest", as for

@@ -921,6 +921,36 @@ def test_fake_backend_one_process(fake_nvmath):
     assert calls["Matmul"]["inplace"] is False and calls["Matmul"]["has_c"]
 
 
+def test_auto_leaves_jax_arrays_and_traces_to_jax_where_nvmath_can_run(fake_nvmath):
+    """Where nvmath runs (a GPU machine), backend="auto" in one process still
+    gives JAX's world to JAX: jax.Arrays on a user's mesh come back on it,
+    sharded as the result distribution says; inside ``jit`` (tracers: nvmath
+    takes none) the product is a value of the trace. numpy operands go to
+    nvmath, as before."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    rng = np.random.default_rng(1)
+    a_np, b_np = rng.standard_normal((16, 6)).astype(np.float32), rng.standard_normal((6, 10)).astype(np.float32)
+    ref = reference(a_np, b_np)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    a = jax.device_put(a_np, NamedSharding(mesh, P(("data", "model"), None)))
+    b = jax.device_put(b_np, NamedSharding(mesh, P()))
+    with dm.Matmul(a, b) as mm:
+        assert "backend:    jax" in mm.explain()
+        d = mm.execute()
+    assert d.sharding == NamedSharding(mesh, P(("data", "model"), None))
+    assert_close(np.asarray(d), ref, "float32")
+    d = jax.jit(lambda x, y: dm.matmul(x, y, distribution=(dm.Slab.X, dm.Replicated(), dm.Slab.X)))(a, b)
+    assert d.sharding.spec == P(("data", "model"), None)
+    assert_close(np.asarray(d), ref, "float32")
+    d = jax.jit(lambda x: dm.matmul(x, b_np))(a_np)  # numpy constants inside a trace
+    assert_close(np.asarray(d), ref, "float32")
+    with dm.Matmul(a_np, b_np) as mm:
+        assert "backend:    nvmath" in mm.explain()
+        assert_close(mm.execute(), ref, "float32")
+
+
 def test_fake_backend_backends_from_the_environment(fake_nvmath, monkeypatch):
     monkeypatch.setenv("DMATMUL_NVMATH_BACKENDS", "nvshmem, nccl")
     with dm.Matmul(np.ones((4, 3)), np.ones((3, 5)), backend="nvmath") as mm:

@@ -178,17 +178,31 @@ def resolve(name: str, spec: Spec | None = None) -> Backend:
     """``"auto"``: the first backend of :data:`TABLE` that can run here.
 
     A backend that runs one rank per process (nvmath) is skipped for a
-    one-process product asked to span several devices (``devices=N``, N > 1).
+    one-process product that is JAX's to place (:func:`_jax_placed`).
     """
     if name != "auto":
         return get(name)
-    several_devices = spec is not None and not spec.spmd and spec.devices not in (None, 1)
+    jax_placed = spec is not None and _jax_placed(spec)
     for row in TABLE:
-        if several_devices and row.one_rank_per_process:
+        if jax_placed and row.one_rank_per_process:
             continue
         if probe(row.name) is None:
             return get(row.name)
     return get(TABLE[-1].name)  # the fallback: raises, naming what to install
+
+
+def _jax_placed(spec: Spec) -> bool:
+    """Whether a one-process product runs where only JAX's devices can: asked
+    to span several (``devices=N``, N > 1, or a list of JAX devices), on
+    ``jax.Array`` operands (the result goes back on their devices, a user's
+    mesh too), or inside a JAX trace (``jit``, ``grad``...: the operands are
+    tracers, the result a value of the trace). A backend of one rank per
+    process runs one device of the process and takes no tracer."""
+    from .._spec import in_jax_trace
+
+    if spec.spmd:
+        return False
+    return spec.devices not in (None, 1) or spec.family == "jax" or in_jax_trace()
 
 
 def for_redistribute() -> Any:
