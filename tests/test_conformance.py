@@ -169,6 +169,20 @@ def test_random_products_match_numpy(here, data):
     assert outcome.status != "failed", f"{outcome.layout_family}: {outcome.message}\n  reproduce: {outcome.describe()}"
 
 
+@given(data=st.data())
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_auto_where_nvmath_runs_matches_numpy_on_jax_operands(fake_nvmath, data):
+    """backend="auto" on a machine where nvmath runs (the fake), in one process:
+    the generator's jax cases (on a user's mesh, inside jit, under vjp, jvp and
+    vmap...) on every rank count, one rank included, each result checked against
+    numpy and for its sharding: they are JAX's to run."""
+    nranks = data.draw(st.sampled_from(ck.NRANKS), label="nranks")
+    case = ck.draw_case(HypothesisChooser(data), nranks, families=("jax",))
+    outcome = ck.run_case(case, backend="auto", rng_seed=0)
+    assert outcome.status != "failed", f"{outcome.layout_family}: {outcome.message}\n  reproduce: {outcome.describe()}"
+
+
 # --------------------------------------------------------------------------- #
 # errors: the front end's, whatever the backend
 # --------------------------------------------------------------------------- #
