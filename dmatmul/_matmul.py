@@ -435,6 +435,7 @@ class Matmul:
             devices=devices,
         )
         self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
+        self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
         self._backend: Any = _backends.resolve(backend, self._spec)
         if self._spec.degenerate:
             self._backend = EmptyProduct(self._backend)
@@ -508,6 +509,11 @@ class Matmul:
         self._live("execute")
         if self._spec.spmd:
             refuse_trace_under_mpi()
+            if self._runtime_of != _runtime.finalizations():
+                raise RuntimeError(
+                    "Matmul.execute: this plan was made before dm.finalize(), which shut its process group down "
+                    "for good: call dm.finalize() once, at the end of the job"
+                )
         ops = self._operands
         for name in _OPERAND_NAMES:
             x = getattr(ops, name)

@@ -29,7 +29,7 @@ from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
     "Runtime", "init", "finalize", "runtime", "active", "ensure", "world_size", "rank", "agree", "agree_and_share",
-    "disagreement", "launched_size", "agreed_arguments",
+    "disagreement", "launched_size", "agreed_arguments", "finalizations",
 ]
 
 T = TypeVar("T")
@@ -53,6 +53,7 @@ class Runtime:
 
 _state: Runtime | None = None
 _launched: int | None = None  # launched_size(), once read
+_finalizations = 0  # how many times finalize() shut a runtime down in this process
 
 
 def launched_size() -> int:
@@ -188,13 +189,20 @@ def _same_comm(a: Any, b: Any) -> bool:
 
 def finalize() -> None:
     """Shut down the process groups :func:`init` (or a first product) started; MPI stays up."""
-    global _state
+    global _state, _finalizations
     if _state is not None:
         from . import backends
 
         for name in reversed(_state.started):
             backends.get(name).stop()
+        _finalizations += 1
     _state = None
+
+
+def finalizations() -> int:
+    """How many times :func:`finalize` shut a runtime down in this process: a
+    plan made under an earlier count ran on process groups that are gone."""
+    return _finalizations
 
 
 _AGREED_ERRORS = (TypeError, ValueError, RuntimeError, NotImplementedError)

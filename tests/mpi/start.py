@@ -12,8 +12,9 @@ Usage: start.py user-reversed|used-first|used-on-one-rank|after-finalize
 * ``used-on-one-rank``: the same on rank 1 only: every rank still raises (no
   rank waits in the start the others never reach).
 * ``after-finalize``: a product after ``dm.finalize()`` (a problem planned
-  before, and a new one) raises on every rank: JAX cannot start its
-  process group twice in one process, and no plan runs on the one shut down.
+  before, a new one, and a ``Matmul`` planned and run before) raises on every
+  rank: JAX cannot start its process group twice in one process, and no plan
+  runs on the one shut down.
 """
 
 from __future__ import annotations
@@ -64,11 +65,16 @@ elif mode == "after-finalize":
     la, lb = dm.split(a, dm.Slab.X)[rank], dm.split(b, dm.Slab.Y)[rank]
     d = dm.matmul(la, lb, distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X))
     ok = np.allclose(d, dm.split(a @ b, dm.Slab.X)[rank])
+    live = dm.Matmul(la, lb, distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.Y))  # a plan kept past dm.finalize()
+    ok = ok and np.allclose(live.execute(), dm.split(a @ b, dm.Slab.Y)[rank])
     dm.finalize()
-    for m in (13, 12):  # the problem planned before, and a new one
+    calls = [lambda m=m: dm.matmul(dm.split(a[:m], dm.Slab.X)[rank], lb,  # the problem planned before, a new one
+                                   distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X)) for m in (13, 12)]
+    for call in calls + [live.execute]:
         try:
-            dm.matmul(dm.split(a[:m], dm.Slab.X)[rank], lb, distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X))
+            call()
             ok = False
+            print(f"rank {rank}: no error after dm.finalize()", flush=True)
         except RuntimeError as e:
             ok = ok and "dm.finalize()" in str(e) and "end of the job" in str(e)
     ok = all(world.allgather(ok))
