@@ -226,7 +226,9 @@ def agree_and_share(
 
     Returns ``(result, shared)`` with ``shared[r]`` what rank ``r`` shared
     (``[share(result)]`` in one process). One exchange carries both the
-    verdicts and the data, so checking costs no extra collective.
+    verdicts and the data, so checking costs no extra collective. Ranks in
+    different calls (``what``: one in ``Matmul.execute``, another in
+    ``Matmul.reset_operands``) raise a ValueError on every rank naming them.
     """
     state = _state
     if state is None or state.size == 1:
@@ -239,10 +241,14 @@ def agree_and_share(
         failure = e
     report = None if failure is None else (type(failure).__name__, str(failure))
     payload = None if failure is not None else share(result)
-    gathered = state.comm.allgather((report, payload))
-    bad = [(r, rep) for r, (rep, _) in enumerate(gathered) if rep is not None]
+    gathered = state.comm.allgather((what, report, payload))
+    bad = [(r, rep) for r, (_, rep, _) in enumerate(gathered) if rep is not None]
     if not bad:
-        return result, [p for _, p in gathered]
+        calls = disagreement([w for w, _, _ in gathered], "the call", verbs=("is in", "are in"))
+        if calls is not None:  # (their payloads are of other calls: none is read)
+            raise ValueError(f"{calls} (this is rank {state.rank}): every rank must make the same dmatmul calls, "
+                             "in the same order")
+        return result, [p for _, _, p in gathered]
     if failure is not None:
         raise failure
     first_rank, (name, message) = bad[0]

@@ -133,7 +133,8 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
                      "redistribute-dst", "redistribute-src", "redistribute-dtype", "redistribute-global-jax-array", "reset-one-row-short",
                      "reset-alpha", "execute-on-freed-plan", "misspelt-keyword", "extra-positional",
                      "matmul-plan-misspelt-keyword", "redistribute-misspelt-keyword", "redistribute-extra-positional",
-                     "execute-with-an-argument", "reset-misspelt-keyword",
+                     "execute-with-an-argument", "reset-misspelt-keyword", "execute-while-rank-1-resets",
+                     "matmul-while-rank-1-executes", "matmul-while-rank-1-redistributes",
                      "inside-jit-on-one-rank", "cost-models-choose-otherwise", "cost-model-unreadable-on-one-rank",
                      "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)

@@ -174,6 +174,18 @@ with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
            lambda: mm.execute(*([1] if odd else [])))
     expect("reset-misspelt-keyword", TypeError, ["unexpected keyword argument 'aa'"],
            lambda: mm.reset_operands(**({"aa": la} if odd else {"a": la})))
+# ranks in different calls (rank 1 runs ahead, or skips one): each call's first allgather names the call, so
+# every rank raises naming them, rather than reading another call's data
+with dm.Matmul(la, lb, distribution=(X, Y, X)) as mm:
+    mm.execute()
+    expect("execute-while-rank-1-resets", ValueError,
+           ["ranks disagree on the call", "rank 1 is in 'Matmul.reset_operands'", "'Matmul.execute'"],
+           lambda: mm.reset_operands(a=la) if odd else mm.execute())
+    expect("matmul-while-rank-1-executes", ValueError, ["ranks disagree on the call", "rank 1 is in 'Matmul.execute'"],
+           lambda: mm.execute() if odd else dm.matmul(la, lb, distribution=(X, Y, X)))
+expect("matmul-while-rank-1-redistributes", ValueError,
+       ["ranks disagree on the call", "rank 1 is in 'dm.redistribute'"],
+       lambda: dm.redistribute(la, X, Y) if odd else dm.matmul(la, lb, distribution=(X, Y, X)))
 # inside a JAX trace on one rank: refused there before the ranks compare their calls
 expect("inside-jit-on-one-rank", TypeError, ["jax.jit"],
        lambda: (jax.jit(lambda: dm.matmul(la, lb, distribution=(X, Y, X))) if odd
