@@ -24,6 +24,7 @@ Worked examples (read off nvmath 1.0)::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
@@ -332,10 +333,16 @@ class Distribution:
         is rank ``r``'s), as nvmath infers it from one allgather of local shapes.
 
         Raises :class:`DistributionError` naming the first rank whose block does
-        not fit the inferred shape.
+        not fit the inferred shape (and, where another global shape blames as
+        few ranks, other ones, that one's first too: the blocks cannot tell
+        which rank is wrong).
 
         >>> Slab.X.global_shape([(3, 6), (3, 6), (2, 6), (2, 6)])
         (10, 6)
+        >>> Slab.X.global_shape([(2, 6), (3, 6)])
+        Traceback (most recent call last):
+        ...
+        dmatmul._errors.DistributionError: the block of rank 1 has shape (3, 6) but Slab.X over 2 ranks gives it (2, 6) for the global shape (4, 6) implied by the other blocks; or the block of rank 0 has shape (2, 6) but Slab.X over 2 ranks gives it (3, 6) for the global shape (6, 6) (the blocks cannot tell which)
         """
         shapes = [tuple(int(x) for x in s) for s in local_shapes]
         p = self.nranks(len(shapes))
@@ -343,9 +350,17 @@ class Distribution:
         if not self._misfits(shapes, guess, p):
             return guess
         # blame the fewest ranks: the global shape that fits the most blocks, near the first guess
-        best = (self._best_extent(0, shapes, guess[0], p), self._best_extent(1, shapes, guess[1], p))
+        extents = [self._best_extents(dim, shapes, guess[dim], p) for dim in (0, 1)]
+        best = (extents[0][0], extents[1][0])
         bad = self._misfits(shapes, best, p) or self._misfits(shapes, guess, p)
-        raise self._misfit_error(shapes, best, bad, "implied by the other blocks")
+        error = self._misfit_error(shapes, best, bad, "implied by the other blocks")
+        for other in itertools.product(extents[0], extents[1]):  # as few misfits elsewhere: name those too
+            blamed = self._misfits(shapes, other, p)
+            if blamed and len(blamed) == len(bad) and blamed != bad:
+                raise DistributionError(
+                    f"{error}; or {self._misfit_error(shapes, other, blamed, '(the blocks cannot tell which)')}"
+                )
+        raise error
 
     def check_blocks(self, local_shapes: Sequence[tuple[int, int]], global_shape: tuple[int, int], why: str) -> None:
         """Raise :class:`DistributionError` naming the first rank whose block
@@ -376,16 +391,14 @@ class Distribution:
     def _misfits(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, int], p: int) -> list[int]:
         return [r for r, got in enumerate(shapes) if got != self.shape(r, global_shape, p)]
 
-    def _best_extent(self, dim: int, shapes: list[tuple[int, ...]], guess: int, p: int) -> int:
-        """The extent of ``dim`` whose local sizes match the most ranks (ties: nearest ``guess``)."""
+    def _best_extents(self, dim: int, shapes: list[tuple[int, ...]], guess: int, p: int) -> list[int]:
+        """The extents of ``dim`` whose local sizes match the most ranks, nearest ``guess`` first."""
         blocks = getattr(self, "block_sizes", (1, 1))
         window = max(2, blocks[dim]) + 2
-
-        def misses(size: int) -> int:
-            return sum(self._dim_length(dim, r, size, p) != s[dim] for r, s in enumerate(shapes))
-
-        candidates = range(max(0, guess - window), guess + window + 1)
-        return min(candidates, key=lambda size: (misses(size), abs(size - guess)))
+        misses = {size: sum(self._dim_length(dim, r, size, p) != s[dim] for r, s in enumerate(shapes))
+                  for size in range(max(0, guess - window), guess + window + 1)}
+        fewest = min(misses.values())
+        return sorted((size for size, n in misses.items() if n == fewest), key=lambda size: abs(size - guess))
 
     def _infer_extents(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
         return shapes[0][0], shapes[0][1]

@@ -351,6 +351,24 @@ def test_global_shape_names_the_rank_that_does_not_fit():
         bc.global_shape(shapes)
 
 
+@pytest.mark.parametrize("dist, shape, rank", [
+    (dm.Slab.X, (12, 6), 0),  # rank 0 one row short: 11 rows (the blocks' sum) over 2 ranks blame rank 1 instead
+    (dm.BlockNonCyclic(dm.ProcessGrid((2, 2), layout="col"), first_process=(1, 0)), (6, 21), 1),  # one row more
+])
+def test_global_shape_names_every_rank_that_may_be_wrong(dist, shape, rank):
+    """Found by hunting under mpiexec: one rank's block a row off, with two ranks
+    along that axis, fits one global shape that blames it and another as near that
+    blames the other rank; the error named only the second, an innocent rank."""
+    p = dist.grid.size if dist.grid is not None else 2
+    shapes = [dist.shape(r, shape, p) for r in range(p)]
+    shapes[rank] = (shapes[rank][0] + (1 if rank else -1), shapes[rank][1])
+    with pytest.raises(dm.DistributionError) as info:
+        dist.global_shape(shapes)
+    text = str(info.value)
+    assert f"the block of rank {rank} has shape {shapes[rank]}" in text and f"global shape {shape}" in text, text
+    assert "the blocks cannot tell which" in text, text
+
+
 def test_a_block_longer_than_the_matrix_costs_nothing():
     """numroc allows any block size: one of 2**31 over 5 rows holds them all on the
     first process, without building an index per position of the block."""
