@@ -24,6 +24,7 @@ Worked examples (read off nvmath 1.0)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -148,6 +149,9 @@ def _cyclic_indices(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> 
 # --------------------------------------------------------------------------- #
 # process grids
 # --------------------------------------------------------------------------- #
+_left_inverse = functools.lru_cache(maxsize=64)(left_inverse)  # grid.coords() per rank, many times a product
+
+
 @dataclasses.dataclass(frozen=True, init=False)
 class ProcessGrid:
     """A grid of ranks, e.g. ``ProcessGrid((2, 4))``.
@@ -228,7 +232,7 @@ class ProcessGrid:
 
     def coords(self, rank: int) -> tuple[int, ...]:
         """Grid coordinates of ``rank``."""
-        flat = left_inverse(self.rank_layout)(self._check_rank(rank))
+        flat = _left_inverse(self.rank_layout)(self._check_rank(rank))
         out = []
         for s in reversed(self.shape):
             flat, c = divmod(flat, s)
@@ -394,7 +398,7 @@ class Distribution:
     def _best_extents(self, dim: int, shapes: list[tuple[int, ...]], guess: int, p: int) -> list[int]:
         """The extents of ``dim`` whose local sizes match the most ranks, nearest ``guess`` first."""
         blocks = getattr(self, "block_sizes", (1, 1))
-        window = max(2, blocks[dim]) + 2
+        window = min(max(2, blocks[dim]), guess + 2) + 2  # (a block longer than the matrix: not beyond twice it)
         misses = {size: sum(self._dim_length(dim, r, size, p) != s[dim] for r, s in enumerate(shapes))
                   for size in range(max(0, guess - window), guess + window + 1)}
         fewest = min(misses.values())

@@ -369,6 +369,31 @@ def test_global_shape_names_every_rank_that_may_be_wrong(dist, shape, rank):
     assert "the blocks cannot tell which" in text, text
 
 
+def test_a_misfit_block_under_a_huge_block_size_is_found_at_once(monkeypatch):
+    """Found by hunting under mpiexec: the search for the global shape that blames
+    the fewest ranks tried every extent within one block size of the guess, each
+    rank's grid coordinates computed anew for each: one row off under
+    BlockCyclic(grid, (65536, 2)) on 16 ranks took 90 s on every rank before the
+    error, and a block of 2**31 rows never ended."""
+    from dmatmul import _distribution
+
+    d = dm.BlockCyclic(dm.ProcessGrid((2, 1)), (2**31, 2))
+    shapes = [d.shape(r, (5, 7)) for r in range(2)]  # [(5, 7), (0, 7)]
+    shapes[1] = (1, 7)
+    calls = 0
+    numroc = _distribution.numroc
+
+    def counted(*args):
+        nonlocal calls
+        calls += 1
+        assert calls < 10_000, "the search for the global shape does not end"
+        return numroc(*args)
+
+    monkeypatch.setattr(_distribution, "numroc", counted)
+    with pytest.raises(dm.DistributionError, match=r"rank 1 has shape \(1, 7\) .* gives it \(0, 7\)"):
+        d.global_shape(shapes)
+
+
 def test_a_block_longer_than_the_matrix_costs_nothing():
     """numroc allows any block size: one of 2**31 over 5 rows holds them all on the
     first process, without building an index per position of the block."""
