@@ -429,6 +429,40 @@ def test_a_result_the_users_mesh_cannot_lay_out_is_gathered_in_the_plan(kind):
     assert_close(np.asarray(d), reference(A, B), "float32")
 
 
+@pytest.mark.parametrize("shape", [(1, 8), (8, 1), (2, 1, 4)])
+def test_a_mesh_axis_of_size_1_is_named_as_jax_names_it(shape):
+    """On an Explicit mesh with an axis of size 1 (a (1, 8) "data x model" mesh on
+    one host, say) a result is typed as JAX types the same product of arrays laid
+    out so: over every mesh axis. Before, the size-1 axis was dropped (P("model")
+    for P(("data", "model"))), and the user's own ``d + e`` of arrays laid out as
+    README says (PartitionSpec(mesh.axis_names, None) is Slab.X) raised
+    ShardingTypeError, as did grad of a loss against such an array."""
+    names = ("data", "model") if len(shape) == 2 else ("data", "pipe", "model")
+    mesh = jax.make_mesh(shape, names)
+    rows = dm.ProcessGrid((shape[0], 8 // shape[0]))  # rows over "data", columns over the rest
+    cases = [  # distributions, and how a and b are laid out for plain JAX's x @ y to lay out the same result
+        ((X, R, X), P(names, None), P()),
+        ((R, Y, Y), P(), P(None, names)),
+        ((X, Y, dm.BlockNonCyclic(rows)), P(names[0], None), P(None, names[1:])),
+    ]
+    rng = np.random.default_rng(len(shape))
+    a_np, b_np, e_np, g_np = (rng.standard_normal(s).astype(np.float32) for s in ((16, 12), (12, 24), (16, 24), (16, 24)))
+    with jax.set_mesh(mesh):
+        for dists, sa, sb in cases:
+            a, b = put(a_np, mesh, sa), put(b_np, mesh, sb)
+            e = jax.jit(lambda x, y: x @ y)(a, b) * 0 + put(e_np, mesh, P())  # e: typed as JAX types a @ b
+            f = lambda x, y, z: dm.matmul(x, y, distribution=dists) + z  # noqa: E731
+            for d in (f(a, b, e), jax.jit(f)(a, b, e)):
+                assert jax.typeof(d).sharding.spec == jax.typeof(e).sharding.spec, (dists, jax.typeof(d), jax.typeof(e))
+                assert d.sharding == e.sharding, (dists, d.sharding, e.sharding)
+                assert_close(np.asarray(d), reference(a_np, b_np) + e_np, "float32")
+            g = put(g_np, mesh, P()) + 0 * e
+            loss = lambda x, y: jnp.sum(dm.matmul(x, y, distribution=dists) * g)  # noqa: E731
+            ga = jax.jit(jax.grad(loss))(a, b)
+            assert jax.typeof(ga).sharding.spec == jax.typeof(a).sharding.spec, (jax.typeof(ga), jax.typeof(a))
+            assert_close(np.asarray(ga), g_np.astype(np.float64) @ b_np.T.astype(np.float64), "float32")
+
+
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
 @pytest.mark.parametrize("m, k", [(16, 0), (0, 12)])
 def test_an_empty_product_comes_back_on_the_users_mesh(kind, m, k):

@@ -387,10 +387,17 @@ def _plain(dist: Distribution, shape: tuple[int, int]) -> Distribution:
 
 def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int, int]) -> NamedSharding | None:
     """The inverse of :func:`_infer_distribution`: ``dist`` as a NamedSharding on
-    ``mesh`` (ranks in mesh order), or None where no NamedSharding says it."""
+    ``mesh`` (ranks in mesh order), or None where no NamedSharding says it.
+
+    Every mesh axis is named, those of size 1 too: a Slab is
+    ``P(mesh.axis_names, None)``, as a user writes it, and a grid's rows and
+    columns each name an axis where they can (``P("data", "model")`` on a 1x8
+    mesh). JAX types ``P(("data", "model"))`` and ``P("model")`` apart even
+    where "data" has size 1, and refuses ``x + y`` of the two on Explicit axes."""
     dist = _plain(dist, shape)
-    every = _mesh_axes(mesh)
-    p = int(np.prod([mesh.shape[n] for n in every])) if every else 1
+    every = tuple(mesh.axis_names)
+    size = lambda axes: int(np.prod([mesh.shape[n] for n in axes]))  # noqa: E731
+    p = size(every)
     if isinstance(dist, Replicated) or p == 1:
         return NamedSharding(mesh, PartitionSpec())
     if isinstance(dist, Slab):
@@ -399,14 +406,15 @@ def _sharding_of(dist: Distribution, mesh: Mesh | AbstractMesh, shape: tuple[int
         return NamedSharding(mesh, PartitionSpec(every, None) if dist.dim == 0 else PartitionSpec(None, every))
     if isinstance(dist, BlockNonCyclic) and dist.first_process == (0, 0):
         rows, cols = dist.grid.shape
-        lead = [every[:i] for i in range(len(every) + 1)]
-        for i, head in enumerate(lead):
-            tail = every[i:]
-            sizes = (int(np.prod([mesh.shape[n] for n in head])), int(np.prod([mesh.shape[n] for n in tail])))
-            if dist.grid.layout == "row" and sizes == (rows, cols) and not shape[0] % rows and not shape[1] % cols:
-                return NamedSharding(mesh, PartitionSpec(head or None, tail or None))
-            if dist.grid.layout == "col" and sizes == (cols, rows) and not shape[0] % rows and not shape[1] % cols:
-                return NamedSharding(mesh, PartitionSpec(tail or None, head or None))
+        if shape[0] % rows or shape[1] % cols:
+            return None
+        major, minor = (rows, cols) if dist.grid.layout == "row" else (cols, rows)
+        splits = [i for i in range(len(every) + 1) if (size(every[:i]), size(every[i:])) == (major, minor)]
+        if not splits:
+            return None
+        i = next((i for i in splits if 0 < i < len(every)), splits[0])  # both sides named where they can be
+        head, tail = every[:i] or None, every[i:] or None
+        return NamedSharding(mesh, PartitionSpec(head, tail) if dist.grid.layout == "row" else PartitionSpec(tail, head))
     return None
 
 
