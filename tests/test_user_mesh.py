@@ -463,6 +463,38 @@ def test_a_mesh_axis_of_size_1_is_named_as_jax_names_it(shape):
             assert_close(np.asarray(ga), g_np.astype(np.float64) @ b_np.T.astype(np.float64), "float32")
 
 
+@pytest.mark.parametrize("shape, types", [((8, 1), "AE"), ((1, 8), "EA")])
+def test_a_scan_on_a_mesh_whose_only_explicit_axis_has_size_1(shape, types):
+    """A mesh of Auto axes and one Explicit axis of size 1: JAX types an array laid
+    out over every axis along that Explicit axis (float32[16@model, 12]), and so
+    must a product's result be, or a jax.lax.scan over layers refuses its carry
+    ("carry input and carry output must have equal types"; the result was typed
+    unsplit, on dmatmul's own mesh). Values and gradients (jit of grad) against numpy."""
+    kinds = {"A": AxisType.Auto, "E": AxisType.Explicit}
+    mesh = jax.make_mesh(shape, AXES, axis_types=tuple(kinds[t] for t in types))
+    rng = np.random.default_rng(8)
+    x_np, w_np = rng.standard_normal((16, 12)).astype(np.float32), rng.standard_normal((2, 12, 12)).astype(np.float32)
+    x, ws = put(x_np, mesh, P(AXES, None)), put(w_np / 4, mesh, P())
+
+    def layers(c, ws):
+        def layer(c, w):
+            d = dm.matmul(c, w, distribution=(X, R, X))
+            assert jax.typeof(d).sharding.spec == jax.typeof(c @ w).sharding.spec, (jax.typeof(d), jax.typeof(c @ w))
+            return jnp.tanh(d), None
+
+        return jax.lax.scan(layer, c, ws)[0]
+
+    want = x_np.astype(np.float64)
+    for w in w_np / 4:
+        want = np.tanh(want @ w)
+    with jax.set_mesh(mesh):
+        assert_close(np.asarray(jax.jit(layers)(x, ws)), want, "float32")
+        g = jax.jit(jax.grad(lambda c: jnp.sum(layers(c, ws))))(x)
+    h1 = np.tanh(x_np.astype(np.float64) @ (w_np[0] / 4))
+    g1 = ((1 - want**2) @ (w_np[1] / 4).T) * (1 - h1**2)  # d sum(tanh(tanh(x W0) W1)) / dx
+    assert_close(np.asarray(g), g1 @ (w_np[0] / 4).T, "float32")
+
+
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
 @pytest.mark.parametrize("m, k", [(16, 0), (0, 12)])
 def test_an_empty_product_comes_back_on_the_users_mesh(kind, m, k):

@@ -273,8 +273,10 @@ def trace_mesh(devices: tuple[jax.Device, ...]) -> Mesh:
 
 
 def _explicit(mesh: Mesh | AbstractMesh) -> bool:
-    """Whether a mesh axis that splits anything is Explicit (JAX then types shardings)."""
-    return any(size > 1 and n in mesh.abstract_mesh.explicit_axes for n, size in mesh.shape.items())
+    """Whether the mesh has an Explicit axis (JAX then types shardings on it; on
+    one of size 1 too, so that a value typed there must be resharded onto it,
+    and a sharding constraint may not name that axis)."""
+    return bool(mesh.abstract_mesh.explicit_axes)
 
 
 def plan_devices(spec: Spec, mesh: Mesh | AbstractMesh | None) -> tuple[jax.Device, ...]:
