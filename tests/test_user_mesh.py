@@ -495,6 +495,39 @@ def test_a_scan_on_a_mesh_whose_only_explicit_axis_has_size_1(shape, types):
     assert_close(np.asarray(g), g1 @ (w_np[0] / 4).T, "float32")
 
 
+@pytest.mark.parametrize("dist_d, spec", [(X, P(AXES, None)), (dm.BlockNonCyclic(GRID_ROW), P("data", "model")), (None, None)])
+def test_inside_explicit_axes_and_auto_axes(dist_d, spec):
+    """dm.matmul inside jax.sharding.explicit_axes on an Auto mesh (and auto_axes
+    on an Explicit one), under jax.jit and jax.set_mesh: the product is typed on
+    the axis types of that scope, as jnp's is there. Before, inside explicit_axes
+    dmatmul took the Auto axes of the set_mesh mesh and constrained its result
+    with with_sharding_constraint, which JAX refuses on Explicit axes ("acts as
+    an assert")."""
+    dists = None if dist_d is None else (X, R, dist_d)
+    want = 2 * reference(A, B)
+    seen = []
+
+    for kind, scope in (("auto", jax.sharding.explicit_axes), ("explicit", jax.sharding.auto_axes)):
+        def f(u, v):
+            d = dm.matmul(u, v, distribution=dists)
+            seen.append(jax.typeof(d).sharding.spec)
+            # on Explicit axes x + y needs equal types (jnp's u @ v is P(AXES, None)), as for any value
+            return (jax.sharding.reshard(d, P(AXES, None)) if kind == "auto" else d) + u @ v
+
+        mesh = mesh_of(kind)
+        with jax.set_mesh(mesh):
+            a, b = put(A, mesh, P(AXES, None)), put(B, mesh, P())
+            if scope is jax.sharding.explicit_axes:
+                g = scope(f, in_sharding=(P(AXES, None), P()))
+            else:
+                g = scope(f, out_sharding=P("data", None))
+            d = jax.jit(g)(a, b)
+        assert d.sharding.mesh == mesh, d.sharding
+        assert_close(np.asarray(d), want, "float32")
+        if scope is jax.sharding.explicit_axes and spec is not None:
+            assert seen[-1] == spec, (seen[-1], spec)
+
+
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
 @pytest.mark.parametrize("m, k", [(16, 0), (0, 12)])
 def test_an_empty_product_comes_back_on_the_users_mesh(kind, m, k):

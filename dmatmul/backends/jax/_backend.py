@@ -189,6 +189,8 @@ def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
         mesh = typed if typed is not None else context if not context.empty and context.size > 1 else None
         concrete = _context_mesh()
         if mesh is not None and concrete is not None and concrete.shape_tuple == mesh.shape_tuple:
+            if concrete.axis_types != mesh.axis_types:  # inside jax.sharding.explicit_axes or auto_axes: its types
+                return Mesh(concrete.devices, concrete.axis_names, axis_types=mesh.axis_types)
             return concrete
         return mesh
     try:
