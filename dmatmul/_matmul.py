@@ -464,17 +464,24 @@ class Matmul:
     def _agree_on_the_plan(self, what: str, check: Callable[[], None] | None = None) -> None:
         """Several processes, before the product's collectives: ``check()`` and
         the plan made (where it is not yet) on every rank, and each rank's choice
-        compared, in one small allgather. A rank that cannot plan, or that chose
+        compared, in one small allgather (two where the plan is made now: every
+        rank passes ``check()`` first). A rank that cannot plan, or that chose
         another plan (each reads its own cost model: ``dmatmul bench
         --calibrate``), raises on every rank."""
+
+        rt = _runtime.active()
+        assert rt is not None
+        if check is not None and self._plan is None:
+            # the plan is made next, and making it may run collectives of its own (nvmath's): a rank
+            # that fails check() must not skip them while the others wait in them
+            _runtime.agree(check, what)
+            check = None
 
         def ready() -> _backends.BackendPlan:
             if check is not None:
                 check()
             return self._planned()
 
-        rt = _runtime.active()
-        assert rt is not None
         _, chosen = _runtime.agree_and_share(ready, _chosen, what)
         for i, field in enumerate(("the algorithm", "the plan")):
             message = _runtime.disagreement([c[i] for c in chosen], field, verbs=("chose", "chose"))

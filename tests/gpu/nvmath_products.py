@@ -173,6 +173,35 @@ for case in all_cases:
             print(f"MISMATCH on ranks {[r for r, o in enumerate(oks) if not o]}: {case} ({algo}, {path})", flush=True)
     elif args.expect_path and RANK == 0:
         print(f"{path:10s} {algo:14s} {case}", flush=True)
+
+def freed_on_one_rank_before_its_first_execute():
+    """Rank 1 frees its plan before the first execute, which makes the plan
+    (nvmath's collectives): every rank raises naming rank 1 (none waits in them,
+    none reads another call's data), and the ranks then still multiply together."""
+    rng = np.random.default_rng(5)
+    a, b = random_matrix(rng, (12, 8), "float32"), random_matrix(rng, (8, 6), "float32")
+    dists = (X, Y, X)
+    la, lb = dm.split(a, X)[RANK], dm.split(b, Y)[RANK]
+    mm = dm.Matmul(la, lb, distribution=dists, backend="nvmath")
+    if RANK == 1:
+        mm.free()
+    try:
+        mm.execute()
+        said = "no error"
+    except (dm.PlanFreedError, RuntimeError, ValueError) as e:
+        said = f"{type(e).__name__}: {e}"
+    ok = "freed plan" in said and (RANK == 1 or "rank 1" in said)
+    d = dm.matmul(la, lb, distribution=dists, backend="nvmath")
+    ok = ok and float(np.abs(wide(d) - dm.split(reference(a, b), X)[RANK]).max()) <= TOLERANCE["float32"] * 10
+    return ok, said
+
+
+if rt is not None:
+    ok, said = freed_on_one_rank_before_its_first_execute()
+    oks = rt.comm.allgather(ok)
+    if not all(oks):
+        failed += 1
+        print(f"MISMATCH: a plan freed on rank 1 before its first execute, rank {RANK}: {said}", flush=True)
 if RANK == 0:
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
     print(f"nvmath products on {P} process(es){' (fake nvmath)' if args.fake else ''}: "
