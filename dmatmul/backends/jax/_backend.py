@@ -1338,7 +1338,9 @@ class JaxBackend:
         if plan is None:
             made = JaxPlan(spec, operands)  # outside the lock: threads plan different problems at once
             with self._lock:  # the first of threads that made the same plan wins; the oldest plans go
-                plan = self._plans.setdefault(key, made)
-                while len(self._plans) > max(self.cache_size, 1):
-                    self._plans.pop(next(iter(self._plans)))
+                plan = self._plans.get(key)
+                if plan is None:  # room is made first: other threads read the cache's size unlocked
+                    while len(self._plans) >= max(self.cache_size, 1):
+                        self._plans.pop(next(iter(self._plans)))
+                    plan = self._plans[key] = made
         return plan
