@@ -319,6 +319,13 @@ class Spec:
     def spmd(self) -> bool:
         return self.nprocs > 1
 
+    def in_jax_program(self) -> bool:
+        """One process, and the product is a JAX program's: on ``jax.Array``
+        operands (the result goes back on their devices), or inside a JAX trace
+        (numpy constants there give one of its values). Read now: the trace
+        state is not part of the spec."""
+        return not self.spmd and (self.family == "jax" or in_jax_trace())
+
     @property
     def m(self) -> int:
         return self.a_shape[1] if self.transpose_a else self.a_shape[0]

@@ -198,11 +198,7 @@ def _jax_placed(spec: Spec) -> bool:
     mesh too), or inside a JAX trace (``jit``, ``grad``...: the operands are
     tracers, the result a value of the trace). A backend of one rank per
     process runs one device of the process and takes no tracer."""
-    from .._spec import in_jax_trace
-
-    if spec.spmd:
-        return False
-    return spec.devices not in (None, 1) or spec.family == "jax" or in_jax_trace()
+    return not spec.spmd and (spec.devices not in (None, 1) or spec.in_jax_program())
 
 
 def for_redistribute() -> Any:

@@ -216,8 +216,7 @@ def _auto_typed(x: jax.Array) -> jax.Array:
 def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
     """The user's mesh a one-process product on jax.Arrays runs on (:func:`user_mesh`),
     unless ``devices=`` says otherwise; None under mpiexec and for other arrays."""
-    wanted = spec.family == "jax" or in_jax_trace()  # numpy constants inside a trace give one of its values
-    if not wanted or spec.spmd:
+    if not spec.in_jax_program():
         return None
     mesh = user_mesh(operands) if spec.devices is None else None
     if mesh is not None or not _tracing(operands):
@@ -1327,7 +1326,7 @@ class JaxBackend:
         if manual:
             raise ValueError(_inside_shard_map(manual))
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
-        if (spec.family == "jax" or in_jax_trace()) and not spec.spmd:
+        if spec.in_jax_program():
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (*key, mesh, mesh is not None and _tracing(operands))
