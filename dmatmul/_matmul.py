@@ -440,6 +440,7 @@ class Matmul:
         if self._spec.degenerate:
             self._backend = EmptyProduct(self._backend)
         self._plan: _backends.BackendPlan | None = None
+        self._agreed = False  # several processes: every rank has made this spec's plan and agreed on it
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
         self._given = _shapes(self._operands)
@@ -471,9 +472,11 @@ class Matmul:
 
         rt = _runtime.active()
         assert rt is not None
-        if check is not None and self._plan is None:
-            # the plan is made next, and making it may run collectives of its own (nvmath's): a rank
-            # that fails check() must not skip them while the others wait in them
+        if check is not None and not self._agreed:
+            # the plan may be made next, and making it may run collectives of its own (nvmath's): a rank
+            # that fails check() must not skip them while the others wait in them. Whether to agree first
+            # is read off what every rank did alike (not off self._plan: one rank's explain() may have
+            # made a plan that runs no collective, the JAX backend's)
             _runtime.agree(check, what)
             check = None
 
@@ -494,6 +497,7 @@ class Matmul:
                     f"(${_cost.MODEL_ENV}, else its machine's calibration file {_cost.calibration_path()}); give "
                     f"every rank the same one (one shared file, or {_cost.MODEL_ENV}=default), or name the algorithm"
                 )
+        self._agreed = True
 
     @_runtime.agreed_arguments("Matmul.execute")
     def execute(self) -> Any:
@@ -577,9 +581,9 @@ class Matmul:
         self._held = _held(new)
         if spec != self._spec:
             if self._plan is not None:
-                self._told = (self._plan.algorithm, self._explanation())  # what it was, should none follow
+                self._told = self._told_now()  # what it was, should none follow
                 self._plan.free()
-            self._spec, self._plan = spec, None  # scalars are compiled in: re-plan
+            self._spec, self._plan, self._agreed = spec, None, False  # scalars are compiled in: re-plan
 
     def _reset(
         self, a: Any, b: Any, c: Any, bias: Any, alpha: complex | None, beta: complex | None
@@ -632,7 +636,7 @@ class Matmul:
         """Release the plan's resources. Idempotent. ``algorithm`` and
         ``explain()`` still tell what the plan was (where it was made)."""
         if self._plan is not None:
-            self._told = (self._plan.algorithm, self._explanation())
+            self._told = self._told_now()
         self._release()
 
     def _release(self) -> None:
@@ -652,37 +656,56 @@ class Matmul:
     # -- introspection --------------------------------------------------------
     @property
     def algorithm(self) -> str:
-        """The algorithm chosen (plans if needed): one of ``dmatmul.ALGORITHMS``."""
+        """The algorithm chosen (plans if needed): one of ``dmatmul.ALGORITHMS``.
+        Under several processes one rank may ask alone (see :meth:`explain`)."""
         if self._freed:
             return self._what_was_planned("algorithm")[0]
-        self.plan()
-        assert self._plan is not None
-        return self._plan.algorithm
+        return self._account()[0]
 
     def explain(self) -> str:
         """A human-readable account: backend, algorithm, distributions, modelled
-        bytes moved per rank, the lower bound, and the predicted time."""
+        bytes moved per rank, the lower bound, and the predicted time.
+
+        Plans if needed, except where making the plan runs collectives (the
+        nvmath backend under several processes): there, before ``plan()`` or
+        the first ``execute()``, it tells from this rank's blocks alone what
+        would be planned, so ``if rank == 0: print(mm.explain())`` never
+        leaves one rank in a collective."""
         if self._freed:
             return self._what_was_planned("explain")[1]
-        self.plan()
-        return self._explanation()
+        return self._account()[1]
+
+    def _account(self) -> tuple[str, str]:
+        """(algorithm, explain()) of the plan, made now where that runs no
+        collective; else what the backend tells without one."""
+        rt = _runtime.active()
+        if self._plan is None and self._spec.spmd and rt is not None and rt.size > 1 \
+                and getattr(self._backend, "plans_collectively", False):
+            algorithm, lines = self._backend.preview(self._spec, self._operands)
+            return algorithm, self._explanation(algorithm, lines)
+        self._planned()
+        return self._told_now()
 
     def _what_was_planned(self, what: str) -> tuple[str, str]:
         if self._told is None:
             raise PlanFreedError(f"Matmul.{what} on a plan freed before it was made: create a new dmatmul.Matmul")
         return self._told
 
-    def _explanation(self) -> str:
+    def _told_now(self) -> tuple[str, str]:
+        """(algorithm, explain()) of the plan made: what a freed plan still tells."""
         assert self._plan is not None
+        return self._plan.algorithm, self._explanation(self._plan.algorithm, self._plan.explain())
+
+    def _explanation(self, algorithm: str, lines: list[str]) -> str:
         s = self._spec
         head = [
             f"dmatmul.Matmul: D[{s.m}x{s.n}] = op(A)[{s.m}x{s.k}] @ op(B)[{s.k}x{s.n}], {s.dtype}, "
             f"transpose_a={s.transpose_a}, transpose_b={s.transpose_b}"
             + (f", precision={s.precision!r}" if s.precision is not None else ""),
             f"  backend:    {self._backend.name}",
-            f"  algorithm:  {self._plan.algorithm}",
+            f"  algorithm:  {algorithm}",
         ]
-        return "\n".join(head + ["  " + line for line in self._plan.explain()])
+        return "\n".join(head + ["  " + line for line in lines])
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else ("planned" if self._plan is not None else "unplanned")

@@ -72,6 +72,11 @@ class Backend(Protocol):
     * ``fits(spec, operands)`` (optional): raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for
       an empty product, which is never planned, with its sizes made 1).
+    * ``plans_collectively`` and ``preview(spec, operands)`` (optional): where
+      making a plan runs collectives under several processes (nvmath's), the
+      algorithm and ``explain()`` lines of the plan :meth:`plan` would make,
+      told from this rank alone, with no collective: ``Matmul.algorithm`` and
+      ``explain()`` before the plan is made, which one rank may ask alone.
     """
 
     name: str

@@ -82,6 +82,11 @@ def host(x):
     return np.asarray(x)
 
 
+def path_line(explained):
+    """The ``path:`` line of an explain() (the cuBLASMp path and the algorithm's name)."""
+    return next(line.strip() for line in explained.splitlines() if line.strip().startswith("path:"))
+
+
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
              family="numpy", reuse=1, jax=False):
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
@@ -99,9 +104,13 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
     c_before = None if lc is None else host(lc).copy()
     kw = dict(distribution=dists, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
     with dm.Matmul(la, lb, lc, backend="nvmath", **kw) as mm:
+        # rank 0 alone asks what will run before the plan is made (making it runs nvmath's collectives, which
+        # the others are not in): it is told from its own blocks, and the plan made next must say the same
+        told = (mm.algorithm, path_line(mm.explain())) if RANK == 0 else None
         got = mm.execute()
         algo = mm.algorithm
         path = mm._plan.translation.path  # the cuBLASMp path dmatmul predicts
+        told_ok = told in (None, (algo, path_line(mm.explain())))
         scale_a = 1.0
         for i in range(1, reuse):  # plan reuse: new operand values, same plan
             scale_a = 1.0 + i
@@ -114,7 +123,7 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
     fam_ok = type(got).__module__.split(".")[0] == ("numpy" if family == "numpy" else "cupy")
     got_h = wide(host(got))
     scale = max(1.0, float(np.abs(ref).max()))
-    ok = fam_ok and got_h.shape == want.shape and (
+    ok = told_ok and fam_ok and got_h.shape == want.shape and (
         got_h.size == 0 or float(np.abs(got_h - want).max()) <= TOLERANCE[dtype] * scale)
     if lc is not None and not np.array_equal(host(lc), c_before, equal_nan=True):
         ok = False  # c must never be modified

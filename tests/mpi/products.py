@@ -2,7 +2,9 @@
 
 Each rank builds the same global matrices (same seed), keeps its blocks
 (``dm.split``), multiplies them, and compares its result block with its block
-of the numpy reference. Exit status 1 on any mismatch, on every rank.
+of the numpy reference. Exit status 1 on any mismatch, on every rank. In
+turn one rank alone (or none) asks ``mm.algorithm`` and ``mm.explain()``
+before the first ``execute()``, and must be told what the plan says after it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ quick = "--quick" in sys.argv
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             algorithm="auto", family="numpy", reuse=1):
+             algorithm="auto", family="numpy", reuse=1, asker=-1):
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
@@ -41,9 +43,14 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
     want = dm.split(ref, dd)[rt.rank]
     with dm.Matmul(la, lb, lc, distribution=dists, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb,
                    epilog=epilog, bias=bias, algorithm=algorithm) as mm:
+        # one rank alone asks what will run before the first execute (the others go on to it): the
+        # agreement that execute() starts with must not depend on which ranks have planned
+        told = (mm.algorithm, mm.explain()) if rt.rank == asker else None
         for _ in range(reuse):
             got = mm.execute()
         algo = mm.algorithm
+        if told not in (None, (algo, mm.explain())):
+            return False, algo
     if family == "jax":
         import jax
 
@@ -74,8 +81,8 @@ if not quick:
     ]
 
 failed = 0
-for case in cases:
-    ok, algo = run_case(**case)
+for i, case in enumerate(cases):
+    ok, algo = run_case(**case, asker=i % (P + 1) - 1)  # none, rank 0, 1, ... in turn
     oks = rt.comm.allgather(ok)
     if not all(oks):
         failed += 1

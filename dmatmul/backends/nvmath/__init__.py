@@ -96,11 +96,19 @@ def unavailable() -> str | None:
     return None
 
 
+def _rank() -> int:
+    from ... import _runtime
+
+    rt = _runtime.active()
+    return 0 if rt is None else rt.rank
+
+
 class _LazyBackend:
     """``BACKEND``: the registry reads ``.name`` and calls ``.plan``; the
     backend module (and with it nvmath's) is imported on the first plan."""
 
     name = "nvmath"
+    plans_collectively = True  # under mpiexec making a plan runs nvmath's collectives: see preview()
 
     def __init__(self) -> None:
         self._impl: Any = None
@@ -122,6 +130,23 @@ class _LazyBackend:
         from ._translate import Problem, translate
 
         translate(Problem.from_spec(spec, self.ranks(spec, operands), ("C", "C", "C" if spec.use_c else None)))
+
+    def preview(self, spec: Any, operands: Any) -> tuple[str, list[str]]:
+        """The algorithm and ``explain()`` lines of the plan :meth:`plan` would
+        make, told from this rank's blocks (pure data: no collective, no GPU,
+        nothing started): ``Matmul.algorithm`` and ``explain()`` under several
+        processes before the plan is made, which one rank may ask alone. The
+        plan combines every rank's memory orders where this reads its own."""
+        from ._translate import Problem, order_of, translate
+
+        c = operands.c if spec.use_c else None
+        orders = (order_of(operands.a), order_of(operands.b), None if c is None else order_of(c))
+        t = translate(Problem.from_spec(spec, self.ranks(spec, operands), orders))
+        lines = t.describe()
+        lines.insert(1, "device:     not planned yet: every rank makes the plan together (mm.plan() or the first "
+                        "execute(): nvmath's collectives), which tells the device and the overlap; this is rank "
+                        f"{_rank()}'s account, from its own blocks")
+        return t.algorithm, lines
 
     def start(self, runtime: Any) -> Any:
         """nvmath.distributed's NCCL communicator over the runtime's processes
