@@ -211,12 +211,16 @@ class Reset:
     ``mm.reset_operands(...)`` with new values for ``operands`` (same shapes,
     dtypes, families, layouts and placements) and a new ``alpha``/``beta``
     where not None, and ``mm.execute()`` again; each result is checked, and
-    the first again after the reset (a result the caller owns)."""
+    the first again after the reset (a result the caller owns). Under
+    mpiexec one rank (``told``) may read ``mm.algorithm`` and
+    ``mm.explain()`` alone before anything else, and the plan made after must
+    have the algorithm it was told."""
 
     plan: bool = False
     operands: tuple[str, ...] = ()  # of "a", "b", "c", "bias"
     alpha: complex | None = None
     beta: complex | None = None
+    told: int | None = None  # under mpiexec, the rank that alone reads mm.algorithm and mm.explain() first
 
     def call(self, new: Sequence[str]) -> str:
         """The ``reset_operands`` call, ``new`` the source of each new operand."""
@@ -463,8 +467,8 @@ class Case:
                    operand(name, self.bias_shape if name == "bias" else getattr(self, f"{name}_shape"),
                            self.specials and name != "bias", seed=1)
                    for name in r.operands]
-            steps = ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new),
-                                               "d3 = mm.execute()"]
+            steps = ([] if r.told is None else [f"if rank == {r.told}: print(mm.algorithm, mm.explain())"]) \
+                + ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new), "d3 = mm.execute()"]
             line = f"with dm.Matmul({', '.join(args + kw)}) as mm: {'; '.join(steps)}"
         elif self.transform is not None and not mpi:
             line = self._transformed_line(args, kw, operand)
@@ -654,7 +658,8 @@ def _draw_dim(draw: Chooser, zero_one_in: int) -> int:
     return 0 if _rarely(draw, zero_one_in) else draw.integer(1, _MAX_DIM)
 
 
-def _draw_reset(draw: Chooser, case: Case, alphas: Sequence[complex], betas: Sequence[complex]) -> Reset:
+def _draw_reset(draw: Chooser, case: Case, alphas: Sequence[complex], betas: Sequence[complex],
+                mpi: bool) -> Reset:
     """What the stateful form of ``case`` plans, resets and runs again."""
     plan = draw.boolean()
     given = ("a", "b") + ("c",) * case.use_c + ("bias",) * case.has_bias
@@ -664,7 +669,9 @@ def _draw_reset(draw: Chooser, case: Case, alphas: Sequence[complex], betas: Seq
     beta = draw.choice(betas) if _rarely(draw, 3) else None
     if case.use_c and case.beta == 0 and beta not in (None, 0) and "c" not in operands:
         operands.append("c")  # the planned c is NaN (it was not to be read): one that now is read
-    return Reset(plan=plan, operands=tuple(name for name in given if name in operands), alpha=alpha, beta=beta)
+    told = draw.integer(-1, case.nranks - 1) if mpi else -1  # (drawn last: one-process draws are unchanged)
+    return Reset(plan=plan, operands=tuple(name for name in given if name in operands), alpha=alpha, beta=beta,
+                 told=told if told >= 0 else None)
 
 
 def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy", "jax"), mpi: bool = False,
@@ -785,7 +792,7 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     if algorithm in ("auto", "allgather", "reduce_scatter") and _rarely(draw, 3):
         # each schedule of the rings, whatever the cost model would pick for these sizes
         case = dataclasses.replace(case, schedule=draw.choice(_plan.SCHEDULES))
-    reset = _draw_reset(draw, case, alphas, betas) if _rarely(draw, 8) else None
+    reset = _draw_reset(draw, case, alphas, betas, mpi) if _rarely(draw, 8) else None
     on_mesh = None
     # the user's own mesh, eager or traced: one jax case in three, two in three with distribution=None (the
     # shardings then say the layout: a, b, c placed on the mesh, or not all, each its own way)
@@ -1210,6 +1217,8 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
         return matmul(a, b, c, **{**options, "bias": bias})
 
     results: list[_Result] = []
+    told: tuple[str, str] | None = None  # mm.algorithm, mm.explain() read by one rank alone first (reset.told)
+    told_wrong: str | None = None
     try:
         with x64, _plan.schedule(case.schedule):
             a, b, c = args["a"], args["b"], args["c"]
@@ -1217,9 +1226,17 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
                 results += transformed.run(call, args, on, mesh)
             elif reset is not None:
                 with Matmul(a, b, c, **options) as mm:
+                    if mpi and rt is not None and rt.rank == reset.told:  # this rank alone; the others go on
+                        try:
+                            told = (mm.algorithm, mm.explain())
+                        except Exception as e:  # noqa: BLE001 - a plan that cannot be made: execute() raises it
+                            told = (f"{type(e).__name__}: {e}", "")
                     if reset.plan:
                         mm.plan()
                     d1 = mm.execute()
+                    if told is not None and (told[0] != mm.algorithm or "algorithm:" not in told[1]):
+                        told_wrong = f"rank {reset.told} alone, before the plan: mm.algorithm {told[0]!r}, " \
+                                     f"mm.explain() {told[1][:200]!r}; the plan made: {mm.algorithm!r}"
                     results += [_Result("execute()", d1, refs[0]), _Result("execute() again", mm.execute(), refs[0])]
                     mm.reset_operands(**news, alpha=reset.alpha, beta=reset.beta)
                     results.append(_Result(reset.call(list(news)) + "; execute()", mm.execute(), refs[1]))
@@ -1249,7 +1266,7 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
             return outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")
         why = f" (expected: {'; '.join(r.why for r in required)})" if required else ""
         return outcome(status="failed", ratio=math.nan, message=f"{type(e).__name__}: {e}{why}")
-    problems = []
+    problems = [] if told_wrong is None else [told_wrong]
     if required:
         problems.append(f"no error, expected one: {'; '.join(r.why for r in required)}")
     changed = [name for (name, x), x0 in zip(inputs, before) if _snapshot(x) != x0]
