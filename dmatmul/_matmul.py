@@ -452,7 +452,9 @@ class Matmul:
             raise PlanFreedError(f"Matmul.{what}() on a freed plan: create a new dmatmul.Matmul")
 
     def plan(self) -> None:
-        """Choose the algorithm and compile (done by execute() when needed)."""
+        """Choose the algorithm and compile (done by execute() when needed).
+        Under several processes every rank calls it: making an nvmath plan runs
+        collectives."""
         self._live("plan")
         self._planned()
 
