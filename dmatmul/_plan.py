@@ -593,7 +593,9 @@ def choose_distributions(
     ``BlockNonCyclic`` on the cheapest grid: :func:`choose_grid`).
 
     ``fixed``: a's and b's distribution where the operand already has one (a
-    ``jax.Array`` laid out on the devices); the others are free. On one rank
+    ``jax.Array`` laid out on the devices); the others are free. Where one
+    is a 2-D grid's, the product runs on that grid and the result may stay
+    on it too (SUMMA's own layout: no move). On one rank
     nothing is split: everything is ``Replicated()``. ``deliverable``: whether
     the backend can hand the result back in a distribution as it is (a
     ``jax.Array`` result shards only evenly); one it cannot is no candidate,
@@ -613,13 +615,24 @@ def choose_distributions(
     if problem.p == 1:
         return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
     options = (Slab.X, Slab.Y, Replicated())
-    results = [d for d in options if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
+    # an operand laid out on a 2-D grid puts the product on that grid (SUMMA a candidate), and the
+    # grid's own layout is one for the result too: SUMMA leaves it there with no move
+    grid = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2
+                 and role_of(d, "d", False, problem.p) is None), None)
+    if grid is not None:
+        problem = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
+    on_grid = () if grid is None else (BlockNonCyclic(grid),)
+    results = [d for d in (*options, *on_grid) if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
     best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
     for da, db, dd in itertools.product(
         [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, results
     ):
         roles = roles_of((da, db, dd), transposes, problem.p)
-        candidates = plans(problem, roles, model, kernels=kernels)
+        grid_ops = frozenset(op for op, d in zip(OPERANDS, (da, db, dd)) if grid is not None and d.grid == grid
+                             and roles[op] == "G")
+        # SUMMA takes a grid operand as it lies where it is not transposed (a result: always)
+        native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
+        candidates = plans(problem, roles, model, native, kernels, grid_ops)
         if not candidates:
             continue
         placement = sum(

@@ -265,6 +265,33 @@ def test_an_operand_no_sharding_expresses_is_taken_replicated(dists, a_shape, b_
         assert_close(mm.execute(), want, "float32")
 
 
+@pytest.mark.parametrize("spec, grid", [(P("data", "model"), GRID_ROW), (P("model", "data"), GRID_COL)],
+                         ids=["row", "col"])
+@pytest.mark.parametrize("shape", [(16, 12, 24), (256, 256, 256)])
+def test_operands_on_a_2d_grid_leave_the_result_on_it_where_that_is_cheapest(spec, grid, shape):
+    """``distribution=None`` on a and b laid out on a 2-D grid of the user's
+    mesh: the result layout the model picks costs no more than the grid's
+    own, which SUMMA delivers with no move. (The chooser offered only 1-D
+    results, costed without SUMMA: it picked Slab.X, planned as SUMMA plus
+    an all-to-all of the result, twice the grid's modelled time at 16x24.)"""
+    from dmatmul._matmul import plan_of
+
+    m, k, n = shape
+    mesh = mesh_of("explicit")
+    a_np, b_np = (RNG.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n)))
+    a, b = put(a_np, mesh, spec), put(b_np, mesh, spec)
+    on_grid = dm.BlockNonCyclic(grid)
+    with dm.Matmul(a, b, distribution=(on_grid, on_grid, on_grid)) as named:
+        grid_time = plan_of(named).cost.time
+    with dm.Matmul(a, b) as mm:
+        chosen = plan_of(mm)
+        assert chosen.distributions[:2] == (on_grid, on_grid)
+        assert chosen.cost.time <= grid_time * (1 + 1e-9), mm.explain()
+        d = mm.execute()
+    assert d.sharding == NamedSharding(mesh, spec), d.sharding
+    assert_close(np.asarray(d), reference(a_np, b_np), "float32")
+
+
 _SIZES = st.sampled_from([1, 2, 7, 8, 13, 64, 257, 1001, 1024])
 _SPLITS = {"rows": P("x", None), "cols": P(None, "x"), "none": P()}
 
