@@ -15,7 +15,8 @@ Both forward and forward+backward (``value_and_grad`` of a scalar loss with
 respect to ``x``, ``w1`` and ``w2``), jitted, inputs already placed,
 interleaved repetitions; prints medians and the paired ratio (median over
 repetitions of xla's time / dmatmul's in the same repetition; > 1: dmatmul
-faster).
+faster), and each compiled block's peak memory per device (XLA's memory
+analysis, as ``dmatmul bench`` reports it).
 
     python benchmarks/mlp.py --tokens 4096 --d-model 1024 --d-ff 4096 --meshes 2x4,1x8 --reps 7
 """
@@ -76,6 +77,17 @@ def build(mesh: Any, precision: Any = None) -> dict[str, Any]:
     return result
 
 
+def peaks(blocks: dict[str, Any], args: Any) -> dict[tuple[str, str], float]:
+    """Peak bytes per device of each compiled block, ``{(impl, pass): bytes}``
+    (XLA's memory analysis: arguments + outputs + temporaries - aliased), as
+    ``dmatmul bench`` reports its products' (impl "dmatmul" or "xla", pass
+    "fwd" or "fwd+bwd")."""
+    from dmatmul._bench.peers import compiled_peak_bytes
+
+    return {(impl, pass_): compiled_peak_bytes(blocks[impl][i], *args)
+            for impl in ("dmatmul", "xla") for i, pass_ in enumerate(("fwd", "fwd+bwd"))}
+
+
 def make_mesh(shape: tuple[int, int]) -> Any:
     import jax
     from jax.sharding import AxisType, Mesh
@@ -115,7 +127,8 @@ def main() -> int:
     flops_fwd = 2 * 2 * args.tokens * args.d_model * args.d_ff
     print(f"MLP block gelu(x @ w1) @ w2: tokens={args.tokens} d_model={args.d_model} d_ff={args.d_ff} float32, "
           f"precision={args.precision}, 8 simulated CPU devices, {os.cpu_count()} cores, {args.reps} interleaved reps")
-    print(f"{'mesh':5s} {'pass':9s} {'dmatmul ms':>10s} {'xla ms':>8s} {'x xla':>6s} {'paired':>7s} {'GFLOP/s':>8s}")
+    print(f"{'mesh':5s} {'pass':9s} {'dmatmul ms':>10s} {'xla ms':>8s} {'x xla':>6s} {'paired':>7s} {'GFLOP/s':>8s}"
+          f" {'peak MiB dmatmul':>16s} {'xla':>7s}")
     for mesh_s in args.meshes.split(","):
         shape = tuple(int(v) for v in mesh_s.split("x"))
         mesh = make_mesh(shape)
@@ -129,12 +142,14 @@ def main() -> int:
         for fn in runners.values():  # compile, warm up
             fn()
             fn()
+        peak = peaks(blocks, args_dev)
         times, _ = time_interleaved(runners, args.reps, 0, before=waiter)
         for pass_, mult in (("fwd", 1), ("fwd+bwd", 3)):
             d, x = np.array(times[("dmatmul", pass_)]), np.array(times[("xla", pass_)])
             md, mx = float(np.median(d)), float(np.median(x))
             print(f"{mesh_s:5s} {pass_:9s} {md * 1e3:10.1f} {mx * 1e3:8.1f} {mx / md:5.2f}x "
-                  f"{float(np.median(x / d)):6.2f}x {mult * flops_fwd / md / 1e9:8.1f}")
+                  f"{float(np.median(x / d)):6.2f}x {mult * flops_fwd / md / 1e9:8.1f} "
+                  f"{peak[('dmatmul', pass_)] / 2**20:16.2f} {peak[('xla', pass_)] / 2**20:7.2f}")
         sys.stdout.flush()
     return 0
 

@@ -36,3 +36,20 @@ def test_mlp_block_matches_xla(shape):
     h = x @ w1
     gelu = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
     np.testing.assert_allclose(out_d, gelu @ w2, rtol=1e-4, atol=1e-4)
+
+
+def test_mlp_bench_reports_peak_memory():
+    """Issue 14 item 4 for the JAX-native bench too: each compiled block's peak
+    bytes per device (XLA's memory analysis), forward and forward+backward, at
+    least what a device holds of x, w1, w2 and the output; the ring block holds
+    no gathered copy of w1 or w2, so its forward peak is no more than XLA's."""
+    mesh = mlp.make_mesh((2, 4))
+    blocks = mlp.build(mesh)
+    host = mlp.operands(64, 16, 32)
+    args = [jax.device_put(a, s) for a, s in zip(host, blocks["shardings"])]
+    peaks = mlp.peaks(blocks, args)
+    assert set(peaks) == {(i, p) for i in ("dmatmul", "xla") for p in ("fwd", "fwd+bwd")}
+    held = 4 * (64 * 16 // 8 + 16 * 32 // 4 + 32 * 16 // 4 + 64 * 16 // 8)  # x, w1, w2, out blocks (float32)
+    for key, peak in peaks.items():
+        assert held <= peak < 100 * held, (key, peak)
+    assert peaks[("dmatmul", "fwd")] <= peaks[("xla", "fwd")], peaks
