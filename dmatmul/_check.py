@@ -328,6 +328,11 @@ class Case:
             return self.distributions[0]
         return self.distributions
 
+    @property
+    def reads_c(self) -> bool:
+        """Whether c is read: given, with a beta that is not 0 (before or after a reset)."""
+        return self.use_c and (self.beta != 0 or (self.reset is not None and self.reset.beta not in (None, 0)))
+
     def family_of(self, name: str) -> str:
         """The array family of operand ``name`` (a, b or c)."""
         return self.family if self.families is None else self.families["abc".index(name)]
@@ -366,8 +371,8 @@ class Case:
           imaginary part would be lost);
         * a grid whose size is not the number of ranks: ValueError (or
           DistributionError) naming the grid's shape, its size and the rank count;
-        * with ``distribution=None``, a or b placed on a mesh as none of
-          dmatmul's distributions: ValueError naming the operand and its
+        * with ``distribution=None``, a, b or (where it is read) c placed on a
+          mesh as none of dmatmul's distributions: ValueError naming the operand and its
           sharding (allowed, not required, inside ``jax.jit`` on Auto axes,
           whose types say nothing);
         * a named algorithm that does not fit the distributions by roles
@@ -388,8 +393,8 @@ class Case:
         on = self.on_mesh
         if on is not None and self.distributions is None:  # read off shardings that are none of dmatmul's
             traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
-            for name, shape, placement in (("a", self.a_shape, on.placements[0]), ("b", self.b_shape,
-                                                                                  on.placements[1])):
+            read = (("a", self.a_shape), ("b", self.b_shape)) + ((("c", (self.m, self.n)),) if self.reads_c else ())
+            for (name, shape), placement in zip(read, on.placements):
                 if self.family_of(name) == "jax" and not on.is_dmatmuls(placement, shape):
                     # inside jit an Auto axis says nothing: dmatmul may then pick
                     (allowed if traced_auto else required).append(Refusal(

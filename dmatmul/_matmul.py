@@ -347,7 +347,9 @@ _DOCS = {
             ``beta != 0`` (BLAS convention). Never modified.""",
     "options": """distribution: a Distribution for all three, or ``(dist_a, dist_b,
             dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
-            one process (the cost model picks), required under mpirun.
+            one process (read off jax.Array operands' shardings, ``c``'s for
+            the result where ``c`` is read; the cost model picks the rest),
+            required under mpirun.
         alpha, beta: scalars. transpose_a, transpose_b: ``op(x) = x.T``.
         epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
             "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector

@@ -577,12 +577,16 @@ def needs_message(
     )
 
 
+#: a's, b's and the result's distribution where one is given by the operand's own layout, else None
+Fixed = tuple[Distribution | None, Distribution | None, Distribution | None]
+
+
 def choose_distributions(
     problem: Problem1D,
     model: _cost.MachineModel,
     *,
     transposes: tuple[bool, bool],
-    fixed: tuple[Distribution | None, Distribution | None] = (None, None),
+    fixed: Fixed = (None, None, None),
     kernels: Sequence[Kernel] = KERNELS,
     deliverable: Callable[[Distribution], bool] | None = None,
     algorithm: str = "auto",
@@ -592,8 +596,9 @@ def choose_distributions(
     with a named ``algorithm``, the cheapest it runs (for SUMMA a
     ``BlockNonCyclic`` on the cheapest grid: :func:`choose_grid`).
 
-    ``fixed``: a's and b's distribution where the operand already has one (a
-    ``jax.Array`` laid out on the devices); the others are free. Where one
+    ``fixed``: a's, b's and the result's distribution where the operand
+    already has one (a ``jax.Array`` laid out on the devices; the result's:
+    ``c``'s where it is read); the others are free. Where one
     is a 2-D grid's, the product runs on that grid and the result may stay
     on it too (SUMMA's own layout: no move). On one rank
     nothing is split: everything is ``Replicated()``. ``deliverable``: whether
@@ -613,7 +618,7 @@ def choose_distributions(
     if algorithm != "auto":
         return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:
-        return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
+        return (fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated())
     options = (Slab.X, Slab.Y, Replicated())
     # an operand laid out on a 2-D grid puts the product on that grid (SUMMA a candidate), and the
     # grid's own layout is one for the result too: SUMMA leaves it there with no move
@@ -622,7 +627,8 @@ def choose_distributions(
     if grid is not None:
         problem = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
     on_grid = () if grid is None else (BlockNonCyclic(grid),)
-    results = [d for d in (*options, *on_grid) if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
+    results = [fixed[2]] if fixed[2] else [
+        d for d in (*options, *on_grid) if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
     best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
     for da, db, dd in itertools.product(
         [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, results
@@ -651,8 +657,7 @@ def choose_distributions(
 
 def _choose_named(
     problem: Problem1D, model: _cost.MachineModel, algorithm: str, transposes: tuple[bool, bool],
-    fixed: tuple[Distribution | None, Distribution | None], kernels: Sequence[Kernel],
-    deliverable: Callable[[Distribution], bool] | None,
+    fixed: Fixed, kernels: Sequence[Kernel], deliverable: Callable[[Distribution], bool] | None,
 ) -> tuple[Distribution, Distribution, Distribution]:
     """:func:`choose_distributions` for a named 1-D ``algorithm``: the layouts
     of one of its kernels as they are (a named algorithm runs on the layouts
@@ -661,19 +666,19 @@ def _choose_named(
     refuses is taken only where no other is. None fits: the given layouts
     with Slab.X for the rest (the named algorithm then says what it needs)."""
     if problem.p == 1:
-        return (fixed[0] or Replicated(), fixed[1] or Replicated(), Replicated())
+        return (fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated())
     ta, tb = transposes
     options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
     for kern in kernels:
         if kern.algorithm != algorithm:
             continue
         triple = (fixed[0] or role_dist("a", kern.a, ta), fixed[1] or role_dist("b", kern.b, tb),
-                  role_dist("d", kern.d, False))
+                  fixed[2] or role_dist("d", kern.d, False))
         found = plans(problem, roles_of(triple, transposes, problem.p), model, kernels=[kern])
         if found and found[0].communication_free_moves:  # it fits as given, as choose() requires
             options.append((deliverable is not None and not deliverable(triple[2]), found[0].time, triple))
     if not options:
-        return (fixed[0] or Slab.X, fixed[1] or Slab.X, Slab.X)
+        return (fixed[0] or Slab.X, fixed[1] or Slab.X, fixed[2] or Slab.X)
     return min(options, key=lambda o: (o[0], o[1]))[2]
 
 
@@ -681,7 +686,7 @@ def choose_grid(
     problem: Problem1D,
     model: _cost.MachineModel,
     *,
-    fixed: tuple[Distribution | None, Distribution | None] = (None, None),
+    fixed: Fixed = (None, None, None),
     deliverable: Callable[[Distribution], bool] | None = None,
 ) -> tuple[Distribution, Distribution, Distribution]:
     """``algorithm="summa"`` with ``distribution=None``: a, b and the result
@@ -702,7 +707,7 @@ def choose_grid(
     options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
     for grid in grids:
         dist = BlockNonCyclic(grid)
-        triple = (fixed[0] or dist, fixed[1] or dist, dist)
+        triple = (fixed[0] or dist, fixed[1] or dist, fixed[2] or dist)
         sized = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
         found = plans(sized, {"a": "G", "b": "G", "d": "G"}, model, kernels=summa, grid_ops=frozenset("abd"))
         time = found[0].time if found else float("inf")

@@ -111,6 +111,28 @@ def test_a_sharding_that_is_no_distribution_is_named(spec, words):
     assert_close(np.asarray(dm.matmul(a, b, distribution=(X, Y, X))), reference(A, B), "float32")
 
 
+@pytest.mark.parametrize("call", ["eager", "jit"])
+@pytest.mark.parametrize("c_spec", [P(None, AXES), P(AXES, None), P(), P("data", "model"), P("model", "data")],
+                         ids=["Y", "X", "R", "grid-row", "grid-col"])
+def test_c_says_the_result_distribution_where_none_is_given(c_spec, call):
+    """``distribution=None``: c has the result distribution (the contract), so
+    where c is read its sharding says it, as a's and b's say theirs; one that
+    is none of dmatmul's is refused naming c; a c that is not read (beta = 0)
+    says nothing. (c was re-laid to the model's pick for the result, and a c
+    of no distribution was taken silently.)"""
+    mesh = mesh_of("explicit")
+    a, b, c = put(A, mesh, P(AXES, None)), put(B, mesh, P()), put(C, mesh, c_spec)
+    run = (lambda f: f) if call == "eager" else jax.jit
+    d = run(lambda a, b, c: dm.matmul(a, b, c, beta=0.5))(a, b, c)
+    assert d.sharding.is_equivalent_to(NamedSharding(mesh, c_spec), 2), d.sharding
+    assert_close(np.asarray(d), reference(A, B, C, beta=0.5), "float32")
+    d = run(lambda a, b, c: dm.matmul(a, b, c, beta=0.0))(a, b, c)  # c not read: the model's pick, a's layout
+    assert d.sharding.is_equivalent_to(NamedSharding(mesh, P(AXES, None)), 2), d.sharding
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    with pytest.raises(ValueError, match=r"^c: its sharding P\('data', None\).*replicates over mesh axis 'model'"):
+        run(lambda a, b, c: dm.matmul(a, b, c, beta=0.5))(a, b, put(C, mesh, P("data", None)))
+
+
 @pytest.mark.parametrize("family", ["numpy", "jax"])
 def test_under_set_mesh(family):
     mesh = mesh_of("explicit")

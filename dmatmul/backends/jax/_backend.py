@@ -351,6 +351,15 @@ def _infer_distribution(x: Any, devices: tuple[jax.Device, ...], name: str = "a"
     return dist
 
 
+def _given_distributions(spec: Spec, operands: Operands, devices: tuple[jax.Device, ...]) -> _plan.Fixed:
+    """With ``distribution=None``: the distributions a's, b's and (where it is
+    read) c's shardings express over ``devices`` (:func:`_infer_distribution`;
+    ``c`` says the result's), None where one says nothing."""
+    c = operands.c if spec.use_c else None
+    return (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"),
+            None if c is None else _infer_distribution(c, devices, "c"))
+
+
 def _layout_of(x: Any, devices: tuple[jax.Device, ...]) -> tuple[PartitionSpec, Mesh | AbstractMesh] | None:
     """The PartitionSpec and mesh that place ``x`` over ``devices`` (rank r =
     ``devices[r]``): a jax.Array's NamedSharding on a mesh whose devices in mesh
@@ -826,7 +835,7 @@ class JaxPlan:
         jax.Arrays keep the 1-D layout their sharding expresses."""
         if self.spec.distributions is not None:
             return self.spec.distributions, False
-        fixed = (_infer_distribution(operands.a, self.devices, "a"), _infer_distribution(operands.b, self.devices, "b"))
+        fixed = _given_distributions(self.spec, operands, self.devices)
         # a jax.Array result that no sharding expresses would come back replicated: not a candidate
         deliverable = None if self.spec.family != "jax" or self.spec.spmd else (
             lambda d: self._undeliverable(d, None) is None)
@@ -1278,8 +1287,7 @@ class JaxBackend:
             return spec.nprocs
         devices = plan_devices(spec, mesh_of(spec, operands))
         if spec.distributions is None and spec.family == "jax":
-            _infer_distribution(operands.a, devices, "a")
-            _infer_distribution(operands.b, devices, "b")
+            _given_distributions(spec, operands, devices)
         return len(devices)
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
@@ -1331,7 +1339,7 @@ class JaxBackend:
             devices = plan_devices(spec, mesh)
             key = (*key, mesh, mesh is not None and _tracing(operands))
             if spec.distributions is None and spec.family == "jax":
-                key += (_infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b"))
+                key += _given_distributions(spec, operands, devices)
         with self._lock:
             plan = self._plans.get(key)
         if plan is None:
