@@ -439,6 +439,11 @@ class Matmul:
         self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
         self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
         self._backend: Any = _backends.resolve(backend, self._spec)
+        if self._spec.spmd:
+            # every rank is here (it just agreed on the call): the backend's process group starts now, not
+            # in the first plan, which one rank may make alone (mm.explain()) while the others are not in
+            # the start's collectives
+            _runtime.ensure(self._backend.name)
         if self._spec.degenerate:
             self._backend = EmptyProduct(self._backend)
         self._plan: _backends.BackendPlan | None = None

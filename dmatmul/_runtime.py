@@ -9,7 +9,9 @@ only when a launcher says there are several processes.
   (``jax.distributed`` for JAX); :func:`finalize` shuts those down again.
 * Otherwise the first distributed call under ``mpiexec -n P`` (P > 1) starts
   MPI implicitly on ``MPI.COMM_WORLD``, and each backend starts its own
-  process group before its first product (:func:`ensure`).
+  process group before its first product (:func:`ensure`), when the first
+  ``Matmul`` on it is made (every rank is there: not in a plan, which one
+  rank may make alone to answer ``mm.explain()``).
 * :func:`agree` runs a check on every rank and raises on every rank if it
   failed on any: no rank is left waiting in a collective.
 
