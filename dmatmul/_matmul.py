@@ -458,12 +458,18 @@ class Matmul:
         if self._freed:
             raise PlanFreedError(f"Matmul.{what}() on a freed plan: create a new dmatmul.Matmul")
 
+    @_runtime.agreed_arguments("Matmul.plan")
     def plan(self) -> None:
         """Choose the algorithm and compile (done by execute() when needed).
         Under several processes every rank calls it: making an nvmath plan runs
-        collectives."""
-        self._live("plan")
-        self._planned()
+        collectives. As for :meth:`execute`, a plan freed or an operand deleted
+        on one rank raises on every rank."""
+        rt = _runtime.active()
+        if rt is None or rt.size == 1:
+            self._live("plan")
+            self._planned()
+        else:
+            self._agree_on_the_plan("Matmul.plan", lambda: self._ready("plan"))
 
     def _planned(self) -> _backends.BackendPlan:
         """The backend plan, made now where there is none yet."""
@@ -523,15 +529,15 @@ class Matmul:
             self._agree_on_the_plan("Matmul.execute", self._ready)
         return self._execute()
 
-    def _ready(self) -> None:
-        """This rank can run the product: the plan is live and no operand was
-        deleted since it was given."""
-        self._live("execute")
+    def _ready(self, what: str = "execute") -> None:
+        """This rank can run (``what``: or plan) the product: the plan is live
+        and no operand was deleted since it was given."""
+        self._live(what)
         if self._spec.spmd:
             refuse_trace_under_mpi()
             if self._runtime_of != _runtime.finalizations():
                 raise RuntimeError(
-                    "Matmul.execute: this plan was made before dm.finalize(), which shut its process group down "
+                    f"Matmul.{what}: this plan was made before dm.finalize(), which shut its process group down "
                     "for good: call dm.finalize() once, at the end of the job"
                 )
         ops = self._operands
@@ -549,7 +555,7 @@ class Matmul:
         for name, given in self._given.items():
             if now[name] != given:  # a numpy array's shape or dtype set in place
                 raise ValueError(
-                    f"Matmul.execute: {name} now has (shape, dtype) {now[name]}, but it was given as {given}: "
+                    f"Matmul.{what}: {name} now has (shape, dtype) {now[name]}, but it was given as {given}: "
                     f"its shape or dtype was changed in place; pass a new array with reset_operands({name}=...)"
                 )
 

@@ -183,10 +183,11 @@ for case in all_cases:
     elif args.expect_path and RANK == 0:
         print(f"{path:10s} {algo:14s} {case}", flush=True)
 
-def freed_on_one_rank_before_its_first_execute():
-    """Rank 1 frees its plan before the first execute, which makes the plan
-    (nvmath's collectives): every rank raises naming rank 1 (none waits in them,
-    none reads another call's data), and the ranks then still multiply together."""
+def freed_on_one_rank_before_its_first_execute(call):
+    """Rank 1 frees its plan before the first ``call`` (execute or plan), which
+    makes the plan (nvmath's collectives): every rank raises naming rank 1 (none
+    waits in them, none reads another call's data), and the ranks then still
+    multiply together."""
     rng = np.random.default_rng(5)
     a, b = random_matrix(rng, (12, 8), "float32"), random_matrix(rng, (8, 6), "float32")
     dists = (X, Y, X)
@@ -195,7 +196,7 @@ def freed_on_one_rank_before_its_first_execute():
     if RANK == 1:
         mm.free()
     try:
-        mm.execute()
+        getattr(mm, call)()
         said = "no error"
     except (dm.PlanFreedError, RuntimeError, ValueError) as e:
         said = f"{type(e).__name__}: {e}"
@@ -205,12 +206,12 @@ def freed_on_one_rank_before_its_first_execute():
     return ok, said
 
 
-if rt is not None:
-    ok, said = freed_on_one_rank_before_its_first_execute()
+for call in ("execute", "plan") if rt is not None else ():
+    ok, said = freed_on_one_rank_before_its_first_execute(call)
     oks = rt.comm.allgather(ok)
     if not all(oks):
         failed += 1
-        print(f"MISMATCH: a plan freed on rank 1 before its first execute, rank {RANK}: {said}", flush=True)
+        print(f"MISMATCH: a plan freed on rank 1 before its first {call}, rank {RANK}: {said}", flush=True)
 if RANK == 0:
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
     print(f"nvmath products on {P} process(es){' (fake nvmath)' if args.fake else ''}: "
