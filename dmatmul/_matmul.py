@@ -535,11 +535,7 @@ class Matmul:
         self._live(what)
         if self._spec.spmd:
             refuse_trace_under_mpi()
-            if self._runtime_of != _runtime.finalizations():
-                raise RuntimeError(
-                    f"Matmul.{what}: this plan was made before dm.finalize(), which shut its process group down "
-                    "for good: call dm.finalize() once, at the end of the job"
-                )
+            self._refuse_finalized(what)
         ops = self._operands
         for name in _OPERAND_NAMES:
             x = getattr(ops, name)
@@ -558,6 +554,14 @@ class Matmul:
                     f"Matmul.{what}: {name} now has (shape, dtype) {now[name]}, but it was given as {given}: "
                     f"its shape or dtype was changed in place; pass a new array with reset_operands({name}=...)"
                 )
+
+    def _refuse_finalized(self, what: str) -> None:
+        """Several processes: raise where this plan was made before dm.finalize()."""
+        if self._runtime_of != _runtime.finalizations():
+            raise RuntimeError(
+                f"Matmul.{what}: this plan was made before dm.finalize(), which shut its process group down "
+                "for good: call dm.finalize() once, at the end of the job"
+            )
 
     def _execute(self) -> Any:
         return self._planned().execute(self._operands)
@@ -693,11 +697,12 @@ class Matmul:
     def _account(self) -> tuple[str, str]:
         """(algorithm, explain()) of the plan, made now where that runs no
         collective; else what the backend tells without one."""
-        rt = _runtime.active()
-        if self._plan is None and self._spec.spmd and rt is not None and rt.size > 1 \
-                and getattr(self._backend, "plans_collectively", False):
-            algorithm, lines = self._backend.preview(self._spec, self._operands)
-            return algorithm, self._explanation(algorithm, lines)
+        # (read off the spec, not the runtime: asking that after dm.finalize() starts it again, collectively)
+        if self._plan is None and self._spec.spmd:
+            if getattr(self._backend, "plans_collectively", False):
+                algorithm, lines = self._backend.preview(self._spec, self._operands)
+                return algorithm, self._explanation(algorithm, lines)
+            self._refuse_finalized("explain")  # (planning would start the process group again, collectively)
         self._planned()
         return self._told_now()
 

@@ -212,10 +212,21 @@ for call in ("execute", "plan") if rt is not None else ():
     if not all(oks):
         failed += 1
         print(f"MISMATCH: a plan freed on rank 1 before its first {call}, rank {RANK}: {said}", flush=True)
+if rt is not None:  # a plan held past dm.finalize(), whose account rank 0 alone reads after it (below)
+    held = dm.Matmul(dm.split(np.ones((6, 4), "float32"), X)[RANK], dm.split(np.ones((4, 3), "float32"), Y)[RANK],
+                     distribution=(X, Y, X), backend="nvmath")
+    held.execute()
 if RANK == 0:
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(paths.items()))
     print(f"nvmath products on {P} process(es){' (fake nvmath)' if args.fake else ''}: "
           f"{len(all_cases) - failed} of {len(all_cases)} cases match numpy; paths {summary}", flush=True)
 if rt is not None:
     dm.finalize()
+    # rank 0 alone reads the account after dm.finalize() (a report at the end of a job): nothing starts again
+    # (asking the runtime started a new one there alone, collectively: the job hung), and the plan dm.finalize()
+    # freed still tells what it was
+    told = f"algorithm:  {held.algorithm}" in held.explain() if RANK == 0 else True
+    if not all(rt.comm.allgather(told)):
+        failed += 1
+        print(f"MISMATCH: mm.explain() on rank 0 alone after dm.finalize(), rank {RANK}", flush=True)
 sys.exit(1 if failed else 0)

@@ -96,11 +96,13 @@ def unavailable() -> str | None:
     return None
 
 
-def _rank() -> int:
+def _whose() -> str:
+    """Whose account :meth:`_LazyBackend.preview` gives: this rank's (asked of the
+    runtime as it is: starting it, after dm.finalize(), would be collective)."""
     from ... import _runtime
 
-    rt = _runtime.active()
-    return 0 if rt is None else rt.rank
+    rt = _runtime.runtime()
+    return "this rank's" if rt is None else f"rank {rt.rank}'s"
 
 
 class _LazyBackend:
@@ -144,8 +146,8 @@ class _LazyBackend:
         t = translate(Problem.from_spec(spec, self.ranks(spec, operands), orders))
         lines = t.describe()
         lines.insert(1, "device:     not planned yet: every rank makes the plan together (mm.plan() or the first "
-                        "execute(): nvmath's collectives), which tells the device and the overlap; this is rank "
-                        f"{_rank()}'s account, from its own blocks")
+                        f"execute(): nvmath's collectives), which tells the device and the overlap; this is {_whose()} "
+                        "account, from its own blocks")
         return t.algorithm, lines
 
     def start(self, runtime: Any) -> Any:

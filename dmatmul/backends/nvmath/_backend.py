@@ -106,6 +106,7 @@ class NvmathPlan:
         prepared = self._prepare(arrays)
         self._engine = _engine.make_engine(self.translation, prepared, self.ctx)
         self._engine.resident = on_device(self._xp)
+        self.refused = self._engine.refused  # (explain() tells it after free() too: dm.finalize() frees every plan)
         if self._engine.translation is not self.translation:  # unfused: nvmath refused the epilog
             self.translation = self._engine.translation
             prepared = self._prepare(arrays)
@@ -195,8 +196,8 @@ class NvmathPlan:
         lines.insert(1, f"device:     GPU {self.ctx.device_id} on rank {self.ctx.rank} of {self.ctx.size}; "
                         f"nvmath-python {_engine.nvmath_version()}, backends {', '.join(self.ctx.backends) or '?'}")
         lines.insert(3, f"overlap:    {overlap(self.translation, self.memory)}")
-        if self._engine.refused:
-            lines.append(f"note:       nvmath refused the fused epilog ({self._engine.refused}); dmatmul applies it")
+        if self.refused:
+            lines.append(f"note:       nvmath refused the fused epilog ({self.refused}); dmatmul applies it")
         return lines
 
     def free(self) -> None:
