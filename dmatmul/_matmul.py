@@ -296,11 +296,19 @@ def _validate(ops: Operands, **options: Any) -> Spec:
     if rt is None or rt.size == 1:
         chk = _check_local(ops, spmd=False, **options)
         return _check_global(ops, chk, *chk.shapes, nprocs=1)
-    chk, shared = _runtime.agree_and_share(
-        lambda: _check_local(ops, spmd=True, **options), lambda chk: (chk.call(), chk.shapes)
-    )
-    _runtime.require_same_call([call for call, _ in shared], "dmatmul")
-    gathered = [shapes for _, shapes in shared]
+
+    def check() -> tuple[_Checked, str]:
+        chk = _check_local(ops, spmd=True, **options)
+        return chk, _backends.resolve(chk.backend).name  # what "auto" finds on this rank's node
+
+    (chk, _), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]))
+    _runtime.require_same_call([call for call, _, _ in shared], "dmatmul")
+    found = _runtime.disagreement([name for _, _, name in shared], f"the backend that backend={chk.backend!r} finds",
+                                  verbs=("finds", "find"))
+    if found is not None:  # each rank would run another backend's collectives
+        raise ValueError(f"dmatmul: {found} (this is rank {rt.rank}): every rank needs the same backends installed "
+                         "and usable (`dmatmul info` on each says which), or name one: backend='jax'")
+    gathered = [shapes for _, shapes, _ in shared]
     dists = chk.distributions
     assert dists is not None
 

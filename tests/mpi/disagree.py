@@ -97,6 +97,13 @@ bias = np.ones(M, np.float32)
 expect("bias-row-instead-of-vector", ValueError, ["bias", "got shape (1, 12)"],
        call(epilog="bias", bias=bias[None, :]) if odd else call(epilog="bias", bias=bias))
 expect("alpha-overflows", ValueError, ["alpha", "does not fit a double"], call(alpha=10**400))
+if odd:  # rank 1's node has what nvmath needs (a GPU, nvmath-python): backend="auto" finds nvmath there
+    probe = dm.backends.probe
+    dm.backends.probe = lambda name: None if name == "nvmath" else probe(name)
+expect("auto-finds-another-backend", ValueError, ["the backend that backend='auto' finds", "rank 1 finds 'nvmath'",
+                                                   "ranks 0, 2, 3 find 'jax'", "backend='jax'"], call())
+if odd:
+    dm.backends.probe = probe
 
 
 class Unconvertible:
