@@ -1346,3 +1346,20 @@ def test_fake_backend_ranks_fall_back_together():
                          env=env, timeout=180)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert sorted(out.stdout.split("\n")[:2]) == ["0 refused", "1 refused"], out.stdout
+
+
+def test_ranks_must_pass_operands_in_the_same_memory():
+    """Under mpiexec every rank's plan key is gathered: operands in GPU memory
+    on some ranks and host memory on others raise (on every rank alike: the
+    keys are the same everywhere), naming the operand and the ranks; numpy and
+    CPU jax arrays are both host memory. (The whole path runs under mpiexec in
+    tests/gpu/nvmath_products.py.)"""
+    from dmatmul.backends.nvmath import _backend as B
+
+    key = lambda a, b, c="-": (None, "C", "C", None, a, b, c)  # noqa: E731
+    B._same_memory((key("numpy", "numpy"), key("jax:cpu", "numpy")), 0)  # host everywhere: fine
+    B._same_memory((key("cupy", "jax:gpu", "cupy"), key("jax:gpu", "cupy", "cupy")), 1)  # GPU everywhere: fine
+    with pytest.raises(ValueError, match=r"where b lives: rank 0 passes 'host', rank 1 passes 'GPU' \(this is rank 0\)"):
+        B._same_memory((key("numpy", "numpy"), key("numpy", "cupy")), 0)
+    with pytest.raises(ValueError, match=r"where c lives: rank 2 passes 'host'"):
+        B._same_memory((key("cupy", "cupy", "cupy"),) * 2 + (key("cupy", "cupy", "numpy"),), 1)

@@ -212,6 +212,37 @@ for call in ("execute", "plan") if rt is not None else ():
     if not all(oks):
         failed += 1
         print(f"MISMATCH: a plan freed on rank 1 before its first {call}, rank {RANK}: {said}", flush=True)
+def memory_differs_on_rank_1():
+    """Rank 1 passes a in GPU memory (a cupy array: stood in for by what the
+    backend's family() says of it there), the others numpy on the host: nvmath
+    would allocate and register device buffers, collectively, on some ranks
+    only. Every rank raises naming rank 1, and the ranks then still multiply."""
+    from dmatmul.backends.nvmath import _backend as B
+
+    rng = np.random.default_rng(6)
+    a, b = random_matrix(rng, (10, 8), "float32"), random_matrix(rng, (8, 6), "float32")
+    la, lb = dm.split(a, X)[RANK], dm.split(b, Y)[RANK]
+    real = B.family
+    if RANK == 1:
+        B.family = lambda x: "cupy" if x is la else real(x)
+    try:
+        dm.matmul(la, lb, distribution=(X, Y, X), backend="nvmath")
+        said = "no error"
+    except ValueError as e:
+        said = f"{type(e).__name__}: {e}"
+    finally:
+        B.family = real
+    ok = "where a lives" in said and "rank 1 passes 'GPU'" in said
+    d = dm.matmul(la, lb, distribution=(X, Y, X), backend="nvmath")
+    ok = ok and float(np.abs(wide(d) - dm.split(reference(a, b), X)[RANK]).max()) <= TOLERANCE["float32"] * 10
+    return ok, said
+
+
+if rt is not None:
+    ok, said = memory_differs_on_rank_1()
+    if not all(rt.comm.allgather(ok)):
+        failed += 1
+        print(f"MISMATCH: a in GPU memory on rank 1 only, rank {RANK}: {said}", flush=True)
 if rt is not None:  # a plan held past dm.finalize(), whose account rank 0 alone reads after it (below)
     held = dm.Matmul(dm.split(np.ones((6, 4), "float32"), X)[RANK], dm.split(np.ones((4, 3), "float32"), Y)[RANK],
                      distribution=(X, Y, X), backend="nvmath")

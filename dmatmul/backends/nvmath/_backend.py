@@ -244,6 +244,24 @@ class _Borrowed:
         return getattr(self._live(), name)
 
 
+def _same_memory(keys: tuple[Any, ...], rank: int) -> None:
+    """Every rank's plan key (gathered: the same on every rank, so each raises
+    alike): their operands must live in the same memory, host or GPU, on
+    every rank. nvmath allocates and registers device buffers, collectively,
+    for host operands and takes GPU ones as they are: ranks that differ would
+    not meet in those collectives."""
+    def memory(where: str) -> str:
+        return where if where == "-" else "GPU" if where == "cupy" or where.endswith(":gpu") else "host"
+
+    for i, name in ((4, "a"), (5, "b"), (6, "c")):
+        message = _runtime.disagreement([memory(k[i]) for k in keys], f"where {name} lives")
+        if message is not None:
+            raise ValueError(
+                f"dmatmul (nvmath): {message} (this is rank {rank}): pass {name} in the same memory on every rank "
+                "(numpy arrays everywhere, or cupy / GPU jax arrays everywhere)"
+            )
+
+
 class NvmathBackend:
     """The cuBLASMp backend. Plans are cached (bounded, least recently used
     out) per Spec, local memory orders and where the operands live, so
@@ -290,6 +308,7 @@ class NvmathBackend:
                 # a plan is collective in cuBLASMp: a rank whose memory order differs from the last call's
                 # must not make the others free alone)
                 key = tuple(rt.comm.allgather(key))
+                _same_memory(key, rt.rank)
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
