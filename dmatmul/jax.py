@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .backends.jax._kernels import contract, ring_allgather, ring_allgathers, ring_reduce_scatter, varying_zeros
+from .backends.jax._kernels import contract, ring_allgathers, ring_reduce_scatters, varying_zeros
 
 __all__ = ["allgather_matmul", "matmul_reduce_scatter"]
 
@@ -79,7 +79,7 @@ class _Ring:
     vma: tuple[Hashable, ...]  # mesh axes the operands vary over (empty when check_vma is off)
     precision: Any
     dtype: Any  # the product's dtype (preferred_element_type, or what jnp.dot would return)
-    bidirectional: bool = False  # gather rings: half of each block each way
+    bidirectional: bool = False  # half of each block each way (parts)
 
     def mm(self, a: jax.Array, b: jax.Array, ka: int, kb: int) -> jax.Array:
         return contract(a, b, ka, kb, self.precision, self.dtype)
@@ -104,15 +104,23 @@ class _Ring:
             return dataclasses.replace(self, dtype=jnp.dtype(jnp.float32))
         return self
 
-    def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
-        """What travels of block ``a`` (split along ``axis``): ``(piece, shift, offset)``,
-        the whole block leftwards, or with ``bidirectional`` its first half left
-        and the rest right."""
-        m = a.shape[axis]
+    def parts(self, m: int) -> tuple[tuple[int, int, int], ...]:
+        """How a block of ``m`` rows travels: ``(start, stop, shift)`` per part,
+        ``shift`` the direction it is gathered in (``-1``: left). The whole block
+        leftwards, or with ``bidirectional`` its first half (the larger, for odd
+        ``m``) left and the rest right. A reduce-scatter, the transpose, sends
+        each part the other way (``-shift``)."""
         if not self.bidirectional or m < 2:
-            return ((a, -1, 0),)
+            return ((0, m, -1),)
         h = (m + 1) // 2
-        return ((lax.slice_in_dim(a, 0, h, axis=axis), -1, 0), (lax.slice_in_dim(a, h, m, axis=axis), 1, h))
+        return ((0, h, -1), (h, m, 1))
+
+    def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
+        """What travels of block ``a`` (split along ``axis``, :meth:`parts`):
+        ``(piece, shift, offset)``."""
+        m = a.shape[axis]
+        return tuple((a if (start, stop) == (0, m) else lax.slice_in_dim(a, start, stop, axis=axis), shift, start)
+                     for start, stop, shift in self.parts(m))
 
 
 def allgather_matmul(
@@ -135,7 +143,7 @@ def allgather_matmul(
       preferred_element_type: as ``jnp.dot`` (the result's dtype).
       bidirectional: send the first half of each block's rows left and the
         rest right, two rings at once (for links that carry both directions at
-        full speed; the same result). ``dy``'s backward ring does the same.
+        full speed; the same result). The backward rings do the same.
 
     Returns:
       ``(P * m, n)``: the gathered rows times ``y``. Rank ``r`` starts with its
@@ -152,10 +160,7 @@ def allgather_matmul(
         ``jnp.dot`` refuses for these operands.
     """
     name = "allgather_matmul"
-    if not isinstance(bidirectional, (bool, np.bool_)):
-        raise TypeError(f"{name}: bidirectional must be True or False, got {bidirectional!r}")
-    ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
-    ring = dataclasses.replace(ring, bidirectional=bool(bidirectional))
+    ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type, bidirectional)
     return _allgather_matmul_jit(x, y, ring)
 
 
@@ -166,6 +171,7 @@ def matmul_reduce_scatter(
     axis_name: Any,
     precision: Any = None,
     preferred_element_type: Any = None,
+    bidirectional: bool = False,
 ) -> jax.Array:
     """``lax.psum_scatter(x @ y, axis_name, scatter_dimension=0, tiled=True)`` as a ring, inside ``shard_map``.
 
@@ -178,12 +184,16 @@ def matmul_reduce_scatter(
       precision: as ``jnp.dot`` (``None``: ``jax.default_matmul_precision``).
       preferred_element_type: as ``jnp.dot``; the partial sums travel and are
         added in this dtype.
+      bidirectional: sum the first half of each result block's rows rightwards
+        and the rest leftwards, two rings at once (for links that carry both
+        directions at full speed; the same result). The backward ring gathers
+        ``dz``'s halves the other way round each.
 
     Returns:
       ``(M // P, n)``: row block ``lax.axis_index(axis_name)`` of the sum over
       the ranks of ``x @ y``. Rank ``r`` passes partial sums to ``r + 1``, each
       step's transfer overlapping the GEMM of the next block. The gradient
-      gathers ``dz`` around one ring: ``dx = all_gather(dz) @ y.T`` and
+      gathers ``dz`` around one ring (two, ``bidirectional``): ``dx = all_gather(dz) @ y.T`` and
       ``dy = x.T @ all_gather(dz)``.
 
     Raises:
@@ -195,7 +205,7 @@ def matmul_reduce_scatter(
         ``jnp.dot`` refuses for these operands.
     """
     name = "matmul_reduce_scatter"
-    ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type)
+    ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type, bidirectional)
     if x.shape[0] % ring.p:
         rows = x.shape[0]
         raise ValueError(
@@ -256,7 +266,11 @@ def _axes_of(part: Any) -> tuple:
 # --------------------------------------------------------------------------- #
 # checks and vma alignment
 # --------------------------------------------------------------------------- #
-def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferred: Any) -> tuple[_Ring, Any, Any]:
+def _prepare(
+    name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferred: Any, bidirectional: Any
+) -> tuple[_Ring, Any, Any]:
+    if not isinstance(bidirectional, (bool, np.bool_)):
+        raise TypeError(f"{name}: bidirectional must be True or False, got {bidirectional!r}")
     x, y = _operand(name, "x", x), _operand(name, "y", y)
     for arg, v, fix in (("x", x, "(rows, k)"), ("y", y, "(k, columns)")):
         if v.ndim != 2:
@@ -307,7 +321,8 @@ def _prepare(name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferre
     order = _mesh_order(vma)
     x = _vary(x, order)
     y = _vary(y, order)
-    ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype)
+    ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype,
+                 bidirectional=bool(bidirectional))
     return ring, x, y
 
 
@@ -422,11 +437,17 @@ def _gather_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> j
 def _scatter_rows(a: jax.Array, b: jax.Array, ka: int, kb: int, ring: _Ring) -> jax.Array:
     """psum_scatter(a . b) over the result's rows (a's free axis)."""
     m = a.shape[1 - ka] // ring.p
+    parts = ring.parts(m)
 
-    def partial(j: jax.Array) -> jax.Array:
-        return ring.mm(lax.dynamic_slice_in_dim(a, j * m, m, axis=1 - ka), b, ka, kb)
+    def partial(start: int, stop: int) -> Any:
+        def rows(j: jax.Array) -> jax.Array:  # rows start:stop of block j
+            return ring.mm(lax.dynamic_slice_in_dim(a, j * m + start, stop - start, axis=1 - ka), b, ka, kb)
 
-    return ring_reduce_scatter(partial, ring.p, ring.axis)
+        return rows
+
+    sums = ring_reduce_scatters(tuple((partial(start, stop), -shift) for start, stop, shift in parts), ring.p,
+                                ring.axis)
+    return sums[0] if len(sums) == 1 else lax.concatenate(sums, 0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -484,13 +505,16 @@ def _matmul_reduce_scatter_grads(
 ) -> tuple[jax.Array, jax.Array]:
     m = dz.shape[0]
     rx, ry = ring.for_cotangent(x), ring.for_cotangent(y).summing()
+    pieces = ring.pieces(dz, 0)  # the transpose of the forward's rings: each part gathered the other way
 
-    def step(acc: tuple[jax.Array, jax.Array], blk: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def step(acc: tuple[jax.Array, jax.Array], i: int, blk: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
         dx, dy = acc  # one ring of dz's blocks feeds both: dx_j = dz_j @ y.T, dy += x_j.T @ dz_j
-        dx = lax.dynamic_update_slice_in_dim(dx, rx.mm(blk, y, 1, 1), j * m, axis=0)
-        return dx, dy + ry.mm(lax.dynamic_slice_in_dim(x, j * m, m, axis=0), blk, 0, 0)
+        at = j * m + pieces[i][2]
+        dx = lax.dynamic_update_slice_in_dim(dx, rx.mm(blk, y, 1, 1), at, axis=0)
+        return dx, dy + ry.mm(lax.dynamic_slice_in_dim(x, at, blk.shape[0], axis=0), blk, 0, 0)
 
-    dx, dy = ring_allgather(dz, (rx.zeros(x.shape), ry.zeros(y.shape)), step, ring.p, ring.axis, python_loop=True)
+    dx, dy = ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), (rx.zeros(x.shape), ry.zeros(y.shape)),
+                             step, ring.p, ring.axis, python_loop=True)
     return _cotangent(dx, x), _cotangent(dy, y)
 
 

@@ -162,7 +162,7 @@ class Block:
     y: str
     preferred: str | None
     precision: Any
-    bidirectional: bool  # allgather_matmul only
+    bidirectional: bool
     jit: bool
     check_vma: bool
     grad: str  # "grad" (of a loss) or "vjp" (of a cotangent)
@@ -217,7 +217,7 @@ def blocks(draw) -> Block:
         y=draw(st.one_of(st.just(x), st.sampled_from(DTYPES))),  # or mixed input dtypes
         preferred=draw(st.one_of(st.none(), st.sampled_from((*DTYPES, "bfloat")))),  # (a typo: refused)
         precision=draw(st.sampled_from(PRECISIONS)),
-        bidirectional=op == "allgather_matmul" and draw(st.booleans()),
+        bidirectional=draw(st.booleans()),
         jit=jit,
         check_vma=draw(st.booleans()),
         grad=draw(st.sampled_from(("grad", "vjp"))),
@@ -338,6 +338,13 @@ def pinned(**kw) -> Block:
                   operands="replicated", bidirectional=True, check_vma=False))  # two ranks: both halves one way
 @example(c=pinned(op="matmul_reduce_scatter", shape=(2, 4), explicit=(False, False), axis="model", m=5, k=3, n=5,
                   x="bfloat16", y="float32"))  # mixed input dtypes
+@example(c=pinned(op="matmul_reduce_scatter", shape=(4, 2), explicit=(True, False), axis=("model", "data"), m=5,
+                  bidirectional=True, grad="vjp"))  # 8 ranks, a tuple in reverse mesh order; odd rows: 3 + 2
+@example(c=pinned(op="matmul_reduce_scatter", shape=(4, 2), explicit=(False, True), axis="data", m=6,
+                  x="complex64", y="complex64", bidirectional=True, jit=False))  # 4 ranks, eager; even rows: 3 + 3
+@example(c=pinned(op="matmul_reduce_scatter", shape=(2, 4), explicit=(True, True), devices=(7, 5, 3, 1, 6, 4, 2, 0),
+                  axis="data", m=3, x="bfloat16", y="bfloat16", operands="replicated", bidirectional=True,
+                  check_vma=False))  # two ranks: both halves one way
 @example(c=pinned(op="matmul_reduce_scatter", shape=(4, 2), explicit=(True, False), axis=("model", "data"),
                   m=5, k=7, n=11, x="float16", y="float16", preferred="float32", precision="high", jit=False))
 @example(c=pinned(shape=(3, 2), explicit=(False, True), devices=(5, 0, 3, 1, 4, 2), axis="data", k=13, n=1,
@@ -503,7 +510,7 @@ def program_body(c: Program):
         return dmj.allgather_matmul(x, y, bidirectional=c.bidirectional, **kw)
 
     def rs(x, y):
-        return dmj.matmul_reduce_scatter(x, y, **kw)
+        return dmj.matmul_reduce_scatter(x, y, bidirectional=c.bidirectional, **kw)
 
     if c.wrap == "checkpoint blocks":
         ag, rs = jax.checkpoint(ag), jax.checkpoint(rs)
@@ -618,7 +625,8 @@ PARTIAL = [((2, 4), ("data", "model"), "model"), ((4, 2), ("data", "model"), "mo
            ((2, 2, 2), ("data", "model", "seq"), ("seq", "model"))]
 
 
-@pytest.mark.parametrize("op", ["allgather_matmul", "allgather_matmul bidirectional", "matmul_reduce_scatter"])
+@pytest.mark.parametrize("op", ["allgather_matmul", "allgather_matmul bidirectional", "matmul_reduce_scatter",
+                                "matmul_reduce_scatter bidirectional"])
 @pytest.mark.parametrize("types", ["explicit", "auto"])
 @pytest.mark.parametrize("where", ["x rows", "y columns", "nowhere"])
 @pytest.mark.parametrize("shape, names, ring", PARTIAL, ids=["2x4", "4x2", "2x2x2-tuple"])
@@ -664,6 +672,7 @@ def test_partially_manual_shard_map(op, types, where, shape, names, ring):
     ("allgather_matmul bidirectional", "y columns over data"),
     ("matmul_reduce_scatter", "x rows over data"),
     ("matmul_reduce_scatter", "y columns over data"),
+    ("matmul_reduce_scatter bidirectional", "x rows over data"),
 ])
 def test_partially_manual_with_explicit_and_auto_axes_left_automatic(op, where):
     """shard_map manual over "model" on a mesh whose other axes are one Explicit
@@ -698,7 +707,8 @@ def test_partially_manual_with_explicit_and_auto_axes_left_automatic(op, where):
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=what)
 
 
-@pytest.mark.parametrize("op", ["allgather_matmul", "allgather_matmul bidirectional", "matmul_reduce_scatter"])
+@pytest.mark.parametrize("op", ["allgather_matmul", "allgather_matmul bidirectional", "matmul_reduce_scatter",
+                                "matmul_reduce_scatter bidirectional"])
 def test_vmap_with_spmd_axis_name_over_the_shard_map(op):
     """jax.vmap(shard_map(block), spmd_axis_name="data") on an Auto mesh: the
     batch is split over "data", and the batched blocks vary over it too. The
@@ -936,18 +946,35 @@ def test_a_precision_context_reaches_the_backward_dots(op):
     assert len(got) >= 3 and {*got} == {*dots(ref)}, got
 
 
-def test_bidirectional_sends_both_ways():
-    mesh = make_mesh((8,), "auto")
-    for bidirectional, directions in ((False, {-1}), (True, {-1, 1})):
-        ours, _ = references("allgather_matmul", "model", None, None, bidirectional)
-        f = jax.shard_map(ours, mesh=mesh, in_specs=(P("model"), P()), out_specs=P(None, "model"))
-        for fn in (f, jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1))):
-            eqns = equations(jax.make_jaxpr(fn)(jnp.ones((32, 3)), jnp.ones((3, 2))))
-            perms = [dict(e.params["perm"]) for e in eqns if e.primitive.name == "ppermute"]
-            # the backward's dx ring (a reduce-scatter) always sends right
-            assert {perm[1] - 1 for perm in perms} >= directions, perms
-            if fn is f:
-                assert {perm[1] - 1 for perm in perms} == directions, perms
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("axis", ["model", ("model", "data")])
+def test_bidirectional_sends_both_ways(op, axis):
+    """One way, the forward ring sends one way (AllGather+GEMM left,
+    GEMM+ReduceScatter right). Both ways, every ring has its twin sending the
+    other half of each block the other way, forward and backward (the
+    backward's rings are the transposes: AllGather's dx a ReduceScatter, and
+    ReduceScatter's dx and dy one AllGather), and no whole collective runs."""
+    mesh = make_mesh((2, 4), "auto")
+    ring = axis if isinstance(axis, tuple) else (axis,)
+    p = math.prod(mesh.shape[a] for a in ring)
+    (xshape, xspec), (yshape, yspec), zspec = layout(op, "split", mesh, axis, 4)  # 4 rows: halves of 2 and 2
+    for bidirectional in (False, True):
+        ours, _ = references(op, axis, None, None, bidirectional)
+        f = jax.shard_map(ours, mesh=mesh, in_specs=(xspec, yspec), out_specs=zspec)
+        for what, fn in (("forward", f), ("backward", jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1)))):
+            eqns = list(equations(jax.make_jaxpr(fn)(jnp.ones(xshape), jnp.ones(yshape))))
+            sent: dict[int, list] = {-1: [], 1: []}  # direction: the shapes sent that way
+            for e in eqns:
+                if e.primitive.name == "ppermute" and axes_of(e) == set(ring):
+                    (src, dst), *_ = e.params["perm"]
+                    sent[1 if (dst - src) % p == 1 else -1].append(e.invars[0].aval.shape)
+                elif e.primitive.name.startswith(COLLECTIVES):
+                    assert not axes_of(e) & set(ring), (what, e)
+            if bidirectional:
+                assert sent[-1] and sorted(sent[-1]) == sorted(sent[1]), (what, sent)
+            elif what == "forward":
+                assert len(sent[-1 if op == "allgather_matmul" else 1]) > 0, sent
+                assert not sent[1 if op == "allgather_matmul" else -1], sent
 
 
 # --------------------------------------------------------------------------- #
@@ -1060,9 +1087,10 @@ def test_bad_operands_and_options_name_the_argument(op, x, kw, error, words):
 def test_options_are_keyword_only():
     with pytest.raises(TypeError):
         dmj.allgather_matmul(jnp.ones((4, 3)), jnp.ones((3, 2)), "model")  # type: ignore[misc]
-    for flag in ("no", "false", 0, None):  # bool("no") is True: a string would turn the two-way ring on
-        with pytest.raises(TypeError, match=r"bidirectional must be True or False, got"):
-            dmj.allgather_matmul(jnp.ones((4, 3)), jnp.ones((3, 2)), axis_name="model", bidirectional=flag)
+    for op in OPS:
+        for flag in ("no", "false", 0, None):  # bool("no") is True: a string would turn the two-way ring on
+            with pytest.raises(TypeError, match=rf"{op}: bidirectional must be True or False, got"):
+                getattr(dmj, op)(jnp.ones((4, 3)), jnp.ones((3, 2)), axis_name="model", bidirectional=flag)
 
 
 # --------------------------------------------------------------------------- #

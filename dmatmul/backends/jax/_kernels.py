@@ -42,6 +42,7 @@ __all__ = [
     "ring_allgathers",
     "ring_order",
     "ring_reduce_scatter",
+    "ring_reduce_scatters",
     "rooted_broadcast",
     "summa",
     "SummaRoute",
@@ -259,15 +260,32 @@ def ring_allgathers(
 def ring_reduce_scatter(partial: Callable[[jax.Array], jax.Array], p: int, axis: Any) -> jax.Array:
     """Sum over ranks of ``partial(j)``, the rank of index ``j`` on ``axis``
     (``lax.axis_index``) keeping block ``j``; sends right."""
+    return ring_reduce_scatters(((partial, 1),), p, axis)[0]
+
+
+def ring_reduce_scatters(
+    partials: tuple[tuple[Callable[[jax.Array], jax.Array], int], ...], p: int, axis: Any
+) -> tuple[jax.Array, ...]:
+    """ReduceScatter rings run side by side, the transposes of
+    :func:`ring_allgathers`' rings: ring ``i``'s ``(partial, shift)`` sends its
+    partial sum to rank ``r + shift`` each step, and at step ``s`` rank ``r``
+    adds ``partial(j)`` for ``j = (r - shift * (s + 1)) mod P``, so after
+    ``P - 1`` steps it holds the sum over ranks of its own ``partial(r)``.
+    Two parts of each block summed opposite ways use both directions of a
+    bidirectional link."""
     ring, table = ring_order(axis)
     idx = lax.axis_index(ring)
-    perm = [(i, (i + 1) % p) for i in range(p)]
+    shifts = tuple(shift for _, shift in partials)
+    perms = [[(i, (i + shift) % p) for i in range(p)] for shift in shifts]
 
-    def one(s: int | jax.Array, acc: jax.Array) -> jax.Array:
-        contribution = partial(_index_of(table, (idx - s - 1) % p))
-        return lax.ppermute(acc, ring, perm) + contribution
+    def contribution(i: int, s: int | jax.Array) -> jax.Array:
+        return partials[i][0](_index_of(table, (idx - shifts[i] * (s + 1)) % p))
 
-    return lax.fori_loop(1, p, one, partial(_index_of(table, (idx - 1) % p)))
+    def one(s: int | jax.Array, accs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        sent = tuple(lax.ppermute(acc, ring, perm) for acc, perm in zip(accs, perms))  # issued before the GEMMs
+        return tuple(got + contribution(i, s) for i, got in enumerate(sent))
+
+    return lax.fori_loop(1, p, one, tuple(contribution(i, 0) for i in range(len(partials))))
 
 
 def _pad_to_extents(lp: LocalProblem, a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
