@@ -91,8 +91,12 @@ class _Ring:
         """This ring, its products made and summed in the wider of the product's
         dtype and ``operand``'s: the gradient of an operand wider than
         ``preferred_element_type`` is not narrowed to it (``jnp.dot``'s own
-        transpose makes it in the operand's dtype)."""
+        transpose makes it in the operand's dtype). A real product of complex
+        operands has a real gradient, as ``jnp.dot``'s (its transpose keeps the
+        real part, as the forward product does), made in the real counterpart."""
         dtype = jnp.promote_types(self.dtype, operand.dtype)
+        if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(self.dtype, jnp.complexfloating):
+            dtype = jnp.finfo(dtype).dtype
         return self if dtype == jnp.dtype(self.dtype) else dataclasses.replace(self, dtype=dtype)
 
     def summing(self) -> _Ring:

@@ -332,6 +332,9 @@ def pinned(**kw) -> Block:
 @pytest.mark.filterwarnings("error:Casting from complex to real")  # JAX: soon a ValueError
 @given(c=blocks())
 @example(c=pinned(x="float32", y="complex64", grad="vjp"))  # a real operand's gradient: the real part of a complex one
+@example(c=pinned(op="matmul_reduce_scatter", shape=(1, 2), explicit=(False, False), devices=(0, 1),
+                  axis=("data", "model"), m=1, k=1, n=1, x="complex64", y="complex64",
+                  preferred="float32"))  # a real product of complex operands: real gradients, as jnp.dot's
 @example(c=pinned(shape=(7,), devices=(6, 5, 4, 3, 2, 1, 0), m=1, x="complex128", y="complex128", jit=False,
                   bidirectional=True, grad="vjp"))  # an odd ring, eager; one row: nothing to split both ways
 @example(c=pinned(shape=(2, 4), explicit=(True, True), devices=tuple(range(8)), m=7, x="bfloat16", y="bfloat16",
