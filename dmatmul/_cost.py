@@ -58,6 +58,7 @@ __all__ = [
     "lower_bound_regime",
     "lower_bounds",
     "ring_allgather_words",
+    "bidirectional_pays",
     "extra_memory_bytes",
 ]
 
@@ -87,6 +88,10 @@ class MachineModel:
     #: whether a ring's transfers overlap its GEMMs (GPU, TPU: XLA and cuBLASMp issue the next transfer
     #: beside the step's GEMM); on CPU XLA's collectives are synchronous, so they add up
     overlap: bool = False
+    #: whether a link carries both directions at once, each at ``beta`` (full duplex: NVLink, ICI), so that
+    #: two rings in opposite directions move twice the bytes of one (:func:`bidirectional_pays`); simulated
+    #: CPU devices copy on the cores they share, and two rings' bytes add up
+    duplex: bool = False
 
     @property
     def calpha(self) -> float:
@@ -120,8 +125,9 @@ class MachineModel:
         for name in ("mem", "collective_alpha", "collective_beta"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        if self.overlap:
-            out["overlap"] = True
+        for name in ("overlap", "duplex"):
+            if getattr(self, name):
+                out[name] = True
         return out
 
     def describe(self) -> str:
@@ -152,8 +158,8 @@ DEFAULT_MODELS: dict[str, MachineModel] = {
     "cpu/2": MachineModel(alpha=1e-5, beta=1 / 10e9, gamma=1 / 95e9, collective_beta=1 / 8e9),
     "cpu/4": MachineModel(alpha=5e-5, beta=1 / 8e9, gamma=1 / 44e9, collective_beta=1 / 6.4e9),
     "cpu/8": MachineModel(alpha=1.1e-4, beta=1 / 2.8e9, gamma=1 / 20e9, collective_beta=1 / 2.2e9),
-    "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 2e12, overlap=True),
-    "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 1e12, overlap=True),
+    "gpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 2e12, overlap=True, duplex=True),
+    "tpu": MachineModel(alpha=1e-5, beta=1 / 100e9, gamma=1 / 300e12, mem=1 / 1e12, overlap=True, duplex=True),
 }
 
 _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
@@ -203,6 +209,7 @@ def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, Machine
                 collective_alpha=float(e["collective_alpha"]) if e.get("collective_alpha") is not None else None,
                 collective_beta=float(e["collective_beta"]) if e.get("collective_beta") is not None else None,
                 overlap=bool(e.get("overlap", False)),
+                duplex=bool(e.get("duplex", False)),
             )
             for name, e in entries.items()
         }
@@ -361,6 +368,37 @@ def lower_bound_words(m: int, n: int, k: int, p: int) -> float:
 def ring_allgather_words(volume: int, p: int) -> float:
     """Words a rank receives in a ring AllGather (or ReduceScatter) of ``volume``."""
     return (p - 1) / p * volume
+
+
+def bidirectional_pays(model: MachineModel, nbytes: float, p: int) -> bool:
+    """Whether a ring whose steps each move a block of ``nbytes`` around ``p``
+    ranks is modelled faster as two rings in opposite directions, half of each
+    block each way.
+
+    One ring: ``P - 1`` steps of one message of the whole block,
+    ``(P - 1) * (alpha + beta * nbytes)``. Two rings, where a link carries both
+    directions at once (``model.duplex``): each step sends two messages of
+    half the block side by side, ``(P - 1) * (2 * alpha + beta * nbytes / 2)``;
+    they pay once a block's bytes take longer than two latencies
+    (``nbytes > 2 * alpha / beta``: 2 MB on the default GPU model). Without
+    duplex links (simulated CPU devices) the halves' bytes add up and the
+    second message is pure cost; on two ranks both neighbours are the same
+    rank, whose link one ring already uses both ways.
+
+    >>> gpu, tpu, cpu = (DEFAULT_MODELS[k] for k in ("gpu", "tpu", "cpu"))
+    >>> bidirectional_pays(gpu, 64 << 20, 8), bidirectional_pays(tpu, 64 << 20, 4)  # 64 MiB blocks
+    (True, True)
+    >>> bidirectional_pays(gpu, 64 << 10, 8), bidirectional_pays(gpu, 64 << 20, 2)  # 64 KiB; two ranks
+    (False, False)
+    >>> bidirectional_pays(cpu, 64 << 20, 8)
+    False
+    """
+    if not model.duplex or p <= 2:
+        return False
+    steps = p - 1
+    one_way = model.time(messages=steps, nbytes=steps * nbytes, flops=0)
+    both_ways = model.time(messages=2 * steps, nbytes=steps * nbytes / 2, flops=0)
+    return both_ways < one_way
 
 
 def lower_bounds(m: int, n: int, k: int, p: int, itemsize: int) -> dict[str, Any]:

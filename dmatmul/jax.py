@@ -65,7 +65,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .backends.jax._kernels import contract, ring_allgathers, ring_reduce_scatters, varying_zeros
+from . import _cost
+from .backends.jax._kernels import contract, ring_allgathers, ring_reduce_scatters, traced_platform, varying_zeros
 
 __all__ = ["allgather_matmul", "matmul_reduce_scatter"]
 
@@ -134,7 +135,7 @@ def allgather_matmul(
     axis_name: Any,
     precision: Any = None,
     preferred_element_type: Any = None,
-    bidirectional: bool = False,
+    bidirectional: bool | None = None,
 ) -> jax.Array:
     """``lax.all_gather(x, axis_name, axis=0, tiled=True) @ y`` as a ring, inside ``shard_map``.
 
@@ -165,6 +166,7 @@ def allgather_matmul(
     """
     name = "allgather_matmul"
     ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type, bidirectional)
+    ring = _directions(ring, bidirectional, x.shape[0] * x.shape[1] * x.dtype.itemsize)  # x's blocks travel
     return _allgather_matmul_jit(x, y, ring)
 
 
@@ -175,7 +177,7 @@ def matmul_reduce_scatter(
     axis_name: Any,
     precision: Any = None,
     preferred_element_type: Any = None,
-    bidirectional: bool = False,
+    bidirectional: bool | None = None,
 ) -> jax.Array:
     """``lax.psum_scatter(x @ y, axis_name, scatter_dimension=0, tiled=True)`` as a ring, inside ``shard_map``.
 
@@ -217,6 +219,8 @@ def matmul_reduce_scatter(
             f"axis_name={ring.axis!r} cannot split evenly; pad x's rows to a multiple of {ring.p} "
             f"(jnp.pad(x, ((0, {-rows % ring.p}), (0, 0)))) and drop the padding rows of the result"
         )
+    # the partial sums of a result block travel
+    ring = _directions(ring, bidirectional, x.shape[0] // ring.p * y.shape[1] * jnp.dtype(ring.dtype).itemsize)
     return _matmul_reduce_scatter_jit(x, y, ring)
 
 
@@ -273,8 +277,10 @@ def _axes_of(part: Any) -> tuple:
 def _prepare(
     name: str, x: Any, y: Any, axis_name: Any, precision: Any, preferred: Any, bidirectional: Any
 ) -> tuple[_Ring, Any, Any]:
-    if not isinstance(bidirectional, (bool, np.bool_)):
-        raise TypeError(f"{name}: bidirectional must be True or False, got {bidirectional!r}")
+    if bidirectional is not None and not isinstance(bidirectional, (bool, np.bool_)):
+        raise TypeError(
+            f"{name}: bidirectional must be True, False or None (the cost model decides), got {bidirectional!r}"
+        )
     x, y = _operand(name, "x", x), _operand(name, "y", y)
     for arg, v, fix in (("x", x, "(rows, k)"), ("y", y, "(k, columns)")):
         if v.ndim != 2:
@@ -325,9 +331,18 @@ def _prepare(
     order = _mesh_order(vma)
     x = _vary(x, order)
     y = _vary(y, order)
-    ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype,
-                 bidirectional=bool(bidirectional))
+    ring = _Ring(axis=axis, p=p, vma=tuple(a for a in order if a in _vma(x)), precision=precision, dtype=dtype)
     return ring, x, y
+
+
+def _directions(ring: _Ring, bidirectional: bool | None, nbytes: int) -> _Ring:
+    """``ring`` sending half of each block each way where ``bidirectional``
+    says so; None: where the cost model of the platform being traced says two
+    opposite rings of blocks of ``nbytes`` pay (:func:`dmatmul._cost.bidirectional_pays`:
+    never on CPU)."""
+    if bidirectional is None:
+        bidirectional = _cost.bidirectional_pays(_cost.model_for(traced_platform(), ring.p), nbytes, ring.p)
+    return dataclasses.replace(ring, bidirectional=bool(bidirectional))
 
 
 def _not_a_ring(name: str, axis: Any, names: tuple, why: str) -> str:

@@ -122,6 +122,25 @@ def test_fit_rejects_bad_samples():
         _cost.fit([])
 
 
+@pytest.mark.parametrize("key", sorted(_cost.DEFAULT_MODELS))
+def test_two_opposite_rings_pay_on_duplex_links_for_large_blocks(key):
+    """dmatmul.jax's bidirectional=None: on CPU (simulated devices, no duplex
+    links) never; on GPU and TPU for blocks whose bytes outweigh a second
+    message per step, not for tiny ones where latency dominates, and never on
+    two ranks."""
+    model = _cost.DEFAULT_MODELS[key]
+    sizes = [2.0**e for e in range(0, 40, 3)]  # 1 B .. 256 GiB
+    for p in (2, 3, 4, 8, 64):
+        pays = [_cost.bidirectional_pays(model, nbytes, p) for nbytes in sizes]
+        if key.startswith("cpu") or p == 2:
+            assert not any(pays), (key, p)
+        else:
+            assert model.duplex and not pays[0] and pays[-1], (key, p, pays)
+            assert pays == sorted(pays), (key, p, pays)  # one crossover: 2 alpha / beta
+            assert _cost.bidirectional_pays(model, 2.01 * model.alpha / model.beta, p)
+            assert not _cost.bidirectional_pays(model, 1.99 * model.alpha / model.beta, p)
+
+
 # --------------------------------------------------------------------------- #
 # cost model: loading
 # --------------------------------------------------------------------------- #
@@ -143,6 +162,8 @@ def test_model_loading_order(tmp_path, monkeypatch):
     doc = json.loads(path.read_text())
     assert set(doc["models"]) == {"cpu", "cpu/2", "cpu/8"} and doc["meta"]["host"] == "test"
     assert _cost.model_for("cpu", 2).gamma == 1e-11
+    _cost.save_models({"tpu": _cost.DEFAULT_MODELS["tpu"]})  # what a link carries survives the file
+    assert _cost.model_for("tpu").duplex and _cost.model_for("tpu").overlap and not _cost.model_for("cpu").duplex
 
 
 def test_model_env_default_ignores_files(tmp_path, monkeypatch):

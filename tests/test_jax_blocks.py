@@ -56,6 +56,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import dmatmul.jax as dmj  # noqa: E402
+from dmatmul import _cost  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LONG = os.environ.get("DMATMUL_LONG", "") not in ("", "0")
@@ -102,7 +103,7 @@ def layout(op: str, operands: str, mesh, axis, m: int, k: int = 4, n: int = 2):
     return x, y, z
 
 
-def references(op: str, axis, precision, preferred, bidirectional: bool = False):
+def references(op: str, axis, precision, preferred, bidirectional: bool | None = None):
     """(dmatmul's block, the formulation it equals) as shard_map bodies."""
     def ref(x, y):
         dot = lambda a, b: jnp.dot(a, b, precision=precision, preferred_element_type=preferred)  # noqa: E731
@@ -111,8 +112,8 @@ def references(op: str, axis, precision, preferred, bidirectional: bool = False)
         return lax.psum_scatter(dot(x, y), axis, scatter_dimension=0, tiled=True)
 
     def ours(x, y):
-        kw = {"bidirectional": True} if bidirectional else {}
-        return getattr(dmj, op)(x, y, axis_name=axis, precision=precision, preferred_element_type=preferred, **kw)
+        return getattr(dmj, op)(x, y, axis_name=axis, precision=precision, preferred_element_type=preferred,
+                                bidirectional=bidirectional)
 
     return ours, ref
 
@@ -162,7 +163,7 @@ class Block:
     y: str
     preferred: str | None
     precision: Any
-    bidirectional: bool
+    bidirectional: bool | None  # None: the cost model's choice (on CPU: one way)
     jit: bool
     check_vma: bool
     grad: str  # "grad" (of a loss) or "vjp" (of a cotangent)
@@ -217,7 +218,7 @@ def blocks(draw) -> Block:
         y=draw(st.one_of(st.just(x), st.sampled_from(DTYPES))),  # or mixed input dtypes
         preferred=draw(st.one_of(st.none(), st.sampled_from((*DTYPES, "bfloat")))),  # (a typo: refused)
         precision=draw(st.sampled_from(PRECISIONS)),
-        bidirectional=draw(st.booleans()),
+        bidirectional=draw(st.sampled_from((None, False, True))),
         jit=jit,
         check_vma=draw(st.booleans()),
         grad=draw(st.sampled_from(("grad", "vjp"))),
@@ -953,17 +954,24 @@ def test_a_precision_context_reaches_the_backward_dots(op):
 @pytest.mark.parametrize("axis", ["model", ("model", "data")])
 def test_bidirectional_sends_both_ways(op, axis):
     """One way, the forward ring sends one way (AllGather+GEMM left,
-    GEMM+ReduceScatter right). Both ways, every ring has its twin sending the
-    other half of each block the other way, forward and backward (the
-    backward's rings are the transposes: AllGather's dx a ReduceScatter, and
-    ReduceScatter's dx and dy one AllGather), and no whole collective runs."""
+    GEMM+ReduceScatter right); so does the default, None, on CPU, where the
+    cost model says two rings never pay. Both ways, every ring has its twin
+    sending the other half of each block the other way, forward and backward
+    (the backward's rings are the transposes: AllGather's dx a ReduceScatter,
+    and ReduceScatter's dx and dy one AllGather), and no whole collective runs."""
+    two_way_rings(op, axis, {False: False, None: False, True: True})
+
+
+def two_way_rings(op: str, axis, want: dict) -> None:
+    """For each ``bidirectional`` of ``want``: whether each ring of the forward
+    and backward passes has its twin the other way (``want``'s value)."""
     mesh = make_mesh((2, 4), "auto")
     ring = axis if isinstance(axis, tuple) else (axis,)
     p = math.prod(mesh.shape[a] for a in ring)
     (xshape, xspec), (yshape, yspec), zspec = layout(op, "split", mesh, axis, 4)  # 4 rows: halves of 2 and 2
-    for bidirectional in (False, True):
-        ours, _ = references(op, axis, None, None, bidirectional)
-        f = jax.shard_map(ours, mesh=mesh, in_specs=(xspec, yspec), out_specs=zspec)
+    for flag, bidirectional in want.items():
+        f = jax.shard_map(lambda x, y, flag=flag: getattr(dmj, op)(x, y, axis_name=axis, bidirectional=flag),
+                          mesh=mesh, in_specs=(xspec, yspec), out_specs=zspec)
         for what, fn in (("forward", f), ("backward", jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1)))):
             eqns = list(equations(jax.make_jaxpr(fn)(jnp.ones(xshape), jnp.ones(yshape))))
             sent: dict[int, list] = {-1: [], 1: []}  # direction: the shapes sent that way
@@ -973,11 +981,27 @@ def test_bidirectional_sends_both_ways(op, axis):
                     sent[1 if (dst - src) % p == 1 else -1].append(e.invars[0].aval.shape)
                 elif e.primitive.name.startswith(COLLECTIVES):
                     assert not axes_of(e) & set(ring), (what, e)
+            rows = {shape[0] for shapes in sent.values() for shape in shapes}
+            assert rows == ({2} if bidirectional else {4}), (flag, what, sent)  # halves, or whole blocks
             if bidirectional:
-                assert sent[-1] and sorted(sent[-1]) == sorted(sent[1]), (what, sent)
+                assert sent[-1] and sorted(sent[-1]) == sorted(sent[1]), (flag, what, sent)
             elif what == "forward":
-                assert len(sent[-1 if op == "allgather_matmul" else 1]) > 0, sent
-                assert not sent[1 if op == "allgather_matmul" else -1], sent
+                assert len(sent[-1 if op == "allgather_matmul" else 1]) > 0, (flag, sent)
+                assert not sent[1 if op == "allgather_matmul" else -1], (flag, sent)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bidirectional_none_asks_the_cost_model(op, tmp_path, monkeypatch):
+    """bidirectional=None: two rings where the platform's model (here a
+    calibration file that calls the CPU's links duplex) says the blocks are
+    large enough to pay for a second message per step, one ring where they
+    are not (a latency of 1 s); True and False as given."""
+    path = tmp_path / "model.json"
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    for alpha, pays in ((1e-12, True), (1.0, False)):
+        _cost.save_models({"cpu": _cost.MachineModel(alpha, 1 / 4e9, 1 / 20e9, duplex=True)})
+        assert _cost.bidirectional_pays(_cost.model_for("cpu", 4), 64, 4) is pays
+        two_way_rings(op, "model", {None: pays, False: False, True: True})
 
 
 # --------------------------------------------------------------------------- #
@@ -1091,8 +1115,8 @@ def test_options_are_keyword_only():
     with pytest.raises(TypeError):
         dmj.allgather_matmul(jnp.ones((4, 3)), jnp.ones((3, 2)), "model")  # type: ignore[misc]
     for op in OPS:
-        for flag in ("no", "false", 0, None):  # bool("no") is True: a string would turn the two-way ring on
-            with pytest.raises(TypeError, match=rf"{op}: bidirectional must be True or False, got"):
+        for flag in ("no", "false", 0):  # bool("no") is True: a string would turn the two-way ring on
+            with pytest.raises(TypeError, match=rf"{op}: bidirectional must be True, False or None .*, got"):
                 getattr(dmj, op)(jnp.ones((4, 3)), jnp.ones((3, 2)), axis_name="model", bidirectional=flag)
 
 

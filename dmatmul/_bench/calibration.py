@@ -109,7 +109,9 @@ def calibration_samples(
 def with_default_collectives(model: _cost.MachineModel, platform: str, p: int) -> _cost.MachineModel:
     """``model`` (its alpha, beta and gamma measured) with a whole collective
     costed as the defaults cost it against a ring step: the same latency ratio
-    and the same premium per byte.
+    and the same premium per byte; and the defaults' ``duplex`` (whether
+    links carry both directions at once), which the calibration does not
+    measure.
 
     The premium is not the collective's own speed: isolated all-gathers and
     reduce-scatters measure *cheaper* per byte here than ring shifts, yet the
@@ -124,6 +126,8 @@ def with_default_collectives(model: _cost.MachineModel, platform: str, p: int) -
     >>> d = _cost.DEFAULT_MODELS["cpu/8"]
     >>> round(c.cbeta / c.beta, 6) == round(d.cbeta / d.beta, 6), c.calpha == 2e-4
     (True, True)
+    >>> c.duplex, with_default_collectives(m, "cuda", 8).duplex
+    (False, True)
     """
     default = next(
         (_cost.DEFAULT_MODELS[k] for k in (f"{_cost._platform(platform)}/{p}", _cost._platform(platform))
@@ -134,6 +138,7 @@ def with_default_collectives(model: _cost.MachineModel, platform: str, p: int) -
         model,
         collective_alpha=None if default.collective_alpha is None else model.alpha * default.calpha / default.alpha,
         collective_beta=None if default.collective_beta is None else model.beta * default.cbeta / default.beta,
+        duplex=default.duplex,
     )
 
 

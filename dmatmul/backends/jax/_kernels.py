@@ -49,11 +49,12 @@ __all__ = [
     "summa_owners",
     "summa_route",
     "summa_tables",
+    "traced_platform",
     "varying_zeros",
 ]
 
 
-def _platform() -> str:
+def traced_platform() -> str:
     """The platform of the devices being traced for: the abstract mesh's
     (inside ``shard_map`` or under ``jax.set_mesh``), else JAX's default."""
     device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
@@ -71,7 +72,7 @@ def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype
     no half-precision GEMM to lose. The platform is the one the product runs
     on (the mesh being traced), not JAX's default backend: CPU devices of a
     GPU machine widen too."""
-    if (dtype is not None and jnp.dtype(dtype) == jnp.float32 and _platform() == "cpu"
+    if (dtype is not None and jnp.dtype(dtype) == jnp.float32 and traced_platform() == "cpu"
             and jnp.dtype(a.dtype).itemsize == 2 and jnp.dtype(b.dtype).itemsize == 2):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=precision, preferred_element_type=dtype)
