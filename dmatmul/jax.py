@@ -24,8 +24,11 @@ over the ring's axes only (``axis_names=``), where the other axes may still
 shard the blocks. ``precision`` and
 ``preferred_element_type`` mean what they mean to ``jnp.dot``: ``None``
 precision follows ``jax.default_matmul_precision``; mixed input dtypes are
-allowed as ``jnp.dot`` allows them. ``allgather_matmul(..., bidirectional=True)``
-sends half of each block each way around the ring.
+allowed as ``jnp.dot`` allows them. ``bidirectional=True`` sends half of each
+block each way around the ring (two rings at once, for links that carry both
+directions at full speed), in the backward pass too; the default, ``None``,
+does so where the platform's cost model says it pays (:mod:`dmatmul._cost`:
+large blocks on GPU and TPU, never on CPU).
 
 A tensor-parallel MLP on a ``data x model`` mesh, rings over ``model`` only
 (each ``data`` row of the mesh runs its own rings). The activations' rows are
@@ -148,7 +151,10 @@ def allgather_matmul(
       preferred_element_type: as ``jnp.dot`` (the result's dtype).
       bidirectional: send the first half of each block's rows left and the
         rest right, two rings at once (for links that carry both directions at
-        full speed; the same result). The backward rings do the same.
+        full speed; the same result). The backward rings do the same. None
+        (the default): where the platform's cost model says two rings pay for
+        blocks of ``x``'s size (full-duplex links, blocks whose bytes outweigh
+        a second message per step: GPU and TPU; never on CPU).
 
     Returns:
       ``(P * m, n)``: the gathered rows times ``y``. Rank ``r`` starts with its
@@ -162,7 +168,8 @@ def allgather_matmul(
         ``axis_name`` is not a manual axis of the enclosing ``shard_map`` (a
         ``jax.vmap`` axis, or a mesh axis its ``axis_names`` leave automatic).
       TypeError: ``preferred_element_type`` is not a dtype, or one that
-        ``jnp.dot`` refuses for these operands.
+        ``jnp.dot`` refuses for these operands; ``bidirectional`` is not
+        True, False or None.
     """
     name = "allgather_matmul"
     ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type, bidirectional)
@@ -193,7 +200,9 @@ def matmul_reduce_scatter(
       bidirectional: sum the first half of each result block's rows rightwards
         and the rest leftwards, two rings at once (for links that carry both
         directions at full speed; the same result). The backward ring gathers
-        ``dz``'s halves the other way round each.
+        ``dz``'s halves the other way round each. None (the default): where
+        the platform's cost model says two rings pay for a result block's
+        partial sums (as for ``allgather_matmul``).
 
     Returns:
       ``(M // P, n)``: row block ``lax.axis_index(axis_name)`` of the sum over
@@ -208,7 +217,8 @@ def matmul_reduce_scatter(
         enclosing ``shard_map`` (a ``jax.vmap`` axis, or a mesh axis its
         ``axis_names`` leave automatic).
       TypeError: ``preferred_element_type`` is not a dtype, or one that
-        ``jnp.dot`` refuses for these operands.
+        ``jnp.dot`` refuses for these operands; ``bidirectional`` is not
+        True, False or None.
     """
     name = "matmul_reduce_scatter"
     ring, x, y = _prepare(name, x, y, axis_name, precision, preferred_element_type, bidirectional)
