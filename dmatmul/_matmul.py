@@ -282,8 +282,9 @@ def _check_global(
     )
 
 
-def _validate(ops: Operands, **options: Any) -> Spec:
-    """Check everything that needs no backend; return the plan's Spec.
+def _validate(ops: Operands, **options: Any) -> tuple[Spec, str | None]:
+    """Check everything that needs no backend; return the plan's Spec, and
+    (several processes) the backend every rank's ``backend=`` found.
 
     Under several processes one small allgather carries every rank's verdict
     on its local checks, its call (dtype, transposes, distributions, scalars,
@@ -295,13 +296,13 @@ def _validate(ops: Operands, **options: Any) -> Spec:
     rt = _runtime.active()
     if rt is None or rt.size == 1:
         chk = _check_local(ops, spmd=False, **options)
-        return _check_global(ops, chk, *chk.shapes, nprocs=1)
+        return _check_global(ops, chk, *chk.shapes, nprocs=1), None
 
     def check() -> tuple[_Checked, str]:
         chk = _check_local(ops, spmd=True, **options)
         return chk, _backends.resolve(chk.backend).name  # what "auto" finds on this rank's node
 
-    (chk, _), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]))
+    (chk, runs_on), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]))
     _runtime.require_same_call([call for call, _, _ in shared], "dmatmul")
     found = _runtime.disagreement([name for _, _, name in shared], f"the backend that backend={chk.backend!r} finds",
                                   verbs=("finds", "find"))
@@ -332,7 +333,7 @@ def _validate(ops: Operands, **options: Any) -> Spec:
         return a_shape, b_shape, (m, n)
 
     a_shape, b_shape, c_shape = infer()
-    return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size)
+    return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size), runs_on
 
 
 # --------------------------------------------------------------------------- #
@@ -444,9 +445,10 @@ class Matmul:
             precision=precision,
             devices=devices,
         )
-        self._spec = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
+        self._spec, runs_on = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
         self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
-        self._backend: Any = _backends.resolve(backend, self._spec)
+        # several processes: the backend every rank agreed it finds (resolved once, inside the agreement)
+        self._backend: Any = _backends.resolve(backend, self._spec) if runs_on is None else _backends.get(runs_on)
         if self._spec.spmd:
             # every rank is here (it just agreed on the call): the backend's process group starts now, not
             # in the first plan, which one rank may make alone (mm.explain()) while the others are not in
