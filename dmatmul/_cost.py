@@ -110,6 +110,21 @@ class MachineModel:
         return (self.alpha * messages + self.beta * nbytes + self.gamma * flops
                 + self.calpha * collectives + self.cbeta * collective_bytes)
 
+    def ring_beta(self, p: int, *, both_ways: bool) -> float:
+        """Time per byte a rank receives around a ring of ``p`` ranks: ``beta``,
+        or half of it for two rings in opposite directions (``both_ways``) on
+        links that carry both at once (``duplex``), where the two neighbours
+        differ (``p > 2``; on two ranks one ring already uses the link both
+        ways).
+
+        >>> gpu = DEFAULT_MODELS["gpu"]
+        >>> gpu.ring_beta(8, both_ways=True) / gpu.beta, gpu.ring_beta(2, both_ways=True) / gpu.beta
+        (0.5, 1.0)
+        >>> DEFAULT_MODELS["cpu"].ring_beta(8, both_ways=True) / DEFAULT_MODELS["cpu"].beta
+        1.0
+        """
+        return self.beta / 2 if both_ways and self.duplex and p > 2 else self.beta
+
     def gemm(self, flops: float, nbytes: float) -> float:
         """One local GEMM: its flops, or the bytes it reads and writes where
         those take longer (a roofline).
@@ -377,7 +392,8 @@ def bidirectional_pays(model: MachineModel, nbytes: float, p: int) -> bool:
 
     One ring: ``P - 1`` steps of one message of the whole block,
     ``(P - 1) * (alpha + beta * nbytes)``. Two rings, where a link carries both
-    directions at once (``model.duplex``): each step sends two messages of
+    directions at once (``model.duplex``, :meth:`MachineModel.ring_beta`, as
+    dm.matmul's planner costs its "bidirectional" schedule): each step sends two messages of
     half the block side by side, ``(P - 1) * (2 * alpha + beta * nbytes / 2)``;
     they pay once a block's bytes take longer than two latencies
     (``nbytes > 2 * alpha / beta``: 2 MB on the default GPU model). Without
@@ -393,11 +409,9 @@ def bidirectional_pays(model: MachineModel, nbytes: float, p: int) -> bool:
     >>> bidirectional_pays(cpu, 64 << 20, 8)
     False
     """
-    if not model.duplex or p <= 2:
-        return False
     steps = p - 1
-    one_way = model.time(messages=steps, nbytes=steps * nbytes, flops=0)
-    both_ways = model.time(messages=2 * steps, nbytes=steps * nbytes / 2, flops=0)
+    one_way = model.alpha * steps + model.ring_beta(p, both_ways=False) * steps * nbytes
+    both_ways = model.alpha * 2 * steps + model.ring_beta(p, both_ways=True) * steps * nbytes
     return both_ways < one_way
 
 

@@ -37,9 +37,11 @@ __all__ = [
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
 #: How a 1-D kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
 #: "one_shot", one whole collective (the moving operand all-gathered, then one GEMM; or one GEMM of the whole
-#: partial product, then one reduce-scatter). The algorithm (its name, its operand roles) is the same.
-Schedule = Literal["ring", "one_shot"]
-SCHEDULES: tuple[Schedule, ...] = ("ring", "one_shot")
+#: partial product, then one reduce-scatter); "bidirectional", two rings side by side in opposite directions,
+#: half of each block each way (P - 1 steps of two messages: for links that carry both directions at once,
+#: :func:`dmatmul._cost.bidirectional_pays`). The algorithm (its name, its operand roles) is the same.
+Schedule = Literal["ring", "one_shot", "bidirectional"]
+SCHEDULES: tuple[Schedule, ...] = ("ring", "one_shot", "bidirectional")
 Operand = Literal["a", "b", "d"]
 #: The operands in order: a, b and the result.
 OPERANDS: tuple[Operand, Operand, Operand] = ("a", "b", "d")
@@ -115,7 +117,8 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
 class Kernel:
     """An algorithm on fixed operand roles. ``moving`` names the operand whose
     blocks travel the ring (AllGather+GEMM); ``schedule`` how it communicates
-    (:data:`Schedule`: only allgather and reduce_scatter have a "one_shot" one)."""
+    (:data:`Schedule`: only allgather and reduce_scatter have a "one_shot" and a
+    "bidirectional" one)."""
 
     algorithm: str
     a: Role
@@ -149,6 +152,14 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("allgather", "K", "N", "N", moving="a", schedule="one_shot"),
     Kernel("reduce_scatter", "K", "K", "M", schedule="one_shot"),
     Kernel("reduce_scatter", "K", "K", "N", schedule="one_shot"),
+    # the rings again, half of each block each way (full-duplex links, large blocks; a backend that runs only
+    # one-way rings leaves them out)
+    Kernel("allgather", "M", "N", "M", moving="b", schedule="bidirectional"),
+    Kernel("allgather", "M", "K", "M", moving="b", schedule="bidirectional"),
+    Kernel("allgather", "M", "N", "N", moving="a", schedule="bidirectional"),
+    Kernel("allgather", "K", "N", "N", moving="a", schedule="bidirectional"),
+    Kernel("reduce_scatter", "K", "K", "M", schedule="bidirectional"),
+    Kernel("reduce_scatter", "K", "K", "N", schedule="bidirectional"),
 )
 
 _FORCED: contextvars.ContextVar[Schedule | None] = contextvars.ContextVar("dmatmul_schedule", default=None)
@@ -339,7 +350,7 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
     roles = (kernel.a, kernel.b, kernel.d)
     # a rank computes its share of the product, or all of it when nothing splits it
     flops = 2.0 * m * n * k / (1 if roles == ("R", "R", "R") else p)
-    steps = 0 if kernel_collectives(kernel, p) else p - 1
+    steps = 0 if kernel_collectives(kernel, p) else (p - 1) * (2 if kernel.schedule == "bidirectional" else 1)
     if kernel.algorithm == "allgather":
         moving = kernel.moving or "b"
         return (p - 1) / p * problem.elements(moving) * problem.itemsize, steps, flops
@@ -400,6 +411,11 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
     else:
         shape = shapes[kernel.algorithm]
     count, mc, nc, kc, accumulate = shape
+    if kernel.schedule == "bidirectional" and roles != ("R", "R", "R"):
+        # each step's GEMM twice, on half of the travelling block (allgather) or of the result block summed
+        half = kernel.role(kernel.moving or "b") if kernel.algorithm == "allgather" else kernel.d
+        count = 2 * count
+        mc, nc, kc = (x / 2 if dim == half else x for x, dim in ((mc, "M"), (nc, "N"), (kc, "K")))
     nbytes = (mc * kc + kc * nc) * problem.itemsize + mc * nc * problem.acc_itemsize * (2 if accumulate else 1)
     return ((count, 2.0 * mc * nc * kc, nbytes),)
 
@@ -415,9 +431,12 @@ def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
     the longer of the two, plus one step of the shorter, not their sum."""
     calls = gemm_calls(problem, kernel)
     local = sum(count * model.gemm(flops, touched) for count, flops, touched in calls)
-    comm = model.beta * nbytes
-    if model.overlap and overlapped_bytes and kernel.schedule == "ring":
-        ring, steps = model.beta * overlapped_bytes, max(calls[0][0], 1)
+    # the ring's own bytes, half each way where two rings run on full-duplex links
+    both_ways = kernel.schedule == "bidirectional"
+    ring = model.ring_beta(problem.p, both_ways=both_ways) * overlapped_bytes
+    comm = model.beta * (nbytes - overlapped_bytes) + ring
+    if model.overlap and overlapped_bytes and kernel.schedule != "one_shot":
+        steps = max(calls[0][0] // (2 if both_ways else 1), 1)  # (both ways: two GEMMs a step)
         comm -= ring
         local = max(ring, local) + min(ring, local) / steps
     return model.alpha * messages + model.calpha * collectives + comm + model.cbeta * collective_bytes + local

@@ -69,7 +69,9 @@ import numpy as np
 from jax import lax
 
 from . import _cost
-from .backends.jax._kernels import contract, ring_allgathers, ring_reduce_scatters, traced_platform, varying_zeros
+from .backends.jax._kernels import (
+    contract, ring_allgathers, ring_parts, ring_pieces, ring_reduce_scatters, traced_platform, varying_zeros,
+)
 
 __all__ = ["allgather_matmul", "matmul_reduce_scatter"]
 
@@ -113,22 +115,14 @@ class _Ring:
         return self
 
     def parts(self, m: int) -> tuple[tuple[int, int, int], ...]:
-        """How a block of ``m`` rows travels: ``(start, stop, shift)`` per part,
-        ``shift`` the direction it is gathered in (``-1``: left). The whole block
-        leftwards, or with ``bidirectional`` its first half (the larger, for odd
-        ``m``) left and the rest right. A reduce-scatter, the transpose, sends
-        each part the other way (``-shift``)."""
-        if not self.bidirectional or m < 2:
-            return ((0, m, -1),)
-        h = (m + 1) // 2
-        return ((0, h, -1), (h, m, 1))
+        """How a block of ``m`` rows travels (:func:`~dmatmul.backends.jax._kernels.ring_parts`):
+        ``(start, stop, shift)`` per part; both ways where ``bidirectional``."""
+        return ring_parts(m, self.bidirectional)
 
     def pieces(self, a: jax.Array, axis: int) -> tuple[tuple[jax.Array, int, int], ...]:
         """What travels of block ``a`` (split along ``axis``, :meth:`parts`):
         ``(piece, shift, offset)``."""
-        m = a.shape[axis]
-        return tuple((a if (start, stop) == (0, m) else lax.slice_in_dim(a, start, stop, axis=axis), shift, start)
-                     for start, stop, shift in self.parts(m))
+        return ring_pieces(a, axis, self.bidirectional)
 
 
 def allgather_matmul(

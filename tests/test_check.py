@@ -351,7 +351,7 @@ def test_describe_is_the_python_call():
                     (name, layout, line)
     assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)} | {
         ("transform", kind, jit) for kind in ck.TRANSFORMS for jit in (False, True)} | {
-        ("schedule", name) for name in ("ring", "one_shot")}, forms
+        ("schedule", name) for name in ("ring", "one_shot", "bidirectional")}, forms
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
 
 

@@ -426,7 +426,7 @@ def test_distribution_inferred_from_jax_shardings():
 # --------------------------------------------------------------------------- #
 # autodiff: the transpose of a ring is the dual ring
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("schedule", ["ring", "one_shot"])
+@pytest.mark.parametrize("schedule", ["ring", "one_shot", "bidirectional"])
 @pytest.mark.parametrize(
     "dists, algorithm", [((X, Y, X), "allgather"), ((Y, X, Y), "reduce_scatter"), ((Y, X, R), "allreduce")]
 )
@@ -434,8 +434,8 @@ def test_gradients_against_numpy(dists, algorithm, schedule):
     from dmatmul import _plan
 
     rng = np.random.default_rng(9)
-    a, b, _ = operands(rng, 16, 8, 24, False, False)
-    g = rng.standard_normal((16, 8)).astype(np.float32)
+    a, b, _ = operands(rng, 16, 16, 24, False, False)  # blocks of 2 rows or columns: halves of 1 both ways
+    g = rng.standard_normal((16, 16)).astype(np.float32)
 
     def loss(x, y):
         return jnp.sum(dm.matmul(x, y, distribution=dists, algorithm=algorithm, devices=8) * g)
@@ -445,9 +445,9 @@ def test_gradients_against_numpy(dists, algorithm, schedule):
         jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(a), jnp.asarray(b)))
     assert_close(np.asarray(ga), g.astype(np.float64) @ b.T.astype(np.float64), "float32")
     assert_close(np.asarray(gb), a.T.astype(np.float64) @ g.astype(np.float64), "float32")
-    if algorithm != "allreduce" and schedule == "ring":
-        # forward ring + its transpose: collective permutes, no all-gather
-        assert jaxpr.count("ppermute") >= 2 and "all_gather" not in jaxpr
+    if algorithm != "allreduce" and schedule != "one_shot":
+        # forward ring + its transpose: collective permutes, no all-gather (both ways: twice as many)
+        assert jaxpr.count("ppermute") >= (4 if schedule == "bidirectional" else 2) and "all_gather" not in jaxpr
     elif algorithm != "allreduce":  # one whole collective and its transpose (all-gather <-> reduce-scatter)
         assert "ppermute" not in jaxpr and "all_gather" in jaxpr and "reduce_scatter" in jaxpr
 
@@ -538,16 +538,27 @@ def test_half_precision_widens_on_the_devices_it_runs_on(monkeypatch):
 # --------------------------------------------------------------------------- #
 # one-shot schedules (one whole collective instead of a P - 1 step ring)
 # --------------------------------------------------------------------------- #
-# every kernel that has a one-shot schedule, as the (a, b, result) layout that runs it (no transposes)
+# every kernel that has a one-shot and a bidirectional schedule, as the (a, b, result) layout that runs it
+# (no transposes)
 _ONE_SHOT_LAYOUTS = [(X, Y, X), (X, X, X), (X, Y, Y), (Y, Y, Y), (Y, X, X), (Y, X, Y)]
 
 
+@pytest.mark.parametrize("schedule, said", [("one_shot", "one-shot"), ("bidirectional", "both ways")])
 @pytest.mark.parametrize("dists", _ONE_SHOT_LAYOUTS, ids=lambda d: "".join(repr(x)[-1] for x in d))
-def test_one_shot_schedules_match_numpy_with_gradients_and_jit(dists):
-    """Each one-shot kernel (forced: the model would pick it for these sizes anyway),
-    on uneven sizes over 3 ranks (padding), every transpose: the product, its
-    vjp and its jit against numpy, and explain() says what ran."""
-    from dmatmul import _plan
+def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit(
+    dists, schedule, said, tmp_path, monkeypatch
+):
+    """Each one-shot kernel (forced: the model would pick it for these sizes
+    anyway) and each ring run both ways (forced, under a model whose whole
+    collectives are slow: else a one-shot move and a local GEMM win), on
+    uneven sizes over 3 ranks (padding; a bidirectional ring's odd blocks
+    split 2 + 1, a block of 1 travels one way), every transpose: the product,
+    its vjp and its jit against numpy, and explain() says what ran."""
+    from dmatmul import _cost, _plan
+
+    if schedule == "bidirectional":
+        monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "model.json"))
+        _cost.save_models({"cpu": _cost.MachineModel(1e-6, 1 / 4e9, 1 / 20e9, collective_alpha=1.0)})
 
     rng = np.random.default_rng(1)
     m, n, k = 7, 5, 4
@@ -557,9 +568,9 @@ def test_one_shot_schedules_match_numpy_with_gradients_and_jit(dists):
         g = rng.standard_normal((m, n)).astype(np.float32)
         opa, opb = (a.T if ta else a), (b.T if tb else b)
         kw = dict(distribution=dists, transpose_a=ta, transpose_b=tb, devices=3, precision="highest")
-        with _plan.schedule("one_shot"):
+        with _plan.schedule(schedule):
             with dm.Matmul(a, b, **kw) as mm:
-                assert "one-shot" in mm.explain(), mm.explain()
+                assert said in mm.explain(), mm.explain()
                 assert_close(mm.execute(), opa @ opb, "float32")
 
             def f(x, y):
@@ -601,3 +612,46 @@ def test_the_model_costs_a_collective_as_one_call_and_picks_the_schedule_by_size
     mm = dm.Matmul(np.ones((64, 64), np.float32), np.ones((64, 64), np.float32), distribution=(X, Y, X), devices=8)
     text = mm.explain()
     assert "one-shot AllGather+GEMM" in text and "in 1 collective" in text
+
+
+def test_rings_run_both_ways_where_the_model_says_two_rings_pay(tmp_path, monkeypatch):
+    """dm.matmul's rings, as dmatmul.jax's blocks: both ways (two rings, half of
+    each block each way) where the platform's model says a link carries both
+    directions at once and a block's bytes outweigh a second message per step:
+    the GPU and TPU models, large products on 3 or more ranks; never on CPU or
+    on two ranks, and not for small products (one collective wins there). Both
+    ways a rank receives the same bytes in twice the messages. Under a
+    calibration file that calls the CPU's links duplex (its collectives slow,
+    its GEMMs bound by flops), auto runs both ways:
+    explain() says so, the jaxpr sends left and right, the product matches numpy."""
+    import dataclasses
+    import re
+
+    from dmatmul import _cost, _plan
+
+    for platform, p, roles in itertools.product(("gpu", "tpu", "cpu"), (2, 3, 8), ("MNM", "KKM", "MKM", "KNN")):
+        model, given = _cost.DEFAULT_MODELS[platform], dict(zip("abd", roles))
+        large = _plan.plans(_plan.Problem1D(16384, 16384, 16384, p, 4, 4), given, model)
+        ring, both = (next(pl for pl in large if pl.kernel == dataclasses.replace(large[0].kernel, schedule=s))
+                      for s in ("ring", "bidirectional"))
+        assert both.nbytes == ring.nbytes and both.messages == 2 * ring.messages, (platform, p, roles)
+        assert (large[0].kernel.schedule == "bidirectional") == (platform != "cpu" and p > 2), (platform, p, roles)
+        small = _plan.plans(_plan.Problem1D(256, 256, 256, p, 4, 4), given, model)[0]
+        assert small.kernel.schedule != "bidirectional", (platform, p, roles)
+
+    monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "model.json"))
+    # (whole collectives made slow, GEMMs bound by flops: one-shot schedules would win at these sizes, and
+    # each half-block GEMM reads the other operand whole)
+    _cost.save_models({"cpu": _cost.MachineModel(1e-12, 1 / 4e9, 1 / 20e9, mem=1e-15, collective_alpha=1.0,
+                                                 duplex=True)})
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((61, 47)).astype(np.float32), rng.standard_normal((47, 39)).astype(np.float32)
+    for dists, algorithm in (((X, Y, X), "allgather"), ((Y, X, Y), "reduce_scatter"), ((Y, Y, Y), "allgather")):
+        with dm.Matmul(a, b, distribution=dists, devices=8) as mm:
+            assert "both ways" in mm.explain() and mm.algorithm == algorithm, mm.explain()
+            assert_close(mm.execute(), reference(a, b), "float32")
+        # (traced, the global operands could be multiplied whole on every device: the algorithm named)
+        jaxpr = str(jax.make_jaxpr(lambda x, y: dm.matmul(x, y, distribution=dists, devices=8,
+                                                          algorithm=algorithm))(a, b))
+        firsts = set(re.findall(r"perm=\(\(0, (\d+)\)", jaxpr))
+        assert firsts == {"1", "7"}, (dists, firsts)  # rank 0 sends to its right and its left neighbour

@@ -213,7 +213,7 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
         names = [_plan.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]
         extra = _cost.extra_memory_bytes(kernel.algorithm, n, n, n, p, itemsize, acc, moving=kernel.moving,
                                          one_shot=kernel.schedule == "one_shot")
-        name = kernel.algorithm + (":one_shot" if kernel.schedule == "one_shot" else "")
+        name = kernel.algorithm + ("" if kernel.schedule == "ring" else f":{kernel.schedule}")
         bound = f"{plan.nbytes / lb['memory_independent']:.2f}" if lb["memory_independent"] > 0 else "-"
         # every rank of a ring (or a psum) sends what it receives
         lines.append(

@@ -1213,13 +1213,14 @@ class JaxPlan:
             )
         else:
             one_shot = kern.schedule == "one_shot" and self.nranks > 1
+            both = " both ways (half of each block each way: two rings)" if kern.schedule == "bidirectional" else ""
             what = {
                 "local": "local GEMM, no communication",
                 "allgather": f"one-shot AllGather+GEMM: {kern.moving} all-gathered in one collective, then one GEMM"
-                if one_shot else f"ring AllGather+GEMM: {kern.moving} travels {self.nranks - 1} ppermute steps",
+                if one_shot else f"ring AllGather+GEMM{both}: {kern.moving} travels {self.nranks - 1} ppermute steps",
                 "reduce_scatter": "one-shot GEMM+ReduceScatter: one GEMM of the whole partial product, then one "
                 "psum_scatter" if one_shot else
-                f"ring GEMM+ReduceScatter: partial sums travel {self.nranks - 1} ppermute steps",
+                f"ring GEMM+ReduceScatter{both}: partial sums travel {self.nranks - 1} ppermute steps",
                 "allreduce": "GEMM + psum (AllReduce, one collective)",
             }[kern.algorithm]
             what += f"; roles a:{kern.a} b:{kern.b} result:{kern.d}"

@@ -41,7 +41,8 @@ __all__ = [
     "ring_allgather",
     "ring_allgathers",
     "ring_order",
-    "ring_reduce_scatter",
+    "ring_parts",
+    "ring_pieces",
     "ring_reduce_scatters",
     "rooted_broadcast",
     "summa",
@@ -146,10 +147,17 @@ class LocalProblem:
         ax = self.axes
         return contract(a, b, ax["aK"], ax["bK"], self.precision, self.acc_dtype)
 
-    def take(self, x: jax.Array, axis: int, dim: str, j: jax.Array) -> jax.Array:
-        """Block ``j`` of logical dim ``dim`` (stored axis ``axis``) of a local array."""
+    def take(self, x: jax.Array, axis: int, dim: str, j: jax.Array, part: tuple[int, int] | None = None) -> jax.Array:
+        """Block ``j`` of logical dim ``dim`` (stored axis ``axis``) of a local
+        array; its positions ``start:stop`` only, given ``part``."""
         size = self.block[dim]
-        return lax.dynamic_slice_in_dim(x, j * size, size, axis=axis)
+        start, stop = part or (0, size)
+        return lax.dynamic_slice_in_dim(x, j * size + start, stop - start, axis=axis)
+
+    @property
+    def both_ways(self) -> bool:
+        """Whether the ring runs both ways (:func:`ring_parts`)."""
+        return self.kernel.schedule == "bidirectional"
 
 
 def ring_order(axis: Any) -> tuple[Any, jax.Array | None]:
@@ -191,6 +199,31 @@ def ring_order(axis: Any) -> tuple[Any, jax.Array | None]:
 
 def _index_of(table: jax.Array | None, q: jax.Array) -> jax.Array:
     return q if table is None else table[q]
+
+
+def ring_parts(m: int, both_ways: bool) -> tuple[tuple[int, int, int], ...]:
+    """How a block of ``m`` positions travels a ring: ``(start, stop, shift)``
+    per part, ``shift`` the direction an all-gather sends it (``-1``: left).
+    The whole block leftwards, or with ``both_ways`` its first half (the
+    larger, for odd ``m``) left and the rest right: two rings side by side
+    (:func:`ring_allgathers`). A reduce-scatter, the transpose, sends each
+    part the other way (``-shift``, :func:`ring_reduce_scatters`).
+
+    >>> ring_parts(5, False), ring_parts(5, True), ring_parts(1, True)
+    (((0, 5, -1),), ((0, 3, -1), (3, 5, 1)), ((0, 1, -1),))
+    """
+    if not both_ways or m < 2:
+        return ((0, m, -1),)
+    h = (m + 1) // 2
+    return ((0, h, -1), (h, m, 1))
+
+
+def ring_pieces(x: jax.Array, axis: int, both_ways: bool) -> tuple[tuple[jax.Array, int, int], ...]:
+    """What travels of block ``x``, cut along ``axis`` as :func:`ring_parts`
+    says: ``(piece, shift, start)``."""
+    m = x.shape[axis]
+    return tuple((x if (start, stop) == (0, m) else lax.slice_in_dim(x, start, stop, axis=axis), shift, start)
+                 for start, stop, shift in ring_parts(m, both_ways))
 
 
 def ring_allgather(
@@ -256,12 +289,6 @@ def ring_allgathers(
     else:
         acc, held = lax.fori_loop(0, p - 1, one, (acc, held), unroll=min(max(p - 1, 1), 16))
     return visit(acc, p - 1, held)
-
-
-def ring_reduce_scatter(partial: Callable[[jax.Array], jax.Array], p: int, axis: Any) -> jax.Array:
-    """Sum over ranks of ``partial(j)``, the rank of index ``j`` on ``axis``
-    (``lax.axis_index``) keeping block ``j``; sends right."""
-    return ring_reduce_scatters(((partial, 1),), p, axis)[0]
 
 
 def ring_reduce_scatters(
@@ -616,44 +643,46 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             return lax.psum(lp.mm(a, b), axis)
         if kern.schedule == "one_shot":
             return one_shot(lp, a, b)
-        if kern.algorithm == "reduce_scatter":
+        if kern.algorithm == "reduce_scatter":  # each part of the result block summed around its own ring
             if kern.d == "N":
-                return ring_reduce_scatter(lambda j: lp.mm(a, lp.take(b, ax["bN"], "N", j)), p, axis)
-            return ring_reduce_scatter(lambda j: lp.mm(lp.take(a, ax["aM"], "M", j), b), p, axis)
-        if kern.algorithm == "allgather":
+                def partial(part: tuple[int, int]) -> Callable[[jax.Array], jax.Array]:
+                    return lambda j: lp.mm(a, lp.take(b, ax["bN"], "N", j, part))
+            else:
+                def partial(part: tuple[int, int]) -> Callable[[jax.Array], jax.Array]:
+                    return lambda j: lp.mm(lp.take(a, ax["aM"], "M", j, part), b)
+            d_axis = 1 if kern.d == "N" else 0
+            sums = ring_reduce_scatters(tuple((partial((start, stop)), -shift) for start, stop, shift
+                                              in ring_parts(lp.block[kern.d], lp.both_ways)), p, axis)
+            return sums[0] if len(sums) == 1 else lax.concatenate(sums, d_axis)
+        if kern.algorithm == "allgather":  # each part of the travelling block around its own ring
             m_loc, n_loc = a.shape[ax["aM"]], b.shape[ax["bN"]]
             if kern.moving == "b" and kern.b == "N":  # write column block j of D's rows
-                return ring_allgather(
-                    b,
-                    varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis),
-                    lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(a, blk), j * n_loc, axis=1),
-                    p,
-                    axis,
-                )
-            if kern.moving == "b":  # K blocks of b meet the matching K slice of a
-                return ring_allgather(
-                    b,
-                    varying_zeros((m_loc, n_loc), lp.acc_dtype, axis),
-                    lambda acc, blk, j: acc + lp.mm(lp.take(a, ax["aK"], "K", j), blk),
-                    p,
-                    axis,
-                )
-            m_blk = a.shape[ax["aM"]]
-            if kern.a == "M":  # write row block j of D's columns
-                return ring_allgather(
-                    a,
-                    varying_zeros((m_blk * p, n_loc), lp.acc_dtype, axis),
-                    lambda acc, blk, j: lax.dynamic_update_slice_in_dim(acc, lp.mm(blk, b), j * m_blk, axis=0),
-                    p,
-                    axis,
-                )
-            return ring_allgather(
-                a,
-                varying_zeros((m_blk, n_loc), lp.acc_dtype, axis),
-                lambda acc, blk, j: acc + lp.mm(blk, lp.take(b, ax["bK"], "K", j)),
-                p,
-                axis,
-            )
+                pieces = ring_pieces(b, ax["bN"], lp.both_ways)
+                acc = varying_zeros((m_loc, n_loc * p), lp.acc_dtype, axis)
+
+                def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:
+                    return lax.dynamic_update_slice_in_dim(acc, lp.mm(a, blk), j * n_loc + pieces[i][2], axis=1)
+            elif kern.moving == "b":  # K blocks of b meet the matching K slice of a
+                pieces = ring_pieces(b, ax["bK"], lp.both_ways)
+                acc = varying_zeros((m_loc, n_loc), lp.acc_dtype, axis)
+
+                def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:
+                    part = (pieces[i][2], pieces[i][2] + blk.shape[ax["bK"]])
+                    return acc + lp.mm(lp.take(a, ax["aK"], "K", j, part), blk)
+            elif kern.a == "M":  # write row block j of D's columns
+                pieces = ring_pieces(a, ax["aM"], lp.both_ways)
+                acc = varying_zeros((m_loc * p, n_loc), lp.acc_dtype, axis)
+
+                def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:
+                    return lax.dynamic_update_slice_in_dim(acc, lp.mm(blk, b), j * m_loc + pieces[i][2], axis=0)
+            else:  # K blocks of a meet the matching K slice of b
+                pieces = ring_pieces(a, ax["aK"], lp.both_ways)
+                acc = varying_zeros((m_loc, n_loc), lp.acc_dtype, axis)
+
+                def step(acc: jax.Array, i: int, blk: jax.Array, j: jax.Array) -> jax.Array:
+                    part = (pieces[i][2], pieces[i][2] + blk.shape[ax["aK"]])
+                    return acc + lp.mm(blk, lp.take(b, ax["bK"], "K", j, part))
+            return ring_allgathers(tuple((pc, shift) for pc, shift, _ in pieces), acc, step, p, axis)
         raise ValueError(f"no JAX body for algorithm {kern.algorithm!r}")
 
     def run(a: jax.Array, b: jax.Array, *rest: jax.Array) -> jax.Array:
