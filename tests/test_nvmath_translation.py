@@ -1212,6 +1212,43 @@ def test_fake_backend_plan_cache_borrows(fake_nvmath, monkeypatch):
     assert names().count("free") == 3  # the two still cached
 
 
+def test_fake_backend_threads_start_one_backend(fake_nvmath, monkeypatch):
+    """Threads whose first products run at once make one backend object (one
+    plan cache, one start-up of nvmath.distributed): before, each could make
+    its own, plan the problem again and initialize nvmath a second time."""
+    import concurrent.futures
+    import threading
+    import time
+
+    from dmatmul.backends.nvmath import _backend as B
+
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+    made = B.NvmathBackend.__init__
+
+    def slow_init(self):  # the other threads ask for the backend meanwhile
+        time.sleep(0.05)
+        made(self)
+
+    monkeypatch.setattr(B.NvmathBackend, "__init__", slow_init)
+    monkeypatch.setattr(nv.BACKEND, "_impl", None)
+    fake_nvmath.CALLS.clear()
+    a, b = np.ones((6, 5)), np.ones((5, 4))
+    barrier = threading.Barrier(4)
+
+    def first(_):
+        barrier.wait()
+        return dm.matmul(a, b, backend="nvmath")
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for d in pool.map(first, range(4)):
+                np.testing.assert_array_equal(d, np.full((6, 4), 5.0))
+    finally:
+        nv.BACKEND.clear()  # this test's backend goes before monkeypatch puts the fixture's back
+    names = [n for n, _ in fake_nvmath.CALLS]
+    assert names.count("initialize") == 1 and names.count("Matmul") + names.count("HostMatmul") == 1, names
+
+
 @pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("shapes", [
     ((1, 6), (6, 5), None),   # a row: a C-order (1, k) is "F-contiguous" to numpy's flags, not to nvmath

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -114,12 +115,15 @@ class _LazyBackend:
 
     def __init__(self) -> None:
         self._impl: Any = None
+        self._making = threading.Lock()  # threads' first plans at once make one backend (one cache, one start-up)
 
     def plan(self, spec: Any, operands: Any) -> Any:
         if self._impl is None:
-            from ._backend import NvmathBackend
+            with self._making:
+                if self._impl is None:
+                    from ._backend import NvmathBackend
 
-            self._impl = NvmathBackend()
+                    self._impl = NvmathBackend()
         return self._impl.plan(spec, operands)
 
     def ranks(self, spec: Any, operands: Any) -> int:
