@@ -1212,6 +1212,34 @@ def test_fake_backend_plan_cache_borrows(fake_nvmath, monkeypatch):
     assert names().count("free") == 3  # the two still cached
 
 
+def test_fake_backend_threads_share_a_plan(fake_nvmath, monkeypatch):
+    """Threads multiplying one problem at once share its cached plan, and so
+    its one nvmath Matmul: each thread's operands are handed over and run
+    before the next thread's (before, a thread's execute ran on the operands
+    another thread had handed over just after: its product, silently)."""
+    import concurrent.futures
+    import threading
+
+    a, b = np.ones((6, 5)), np.ones((5, 4))
+    dm.matmul(a, b, backend="nvmath")  # the plan, made once
+    barrier = threading.Barrier(2)
+    for cls in (fake_nvmath.Matmul, fake_nvmath.HostMatmul):
+        handed = cls.reset_operands
+
+        def reset_operands(self, *args, _handed=handed, **kwargs):  # both threads hand over, then both run
+            _handed(self, *args, **kwargs)
+            try:
+                barrier.wait(timeout=0.5)
+            except threading.BrokenBarrierError:  # the other thread waits for this one's call to end
+                pass
+
+        monkeypatch.setattr(cls, "reset_operands", reset_operands)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda s: dm.matmul(s * a, b, backend="nvmath"), (2.0, 3.0)))
+    np.testing.assert_array_equal(got[0], np.full((6, 4), 10.0))
+    np.testing.assert_array_equal(got[1], np.full((6, 4), 15.0))
+
+
 def test_fake_backend_threads_start_one_backend(fake_nvmath, monkeypatch):
     """Threads whose first products run at once make one backend object (one
     plan cache, one start-up of nvmath.distributed): before, each could make

@@ -103,6 +103,10 @@ class NvmathPlan:
         self.algorithm = self.translation.algorithm
         self._last_in: Any = None
         self._last_arrays: Any = None
+        # one call at a time: threads that share this plan (the cache hands one plan to every Matmul of a
+        # problem) would otherwise hand their operands to the one nvmath Matmul between each other's
+        # reset_operands and execute, and get each other's products
+        self._running = threading.Lock()
         prepared = self._prepare(arrays)
         self._engine = _engine.make_engine(self.translation, prepared, self.ctx)
         self._engine.resident = on_device(self._xp)
@@ -177,8 +181,13 @@ class NvmathPlan:
         operands are handed over again every call (``reset_operands``: nvmath
         copies them to the GPU then, so values changed since planning are
         seen, as with the JAX backend); device operands are not, when the
-        same buffers come back (nvmath reads them where they are).
+        same buffers come back (nvmath reads them where they are). Threads
+        sharing the plan run one call at a time.
         """
+        with self._running:
+            return self._execute(operands)
+
+    def _execute(self, operands: Operands) -> Any:
         arrays = self._current(operands)
         _, _, c, bias = arrays
         d_nv = self._engine.run(self._program.prepare(*arrays))
