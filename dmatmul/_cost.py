@@ -201,38 +201,72 @@ def calibration_path() -> Path | None:
 
 _loaded: dict[tuple[str, float], dict[str, MachineModel]] = {}
 
+#: the fields of one entry of a calibration file: the constants (s/message, s/byte, s/flop; None: not given)
+#: and the flags (true/false)
+_CONSTANTS = ("alpha", "beta", "gamma", "mem", "collective_alpha", "collective_beta")
+_FLAGS = ("overlap", "duplex")
+
+
+def _entry(name: str, e: Any, source: str) -> MachineModel:
+    """The model of entry ``name`` of a calibration file; ValueError naming
+    the field, what it must be and what it is."""
+    if not isinstance(e, dict):
+        raise ValueError(f"models[{name!r}] must be an object of alpha, beta, gamma, ...; got {e!r}")
+    unknown = sorted(set(e) - set(_CONSTANTS) - set(_FLAGS))
+    if unknown:
+        raise ValueError(f"models[{name!r}] has unknown field(s) {unknown}; known: {', '.join(_CONSTANTS + _FLAGS)}")
+    values: dict[str, Any] = {}
+    for field in _CONSTANTS:
+        v = e.get(field)
+        if v is None and field not in ("alpha", "beta", "gamma"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"models[{name!r}].{field} must be a finite number >= 0 (seconds per message, byte "
+                             f"or flop), got {v!r}")
+        values[field] = float(v)
+    for field in _FLAGS:
+        v = e.get(field, False)
+        if not isinstance(v, bool):
+            raise ValueError(f"models[{name!r}].{field} must be true or false, got {v!r}")
+        values[field] = v
+    return MachineModel(source=source, **values)
+
+
+def _read(p: Path) -> tuple[dict[str, Any], dict[str, MachineModel]]:
+    """The document in calibration file ``p`` and its models; ValueError
+    naming the file, what is wrong, and the fixes."""
+    try:
+        if not p.is_file():
+            raise ValueError("it is not a file")
+        data = json.loads(p.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+            raise ValueError('expected an object {"version": 1, "models": {"cpu": {...}, ...}}')
+        if data.get("version", _FORMAT_VERSION) != _FORMAT_VERSION:
+            raise ValueError(f"expected version {_FORMAT_VERSION}, got {data['version']!r}")
+        models = {str(name): _entry(str(name), e, f"calibrated {p}") for name, e in data["models"].items()}
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"cost model file {p} is not a dmatmul calibration ({e}); "
+            f"rerun `dmatmul bench --calibrate`, delete the file, or set {MODEL_ENV}=default"
+        ) from None
+    return data, models
+
 
 def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, MachineModel]:
     """The calibrated models in ``path`` (default :func:`calibration_path`),
     keyed ``"cpu"``, ``"cpu/8"``, ...; ``{}`` when there is no file.
 
-    A file that exists but cannot be read raises ValueError naming it.
+    A file that exists but cannot be read, or whose entries are not finite
+    non-negative constants (a model that would plan nonsense), raises
+    ValueError naming it and the field.
     """
     p = Path(path) if path is not None else calibration_path()
-    if p is None or not p.is_file():
+    if p is None or not p.exists():
         return {}
     key = (str(p), p.stat().st_mtime)
     if key in _loaded:
         return _loaded[key]
-    try:
-        data = json.loads(p.read_text())
-        entries = data["models"]
-        models = {
-            str(name): MachineModel(
-                alpha=float(e["alpha"]), beta=float(e["beta"]), gamma=float(e["gamma"]), source=f"calibrated {p}",
-                mem=float(e["mem"]) if e.get("mem") is not None else None,
-                collective_alpha=float(e["collective_alpha"]) if e.get("collective_alpha") is not None else None,
-                collective_beta=float(e["collective_beta"]) if e.get("collective_beta") is not None else None,
-                overlap=bool(e.get("overlap", False)),
-                duplex=bool(e.get("duplex", False)),
-            )
-            for name, e in entries.items()
-        }
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(
-            f"cost model file {p} is not a dmatmul calibration ({type(e).__name__}: {e}); "
-            f"rerun `dmatmul bench --calibrate`, delete the file, or set {MODEL_ENV}=default"
-        ) from None
+    _, models = _read(p)
     _loaded[key] = models
     return models
 
@@ -253,11 +287,12 @@ def save_models(
     old_meta: dict[str, Any] = {}
     if merge and p.is_file():
         try:
-            old = json.loads(p.read_text())
-            entries.update(old.get("models", {}))
-            old_meta = dict(old.get("meta", {}))
-        except (OSError, ValueError):
-            pass
+            old, _ = _read(p)
+        except ValueError:
+            pass  # a broken file is replaced, not merged: the calibration is what it says
+        else:
+            entries.update(old["models"])
+            old_meta = dict(old["meta"]) if isinstance(old.get("meta"), dict) else {}
     entries.update({k: m.to_dict() for k, m in models.items()})
     p.parent.mkdir(parents=True, exist_ok=True)
     doc = {"version": _FORMAT_VERSION, "models": entries, "meta": {**old_meta, **dict(meta or {})}}

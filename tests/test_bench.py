@@ -192,6 +192,64 @@ def test_a_broken_model_file_says_how_to_fix_it(tmp_path, monkeypatch):
         _cost.model_for("cpu")
 
 
+GOOD_ENTRY = {"alpha": 2e-5, "beta": 2.5e-10, "gamma": 5e-11}
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"version": 1, "models": [1]}', "expected an object"),  # an AttributeError escaped before
+    ('{"version": 1, "models": {"cpu": 5}}', r"models\['cpu'\] must be an object"),
+    (json.dumps({"models": {"cpu": {**GOOD_ENTRY, "beta": -1e-9}}}),
+     r"models\['cpu'\]\.beta must be a finite number >= 0"),
+    ('{"models": {"cpu": {"alpha": 2e-5, "beta": NaN, "gamma": 5e-11}}}', r"\.beta .* got nan"),
+    ('{"models": {"cpu": {"alpha": Infinity, "beta": 2.5e-10, "gamma": 5e-11}}}', r"\.alpha .* got inf"),
+    (json.dumps({"models": {"cpu/8": {**GOOD_ENTRY, "gamma": "5e-11"}}}), r"models\['cpu/8'\]\.gamma .* got '5e-11'"),
+    (json.dumps({"models": {"cpu": {**GOOD_ENTRY, "alpha": True}}}), r"\.alpha .* got True"),
+    (json.dumps({"models": {"cpu": {**GOOD_ENTRY, "collective_beta": -1}}}), r"\.collective_beta .* got -1"),
+    (json.dumps({"models": {"cpu": {**GOOD_ENTRY, "overlap": "false"}}}), r"\.overlap must be true or false"),
+    (json.dumps({"models": {"cpu": {**GOOD_ENTRY, "alhpa": 1e-5}}}), r"unknown field\(s\) \['alhpa'\]"),
+    (json.dumps({"version": 2, "models": {"cpu": GOOD_ENTRY}}), "expected version 1, got 2"),
+])
+def test_a_model_file_with_wrong_values_names_the_field(tmp_path, monkeypatch, text, says):
+    """Each entry is checked where the file is read: a negative, NaN or
+    infinite constant (or a string, a typo'd field, a flag that is not a
+    boolean) planned silently with nonsense before; now a ValueError names
+    the file, the entry and field, what it must be and what it is."""
+    path = tmp_path / "model.json"
+    path.write_text(text)
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    with pytest.raises(ValueError, match=says) as info:
+        _cost.model_for("cpu", 8)
+    assert str(path) in str(info.value) and f"{_cost.MODEL_ENV}=default" in str(info.value)
+
+
+def test_a_model_path_that_is_a_directory_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path))  # it was silently ignored: the defaults planned
+    with pytest.raises(ValueError, match="is not a file"):
+        _cost.model_for("cpu")
+
+
+def test_a_model_file_of_zeros_and_other_platforms_plans(tmp_path, monkeypatch):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"version": 1, "models": {"cpu": {"alpha": 0, "beta": 0, "gamma": 0},
+                                                          "gpu": {**GOOD_ENTRY, "overlap": True}}}))
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    assert _cost.model_for("cpu", 8).alpha == 0.0 and _cost.model_for("cuda").overlap
+    assert _cost.model_for("tpu") == _cost.DEFAULT_MODELS["tpu"]
+
+
+def test_calibrating_over_a_broken_file_replaces_it(tmp_path, monkeypatch):
+    """``dmatmul bench --calibrate`` over a file the error told the user to
+    recalibrate: the file is replaced (a TypeError escaped the merge before)."""
+    path = tmp_path / "model.json"
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    for broken in ('{"version": 1, "models": [1]}', '[1]',
+                   json.dumps({"models": {"cpu/4": {**GOOD_ENTRY, "beta": -1}}})):
+        path.write_text(broken)
+        _cost.save_models({"cpu/2": MachineModel(1e-5, 1e-10, 1e-11)})
+        assert set(json.loads(path.read_text())["models"]) == {"cpu/2"}
+        assert _cost.model_for("cpu", 2).gamma == 1e-11
+
+
 def test_describe():
     text = MachineModel(2e-5, 1 / 4e9, 1 / 20e9).describe()
     assert "alpha 20 us" in text and "4 GB/s" in text and "20 GFLOP/s" in text
