@@ -398,6 +398,13 @@ def test_progress_bar():
     bar.step(10, "x")
     bar.note("m")
     assert quiet.getvalue() == "m\n"
+    for bar in (_bench.Progress(10, enabled=False, stream=out), _bench.Progress(10, enabled=False, stream=Tty())):
+        bar.note("explained")  # --no-progress drops the bar, not --explain's accounts (it dropped both)
+        bar.step(10, "x")
+        assert bar.stream.getvalue().endswith("explained\n")
+    silent = io.StringIO()  # a rank other than 0
+    _bench.Progress(10, enabled=False, stream=silent, notes=False).note("m")
+    assert silent.getvalue() == ""
 
 
 # --------------------------------------------------------------------------- #

@@ -188,7 +188,7 @@ def run_processes(args: argparse.Namespace, out: list[Result], flush: Callable[[
         args.peers = [x for x in args.peers if x != "xla-1dev"]  # one core per rank: not the machine's ceiling
     calls = (len(named_algorithms(args)) + len(args.peers)) * (1 + args.warmup + args.reps)
     total = sum(float(n) ** 3 * calls for n in args.sizes) * len(args.layouts)
-    progress = Progress(total, enabled=rt.rank == 0 and not args.no_progress)
+    progress = Progress(total, enabled=rt.rank == 0 and not args.no_progress, notes=rt.rank == 0)
     try:
         for n in args.sizes:
             if n % rt.size:

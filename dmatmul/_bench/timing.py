@@ -224,12 +224,17 @@ class Result:
 
 
 class Progress:
-    """A one-line progress bar with an ETA, weighted by each step's work."""
+    """A one-line progress bar with an ETA, weighted by each step's work.
 
-    def __init__(self, total: float, enabled: bool = True, stream: Any = None) -> None:
+    ``enabled``: whether the bar is drawn (on a terminal); ``notes``: whether
+    :meth:`note`'s messages are written (``--explain``'s accounts, groups
+    skipped), with or without the bar."""
+
+    def __init__(self, total: float, enabled: bool = True, stream: Any = None, *, notes: bool = True) -> None:
         self.total, self.done = max(total, 1e-12), 0.0
         self.stream = stream or sys.stderr
         self.enabled = enabled
+        self.notes = notes
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start = time.perf_counter()
         self._drawn = -1.0
@@ -255,7 +260,7 @@ class Progress:
 
     def note(self, text: str) -> None:
         """A message line (the bar is redrawn on the next step)."""
-        if not self.enabled:
+        if not self.notes:
             return
         if self.tty:
             self.stream.write("\r" + " " * min(110, len(self._last_line)) + "\r")
