@@ -48,6 +48,18 @@ def require_backend(command: str, name: str = "jax") -> None:
         raise SystemExit(f"dmatmul {command}: backend {name!r} cannot run here: {reason}")
 
 
+def require_cost_model(command: str) -> None:
+    """Exit (status 1) with one line when the cost model file that plans
+    ``algorithm="auto"`` cannot be read (``$DMATMUL_COST_MODEL``, else the
+    calibration file): its error names the file, the field and the fixes."""
+    from . import _cost
+
+    try:
+        _cost.load_models()
+    except ValueError as e:
+        raise SystemExit(f"dmatmul {command}: {e}") from None
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, backends
 
@@ -116,6 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from . import _runtime
 
     require_backend("demo")
+    require_cost_model("demo")
     spmd = _runtime.launched_size() > 1
     if not spmd:
         _start_jax_cpu(args.devices)
@@ -216,6 +229,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     spmd = _runtime.launched_size() > 1
     names = _check_backends(args.backend)
+    require_cost_model("check")
     if "nvmath" in names:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU to cuBLASMp too
     ndev = 1

@@ -202,6 +202,26 @@ def test_cli_help_and_version(capsys):
     assert "--dtype {float32,bfloat16,float16,float64} element type" in bench
 
 
+@pytest.mark.parametrize("argv", [
+    ["demo", "-m", "8", "-n", "8", "-k", "8", "--devices", "2"],
+    ["check", "--cases", "1", "--devices", "2"],
+    ["bench", "--costs", "--sizes", "64", "--devices", "2"],
+])
+def test_cli_says_in_one_line_that_the_cost_model_file_is_broken(argv, tmp_path, monkeypatch):
+    """A cost model file that cannot be read stops the command before it runs,
+    with the file's error on one line (a traceback before; ``check`` counted
+    it as a failure of every case)."""
+    from dmatmul import _cost, cli
+
+    path = tmp_path / "model.json"
+    path.write_text('{"version": 1, "models": {"cpu": {"alpha": -1, "beta": 0, "gamma": 0}}}')
+    monkeypatch.setenv(_cost.MODEL_ENV, str(path))
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    message = str(info.value.code)
+    assert message.startswith(f"dmatmul {argv[0]}: cost model file {path}") and ".alpha must be" in message
+
+
 def test_cli_stops_quietly_when_its_reader_goes_away():
     """``dmatmul info | head -1``: no BrokenPipeError traceback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}

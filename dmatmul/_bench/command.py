@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _cost
 from .._spec import ALGORITHMS
-from ..cli import MAX_CPU_DEVICES, at_least, require_backend
+from ..cli import MAX_CPU_DEVICES, at_least, require_backend, require_cost_model
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
@@ -201,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
     args = finish_args(args)
     if not args.costs:  # the costs table is pure Python; calibrating and timing run on JAX
         require_backend("bench")
-    if args.calibrate:
+    if args.calibrate:  # (it replaces a file that cannot be read)
         return run_calibrate(args)
+    require_cost_model("bench")
     if args.costs:
         return run_costs(args)
     mode = "processes" if launched_size() > 1 else "devices"
