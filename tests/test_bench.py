@@ -283,10 +283,22 @@ def test_quick_shrinks_only_the_defaults():
     assert args.sizes == list(_bench.QUICK_SIZES) and args.devices == list(_bench.QUICK_DEVICES) and args.reps == 3
     args = _bench.finish_args(parse("--quick", "--sizes", "64", "--reps", "2"))
     assert args.sizes == [64] and args.reps == 2
-    with pytest.raises(SystemExit, match="layout"):
-        _bench.finish_args(parse("--layouts", "XYZ"))
-    with pytest.raises(SystemExit, match="peer"):
-        _bench.finish_args(parse("--peers", "torch"))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--layouts", "XYZ"), "argument --layouts: layout 'XYZ': expected three letters"),
+    (("--layouts", ""), "argument --layouts: expected comma-separated layouts"),  # timed nothing before
+    (("--layouts", " , "), "argument --layouts: expected comma-separated layouts"),
+    (("--peers", "xla,torch"), "argument --peers: expected comma-separated peers from xla, xla-1dev, numpy"),
+])
+def test_bad_layouts_and_peers_are_usage_errors(argv, says, capsys):
+    """As every other option's: status 2, the usage line, the option named
+    (status 1 and neither before, and an empty --layouts ran nothing)."""
+    with pytest.raises(SystemExit) as info:
+        parse(*argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("usage: dmatmul bench") and says in err, err
+    assert parse("--peers", "").peers == []  # no peers: dmatmul alone
 
 
 def test_parse_layout():

@@ -56,6 +56,28 @@ def _names(text: str) -> list[str]:
     return [x for x in text.replace(" ", "").split(",") if x]
 
 
+def _layouts(text: str) -> list[str]:
+    names = _names(text)
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layouts such as XYX,YXY; got {text!r}")
+    for name in names:
+        try:
+            parse_layout(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
+def _peers(text: str) -> list[str]:
+    names = _names(text)
+    unknown = [name for name in names if name not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated peers from {', '.join(PEERS)} ('' for none); got {text!r}"
+        )
+    return names
+
+
 def _algorithms(text: str) -> list[str]:
     names = _names(text)
     unknown = [a for a in names if a != "auto" and a not in ALGORITHMS]
@@ -114,7 +136,7 @@ def _add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(one device per rank)",
     )
     p.add_argument(
-        "--layouts", type=_names, default=",".join(DEFAULT_LAYOUTS),
+        "--layouts", type=_layouts, default=",".join(DEFAULT_LAYOUTS),
         help="layouts of (a, b, result): letters X=Slab.X, Y=Slab.Y, R=Replicated(), "
         "G=BlockNonCyclic on the squarest 2-D grid",
     )
@@ -126,7 +148,7 @@ def _add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--algorithms", type=_algorithms, default=None,
         help="dmatmul algorithms to time (default: auto and every named one that fits)",
     )
-    p.add_argument("--peers", type=_names, default=",".join(PEERS), help="peers to time")
+    p.add_argument("--peers", type=_peers, default=",".join(PEERS), help="peers to time")
     p.add_argument("--json", type=_output_path, default="dmatmul-bench.json", metavar="PATH",
                    help="JSON output ('' for none)")
     p.add_argument("--plot", type=_output_path, default="dmatmul-bench.png", metavar="PATH",
@@ -180,14 +202,6 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
             args.devices = list(QUICK_DEVICES)
         if args.reps == 5:
             args.reps = 3
-    for peer in args.peers:
-        if peer not in PEERS:
-            raise SystemExit(f"dmatmul bench: unknown peer {peer!r}; choose from {', '.join(PEERS)}")
-    for name in args.layouts:
-        try:
-            parse_layout(name)
-        except ValueError as e:
-            raise SystemExit(f"dmatmul bench: {e}") from None
     if args.reps < 1 or args.warmup < 0:
         raise SystemExit("dmatmul bench: --reps must be >= 1 and --warmup >= 0")
     return args
