@@ -491,6 +491,28 @@ def test_bench_bfloat16(tmp_path, capsys, monkeypatch):
     assert "n=64 bfloat16" in text and "float32 GEMM" in text and "MISMATCH" not in text
 
 
+@pytest.mark.parametrize("model_out, env, says", [
+    ("", None, "argument --model-out: expected a file to save the calibration to, got ''"),
+    ("{tmp}", None, "argument --model-out: expected a file to save the calibration to, got '{tmp}'"),
+    (None, "{tmp}", "argument --calibrate: DMATMUL_COST_MODEL: expected a file to save the calibration to"),
+    (None, "default", "argument --calibrate: DMATMUL_COST_MODEL='default' names no file to save the calibration to"),
+])
+def test_calibrate_checks_where_it_saves_before_measuring(tmp_path, capsys, monkeypatch, model_out, env, says):
+    """Where the calibration goes is checked before anything is measured (a
+    traceback after the whole calibration before: an empty path, a directory,
+    or DMATMUL_COST_MODEL=default)."""
+    monkeypatch.setattr(_bench.calibration, "calibration_samples", lambda p, **kw: pytest.fail("measured"))
+    if env is not None:
+        monkeypatch.setenv(_cost.MODEL_ENV, env.format(tmp=tmp_path))
+    argv = ["--calibrate", "--devices", "2"]
+    if model_out is not None:
+        argv += ["--model-out", model_out.format(tmp=tmp_path)]
+    with pytest.raises(SystemExit) as info:
+        _bench.run(parse(*argv))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("usage: dmatmul bench") and says.format(tmp=tmp_path) in err, err
+
+
 def test_calibration_measures_and_saves(tmp_path, capsys, monkeypatch):
     samples = _bench.calibration_samples(2, reps=1, message_bytes=(1 << 12, 1 << 16), gemm_sizes=(64, 128))
     assert all(t > 0 for *_, t in samples) and any(s[2] > 0 for s in samples)

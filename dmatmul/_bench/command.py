@@ -195,6 +195,14 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     and apply --quick to the options left at their defaults."""
     if args.model_out is not None and not args.calibrate:
         _usage_error(args, "argument --model-out: only with --calibrate (where the calibration is saved)")
+    if args.calibrate:  # where it is saved, checked before measuring
+        target = args.model_out if args.model_out is not None else _cost.calibration_path()
+        if target is None:
+            _usage_error(args, f"argument --calibrate: {_cost.MODEL_ENV}={os.environ.get(_cost.MODEL_ENV)!r} names "
+                         "no file to save the calibration to: give --model-out PATH, or unset it")
+        elif not str(target) or os.path.isdir(target):
+            via = "argument --model-out" if args.model_out is not None else f"argument --calibrate: {_cost.MODEL_ENV}"
+            _usage_error(args, f"{via}: expected a file to save the calibration to, got {str(target)!r}")
     if args.quick:
         if args.sizes == list(DEFAULT_SIZES):
             args.sizes = list(QUICK_SIZES)
