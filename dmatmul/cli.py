@@ -360,11 +360,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _bench.add_parser(sub)
     args = parser.parse_args(argv)
+    return run_command(args, f"dmatmul {args.command}")
+
+
+def run_command(args: argparse.Namespace, prog: str) -> int:
+    """Run a parsed command; its exit status. The user's mistakes the options
+    cannot catch end in one line on stderr, not a traceback."""
     try:
         return int(args.func(args))
     except BrokenPipeError:  # the reader went away (dmatmul info | head -3): stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not raise again
+        return 1
+    except MemoryError as e:  # sizes this machine cannot hold (numpy says how much it asked for)
+        print(f"{prog}: out of memory: {e}; use smaller sizes", file=sys.stderr)
         return 1
 
 

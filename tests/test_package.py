@@ -222,6 +222,25 @@ def test_cli_says_in_one_line_that_the_cost_model_file_is_broken(argv, tmp_path,
     assert message.startswith(f"dmatmul {argv[0]}: cost model file {path}") and ".alpha must be" in message
 
 
+def test_cli_says_in_one_line_that_the_sizes_do_not_fit(monkeypatch, capsys):
+    """``dmatmul demo -m 400000 -n 400000``: numpy's MemoryError, one line
+    (a traceback before)."""
+    from dmatmul import _bench, cli
+
+    def too_big(args):
+        raise MemoryError("Unable to allocate 1.16 TiB for an array with shape (400000, 400000)")
+
+    monkeypatch.setattr(cli, "cmd_demo", too_big)
+    monkeypatch.setattr(_bench.command, "run", too_big)
+    for main, argv, prog in ((cli.main, ["demo", "-m", "400000"], "dmatmul demo"),
+                             (cli.main, ["bench", "--sizes", "400000"], "dmatmul bench"),
+                             (_bench.main, ["--sizes", "400000"], "dmatmul bench")):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err == f"{prog}: out of memory: Unable to allocate 1.16 TiB for an array with shape (400000, 400000); " \
+                      "use smaller sizes\n", err
+
+
 def test_cli_stops_quietly_when_its_reader_goes_away():
     """``dmatmul info | head -1``: no BrokenPipeError traceback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}

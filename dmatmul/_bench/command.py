@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _cost
 from .._spec import ALGORITHMS
-from ..cli import MAX_CPU_DEVICES, at_least, require_backend, require_cost_model
+from ..cli import MAX_CPU_DEVICES, at_least, require_backend, require_cost_model, run_command
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
@@ -292,4 +292,4 @@ def main(
     if defaults:
         parser.set_defaults(**defaults)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return int(args.func(args))
+    return run_command(args, prog)
