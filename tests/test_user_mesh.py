@@ -596,6 +596,21 @@ def test_an_empty_product_comes_back_on_the_users_mesh(kind, m, k):
     assert d.sharding.spec == (P("x", None) if m else P()), d.sharding
 
 
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("spec", [P(AXES, None), P(None, AXES), P()])
+def test_an_empty_product_with_no_distribution_is_laid_out_as_c(kind, spec):
+    """K = 0 and distribution=None: c is read, so its sharding says the
+    result's layout, as for a product with elements (before, the empty one
+    came back replicated whatever c's sharding)."""
+    mesh = mesh_of(kind)
+    c = put(C, mesh, spec)
+    for k in (12, 0):
+        a, b = put(A[:, :k], mesh, P(AXES, None)), put(B[:k], mesh, P())
+        d = dm.matmul(a, b, c, beta=2.0)
+        assert d.sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), (k, d.sharding)
+        assert_close(np.asarray(d), reference(A[:, :k], B[:k], C, beta=2.0), "float32")
+
+
 # --------------------------------------------------------------------------- #
 # constants inside the user's trace, and eager transformations
 # --------------------------------------------------------------------------- #

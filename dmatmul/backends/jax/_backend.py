@@ -478,9 +478,14 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     where a product with elements would put it: on the user's mesh (or the
     devices asked for) with the NamedSharding its distribution implies, else
     replicated there (also when it has no elements at all: nothing to split, and
-    JAX misreads zero-size shards); inside a trace, typed so on the trace's mesh."""
+    JAX misreads zero-size shards); inside a trace, typed so on the trace's mesh.
+    With no distribution given, c's sharding (where c is read) says the
+    result's, as it does for a product with elements."""
     mesh = mesh_of(spec, operands)
-    dist = spec.distributions[2] if spec.distributions is not None else Replicated()
+    if spec.distributions is not None:
+        dist = spec.distributions[2]
+    else:
+        dist = _given_distributions(spec, operands, plan_devices(spec, mesh))[2] or Replicated()
     shape = (spec.m, spec.n)
     if 0 in shape:
         dist = Replicated()
