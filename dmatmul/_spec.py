@@ -229,10 +229,12 @@ def refuse_trace_under_mpi(*xs: Any) -> None:
 
 def as_matrix(x: Any, name: str) -> Any:
     """``x`` as a 2-D array of a supported dtype, in native byte order; else a
-    TypeError/ValueError naming ``name``."""
+    TypeError/ValueError naming ``name``. What numpy reads as an array (an
+    ``__array__``, a nested list, a memoryview's buffer) is taken as
+    ``np.asarray`` makes it, as ``bias`` is."""
     refuse_unusable(x, name)
     if family(x) == "other":
-        if not hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
+        if not hasattr(x, "__array__") and not isinstance(x, (list, tuple, memoryview)):
             raise TypeError(
                 f"{name} must be a 2-D numpy, jax or cupy array, got {type(x).__name__}"
             )

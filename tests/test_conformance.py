@@ -317,3 +317,21 @@ def test_the_result_is_of_the_operands_family(here):
         d = dm.matmul(a, b, backend=here.name, **here.devices(max(here.nranks)))
         assert array_family(d) == family
         np.testing.assert_allclose(np.asarray(d), np.asarray(a) @ np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_array_likes_are_taken_as_numpy_takes_them(here):
+    """Operands numpy reads as arrays (nested lists, memoryviews) are taken as
+    np.asarray makes them, a, b, c and bias alike, also by reset_operands (a
+    memoryview was refused for a, b and c as no array, yet taken for bias)."""
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((6, 4), (4, 5), (6, 5)))
+    bias = rng.standard_normal(6).astype(np.float32)
+    kw = dict(beta=0.5, epilog="bias", backend=here.name, **here.devices(max(here.nranks)))
+    want = reference(a, b, c, beta=0.5, epilog="bias", bias=bias)
+    for like in (memoryview, lambda x: x.astype(np.float64).tolist()):
+        args = [like(x) for x in (a, b, c)]
+        dtype = np.asarray(args[0]).dtype.name
+        assert_close(dm.matmul(*args, bias=like(bias), **kw), want, dtype)
+        with dm.Matmul(a.astype(dtype), b.astype(dtype), c.astype(dtype), bias=bias.astype(dtype), **kw) as mm:
+            mm.reset_operands(*args, bias=like(bias))
+            assert_close(mm.execute(), want, dtype)
