@@ -61,12 +61,32 @@ def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
     return f"op({name}) is {op} ({name} stored {shape}, transpose_{name}={transposed})"
 
 
-def _mixed_dtypes(a: str, b: str) -> str:
-    """The message for operands of two dtypes (the contract: A, B and C alike)."""
-    return (
-        f"a and b must have the same dtype, got a {a} and b {b}: cast one first (e.g. b.astype(a.dtype)); "
+def _mixed_dtypes(a: str, b: str, given: dict[str, str]) -> str:
+    """The message for operands of two dtypes (the contract: A, B and C alike);
+    ``given``: the operands given as no array (see :func:`_read_as`)."""
+    head = f"a and b must have the same dtype, got a {a} and b {b}"
+    for name, other, read in (("b", "a", b), ("a", "b", a)):
+        if name in given and other not in given:
+            return head + _read_as(given, name, read, f"{other}.dtype")
+    return head + (
+        ": cast one first (e.g. b.astype(a.dtype)); "
         "inside jax.shard_map, dmatmul.jax's blocks take mixed dtypes with preferred_element_type="
     )
+
+
+def _given_as(ops: Operands) -> dict[str, str]:
+    """The type of each matrix operand given as no array (a nested list, a
+    memoryview...), which numpy reads with a dtype of its choosing."""
+    return {name: type(x).__name__ for name in ("a", "b", "c")
+            if (x := getattr(ops, name)) is not None and family(x) == "other"}
+
+
+def _read_as(given: dict[str, str], name: str, read: str, want: str) -> str:
+    """What a dtype message adds where ``name`` was given as no array: how
+    numpy read it, and how to pass it as ``want`` (a dtype expression)."""
+    if name not in given:
+        return ""
+    return f" ({name} was given as a {given[name]}, which numpy reads as {read}: pass np.asarray({name}, dtype={want}))"
 
 
 def _scalar(x: Any, name: str, dtype: str) -> complex:
@@ -167,6 +187,7 @@ def _check_local(
     """Phase 1: everything one rank can check alone (types, dtypes, names)."""
     if spmd:
         refuse_trace_under_mpi(ops.a, ops.b, ops.c, ops.bias)
+    given = _given_as(ops)
     ops.a = as_matrix(ops.a, "a")
     ops.b = as_matrix(ops.b, "b")
     if spmd:
@@ -174,7 +195,7 @@ def _check_local(
             refuse_spanning(x, name)
     dtype = dtype_name(ops.a.dtype)
     if dtype_name(ops.b.dtype) != dtype:
-        raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype)))
+        raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype), given))
     for name, flag in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
@@ -186,7 +207,10 @@ def _check_local(
     if ops.c is not None:
         ops.c = as_matrix(ops.c, "c")
         if dtype_name(ops.c.dtype) != dtype:
-            raise TypeError(f"c must have the dtype of a and b ({dtype}), got {dtype_name(ops.c.dtype)}")
+            got = dtype_name(ops.c.dtype)
+            raise TypeError(
+                f"c must have the dtype of a and b ({dtype}), got {got}" + _read_as(given, "c", got, "a.dtype")
+            )
     if has_bias(epilog) and ops.bias is None:
         raise ValueError(f"epilog={epilog!r} needs bias=<vector of length M>, got bias=None")
     bias_length = None
@@ -626,7 +650,8 @@ class Matmul:
             if old is None:
                 raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
             refuse_unusable(value, name)
-            if family(value) == "other":
+            given = {name: type(value).__name__} if family(value) == "other" else {}
+            if given:
                 value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
             jax = sys.modules.get("jax")
             if jax is not None and isinstance(value, jax.core.Tracer):
@@ -638,8 +663,9 @@ class Matmul:
             got = (tuple(value.shape), dtype_name(value.dtype), family(value))
             want = (tuple(old.shape), dtype_name(old.dtype), family(old))
             if got != want:
+                read = _read_as(given, name, got[1], repr(want[1])) if got[1] != want[1] else ""
                 raise ValueError(
-                    f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}"
+                    f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}{read}"
                 )
             if got[2] == "jax" and jax is not None \
                     and not any(isinstance(v, jax.core.Tracer) for v in (value, old)):

@@ -335,3 +335,25 @@ def test_array_likes_are_taken_as_numpy_takes_them(here):
         with dm.Matmul(a.astype(dtype), b.astype(dtype), c.astype(dtype), bias=bias.astype(dtype), **kw) as mm:
             mm.reset_operands(*args, bias=like(bias))
             assert_close(mm.execute(), want, dtype)
+
+
+def test_a_list_read_as_another_dtype_is_refused_saying_so(here):
+    """A nested list has no dtype of its own: numpy reads floats as float64.
+    Where that is not the arrays' dtype the error says how the list was read
+    and how to pass it (it advised b.astype(a.dtype), which a list has not)."""
+    a, b, c = _ones(4, 3), _ones(3, 5), _ones(4, 5)
+    kw = dict(backend=here.name, **here.devices(1))
+    for args, words in (((a, b.tolist()), "b was given as a list, which numpy reads as float64: "
+                                          "pass np.asarray(b, dtype=a.dtype)"),
+                        ((a.tolist(), b), "a was given as a list, which numpy reads as float64: "
+                                          "pass np.asarray(a, dtype=b.dtype)"),
+                        ((a, b, c.tolist()), "c was given as a list, which numpy reads as float64: "
+                                             "pass np.asarray(c, dtype=a.dtype)")):
+        with pytest.raises(TypeError, match="must have the (same )?dtype") as info:
+            dm.matmul(*args, beta=1.0, **kw)
+        assert words in str(info.value), str(info.value)
+    with dm.Matmul(a, b, **kw) as mm:
+        with pytest.raises(ValueError, match="must match the planned") as info:
+            mm.reset_operands(b=b.tolist())
+        assert "b was given as a list, which numpy reads as float64: pass np.asarray(b, dtype='float32')" \
+            in str(info.value), str(info.value)
