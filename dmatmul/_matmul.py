@@ -459,6 +459,7 @@ class Matmul:
         devices: int | Sequence[Any] | None = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
+        swapped = _byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
         self._options = dict(
             distribution=distribution,
             transpose_a=transpose_a,
@@ -484,8 +485,17 @@ class Matmul:
         self._agreed = False  # several processes: every rank has made this spec's plan and agreed on it
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
-        self._given = _shapes(self._operands)
-        self._held = _held(self._operands)
+        self._hold(self._operands, swapped)
+
+    def _hold(self, ops: Operands, swapped: dict[str, np.ndarray]) -> None:
+        """Take ``ops`` (validated: native byte order) as the plan's operands;
+        ``swapped``: the caller's byte-swapped arrays among them, whose copies
+        :meth:`_execute` refreshes, so that values changed in place are seen
+        as they are for any other numpy operand."""
+        self._operands, self._swapped = ops, swapped
+        given = dataclasses.replace(ops, **swapped) if swapped else ops  # the arrays the caller holds
+        self._given = _shapes(given)
+        self._held = _held(given)
 
     # -- lifecycle ----------------------------------------------------------
     def _live(self, what: str) -> None:
@@ -570,7 +580,7 @@ class Matmul:
         if self._spec.spmd:
             refuse_trace_under_mpi()
             self._refuse_finalized(what)
-        ops = self._operands
+        ops = dataclasses.replace(self._operands, **self._swapped) if self._swapped else self._operands
         for name in _OPERAND_NAMES:
             x = getattr(ops, name)
             if x is not None:  # (None has nothing to refuse)
@@ -598,6 +608,8 @@ class Matmul:
             )
 
     def _execute(self) -> Any:
+        for name, x in self._swapped.items():  # the caller's byte-swapped arrays, as they are now
+            np.copyto(getattr(self._operands, name), x)
         return self._planned().execute(self._operands)
 
     @_runtime.agreed_arguments("Matmul.reset_operands")
@@ -617,21 +629,19 @@ class Matmul:
         mistake on one rank raises on every rank, and ranks whose alpha or beta
         would differ raise, naming them, before any collective of a product."""
 
-        def check() -> tuple[Operands, Spec]:
+        def check() -> tuple[Operands, dict[str, np.ndarray], Spec]:
             self._live("reset_operands")
             return self._reset(a, b, c, bias, alpha, beta)
 
         rt = _runtime.active()
         if rt is None or rt.size == 1:
-            new, spec = check()
+            new, swapped, spec = check()
         else:
-            (new, spec), shared = _runtime.agree_and_share(
-                check, lambda got: (("alpha", got[1].alpha), ("beta", got[1].beta)), "Matmul.reset_operands"
+            (new, swapped, spec), shared = _runtime.agree_and_share(
+                check, lambda got: (("alpha", got[2].alpha), ("beta", got[2].beta)), "Matmul.reset_operands"
             )
             _runtime.require_same_call(shared, "Matmul.reset_operands")
-        self._operands = new
-        self._given = _shapes(new)
-        self._held = _held(new)
+        self._hold(new, swapped)
         if spec != self._spec:
             if self._plan is not None:
                 self._told = self._told_now()  # what it was, should none follow
@@ -640,12 +650,16 @@ class Matmul:
 
     def _reset(
         self, a: Any, b: Any, c: Any, bias: Any, alpha: complex | None, beta: complex | None
-    ) -> tuple[Operands, Spec]:
-        """The operands and spec :meth:`reset_operands` makes (nothing changed yet)."""
+    ) -> tuple[Operands, dict[str, np.ndarray], Spec]:
+        """The operands, the byte-swapped arrays among them (see :meth:`_hold`)
+        and the spec :meth:`reset_operands` makes (nothing changed yet)."""
         new = dataclasses.replace(self._operands)
+        swapped = dict(self._swapped)
         for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
             if value is None:
                 continue
+            swapped.pop(name, None)
+            swapped.update(_byte_swapped(**{name: value}))
             old = getattr(self._operands, name)
             if old is None:
                 raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
@@ -685,7 +699,7 @@ class Matmul:
                 beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
             )
             spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
-        return new, spec
+        return new, swapped, spec
 
     def free(self) -> None:
         """Release the plan's resources. Idempotent. ``algorithm`` and
@@ -785,6 +799,11 @@ _OPERAND_NAMES = ("a", "b", "c", "bias")
 def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
     return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
             if (x := getattr(ops, name)) is not None}
+
+
+def _byte_swapped(**given: Any) -> dict[str, np.ndarray]:
+    """Those of ``given`` that are numpy arrays in non-native byte order."""
+    return {name: x for name, x in given.items() if isinstance(x, np.ndarray) and not x.dtype.isnative}
 
 
 def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:

@@ -357,3 +357,31 @@ def test_a_list_read_as_another_dtype_is_refused_saying_so(here):
             mm.reset_operands(b=b.tolist())
         assert "b was given as a list, which numpy reads as float64: pass np.asarray(b, dtype='float32')" \
             in str(info.value), str(info.value)
+
+
+def test_byte_swapped_operands_changed_in_place_are_read_anew(here):
+    """A plan reads the caller's numpy arrays when it runs, byte-swapped ones
+    too: their values changed in place since planning (or since
+    reset_operands) are seen by the next execute. (The plan held a
+    native-order copy made once, so execute() kept using the old values.)"""
+    rng = np.random.default_rng(6)
+    a, b, c = (rng.standard_normal(s).astype(">f8") for s in ((6, 4), (4, 5), (6, 5)))
+    bias = rng.standard_normal(6).astype(">f8")
+    given = (a.copy(), b.copy(), c.copy(), bias.copy())
+    kw = dict(beta=0.5, epilog="bias", backend=here.name, **here.devices(max(here.nranks)))
+    with dm.Matmul(a, b, c, bias=bias, **kw) as mm:
+        mm.execute()
+        for x in (a, b, c, bias):
+            x *= 2
+        assert_close(mm.execute(), reference(a, b, c, beta=0.5, epilog="bias", bias=bias), "float64")
+        a2 = rng.standard_normal((6, 4)).astype(">f8")
+        mm.reset_operands(a=a2)
+        a2[0] = 1.0
+        assert_close(mm.execute(), reference(a2, b, c, beta=0.5, epilog="bias", bias=bias), "float64")
+        a[...] = given[0]
+        mm.reset_operands(a=given[0].astype("<f8"))  # a native one again: read as it is
+        assert_close(mm.execute(), reference(given[0], b, c, beta=0.5, epilog="bias", bias=bias), "float64")
+        b.shape = (5, 4)  # in place: refused by name, as for a native array
+        with pytest.raises(ValueError, match=r"b now has \(shape, dtype\) \(\(5, 4\), 'float64'\)"):
+            mm.execute()
+    assert all(x.dtype == np.dtype(">f8") for x in (a, b, c, bias)), "the caller's arrays keep their byte order"
