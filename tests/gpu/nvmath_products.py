@@ -88,7 +88,8 @@ def path_line(explained):
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             family="numpy", reuse=1, jax=False):
+             family="numpy", reuse=1, jax=False, matrix=False):
+    """``matrix``: the blocks are np.matrix, whose ``*`` and ``**`` are matrix products (numpy in all the same)."""
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
     b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
@@ -101,6 +102,8 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
         la, lb = dm.split(a, da)[RANK], dm.split(b, db)[RANK]
         lc = None if c is None else dm.split(c, dd)[RANK]
     la, lb, lc = to_family(la, family), to_family(lb, family), to_family(lc, family)
+    if matrix:
+        la, lb, lc = np.matrix(la), np.matrix(lb), None if lc is None else np.matrix(lc)
     c_before = None if lc is None else host(lc).copy()
     kw = dict(distribution=dists, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
     with dm.Matmul(la, lb, lc, backend="nvmath", **kw) as mm:
@@ -162,6 +165,11 @@ def cases():
     # fewer rows/columns than ranks: some ranks hold empty blocks (padded for cuBLASMp, skipped for cuBLASLt)
     for dists in [(X, R, X), (R, Y, Y), (X, R, R), (X, Y, X), (Y, X, Y), (Y, X, R)]:
         out.append(dict(m=3, n=2, k=5, dists=dists, ta=False, tb=False, use_c=True, beta=1.0, epilog="relu"))
+    # np.matrix blocks: nvmath and dmatmul's own steps compute with ndarray operators (the GELU's z**3 was a matrix
+    # power: wrong, or a LinAlgError where the block is not square)
+    for (m, n, k), dists in itertools.product(((3, 3, 6), (4, 6, 8)), [(R, R, R), (X, R, X), (X, Y, X)]):
+        out.append(dict(m=m, n=n, k=k, dists=dists, ta=False, tb=True, use_c=True, beta=0.5, epilog="gelu_bias",
+                        matrix=True))
     return out
 
 

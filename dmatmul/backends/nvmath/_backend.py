@@ -32,11 +32,14 @@ def _check_devices(devices: Any) -> None:
 
 
 def _engine_array(x: Any) -> Any:
-    """A numpy or cupy array for nvmath (jax arrays: zero-copy on a GPU, else via the host)."""
+    """A numpy or cupy array for nvmath (jax arrays: zero-copy on a GPU, else via the host; a
+    numpy subclass as the ndarray it views: np.matrix's ``*`` and ``**`` are matrix products)."""
     if x is None:
         return None
     fam = family(x)
-    if fam in ("numpy", "cupy"):
+    if fam == "numpy":
+        return np.asarray(x)
+    if fam == "cupy":
         return x
     if fam == "jax":
         try:
