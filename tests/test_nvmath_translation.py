@@ -1240,6 +1240,41 @@ def test_fake_backend_threads_share_a_plan(fake_nvmath, monkeypatch):
     np.testing.assert_array_equal(got[1], np.full((6, 4), 15.0))
 
 
+def test_fake_backend_clear_waits_for_an_execute_of_another_thread(fake_nvmath, monkeypatch):
+    """``clear()`` (``dm.finalize()``, or at exit) from one thread while another
+    runs a cached plan frees it after that call, not in the middle of it
+    (before, the nvmath Matmul was freed under the running execute)."""
+    import concurrent.futures
+    import threading
+
+    nv = importlib.import_module("dmatmul.backends.nvmath")
+    a, b = np.ones((6, 5)), np.ones((5, 4))
+    dm.matmul(a, b, backend="nvmath")  # the plan, made once
+    running, freed = threading.Event(), threading.Event()
+    for cls in (fake_nvmath.Matmul, fake_nvmath.HostMatmul):
+        ran, free = cls.execute, cls.free
+
+        def execute(self, *args, _ran=ran, **kwargs):  # the other thread clears meanwhile
+            running.set()
+            freed.wait(timeout=0.5)
+            if self.freed:
+                raise RuntimeError("fake nvmath: a freed Matmul executed")
+            return _ran(self, *args, **kwargs)
+
+        def free_(self, *args, _free=free, **kwargs):
+            freed.set()
+            return _free(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "execute", execute)
+        monkeypatch.setattr(cls, "free", free_)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        product = pool.submit(dm.matmul, 2.0 * a, b, backend="nvmath")
+        assert running.wait(timeout=5)
+        nv.BACKEND.clear()
+        np.testing.assert_array_equal(product.result(), np.full((6, 4), 10.0))
+    assert freed.is_set()
+
+
 def test_fake_backend_threads_start_one_backend(fake_nvmath, monkeypatch):
     """Threads whose first products run at once make one backend object (one
     plan cache, one start-up of nvmath.distributed): before, each could make

@@ -213,9 +213,10 @@ class NvmathPlan:
         return lines
 
     def free(self) -> None:
-        if self._engine is not None:
-            self._engine.free()
-            self._engine = None  # type: ignore[assignment]
+        with self._running:  # (not under a thread's execute: dm.finalize() or clear() from another thread)
+            if self._engine is not None:
+                self._engine.free()
+                self._engine = None  # type: ignore[assignment]
 
 
 class _Borrowed:
