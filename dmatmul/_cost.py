@@ -260,7 +260,7 @@ def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, Machine
     non-negative constants (a model that would plan nonsense), raises
     ValueError naming it and the field.
     """
-    p = Path(path) if path is not None else calibration_path()
+    p = Path(path).expanduser() if path is not None else calibration_path()
     if p is None or not p.exists():
         return {}
     key = (str(p), p.stat().st_mtime)
@@ -280,7 +280,7 @@ def save_models(
 ) -> Path:
     """Write ``models`` (keys ``"cpu"``, ``"cpu/8"``, ...) as a calibration file;
     with ``merge`` the entries already in the file for other keys are kept."""
-    p = Path(path) if path is not None else calibration_path()
+    p = Path(path).expanduser() if path is not None else calibration_path()  # (~ too, as the variable's)
     if p is None:
         raise ValueError(f"{MODEL_ENV}=default: give a path to write the calibration to")
     entries: dict[str, Any] = {}

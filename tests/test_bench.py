@@ -144,6 +144,18 @@ def test_two_opposite_rings_pay_on_duplex_links_for_large_blocks(key):
 # --------------------------------------------------------------------------- #
 # cost model: loading
 # --------------------------------------------------------------------------- #
+def test_calibration_paths_expand_the_home_directory(tmp_path, monkeypatch):
+    """``~`` in a path given to save_models/load_models (``--model-out=~/x.json``,
+    which the shell leaves alone) is the home directory, as it is in
+    ``DMATMUL_COST_MODEL``: not a directory named ``~`` in the current one."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    model = MachineModel(1e-5, 1 / 3e9, 1 / 20e9)
+    written = _cost.save_models({"cpu": model}, "~/costs.json")
+    assert written == tmp_path / "home" / "costs.json" and written.is_file() and not (tmp_path / "~").exists()
+    assert _cost.load_models("~/costs.json")["cpu"].beta == model.beta
+
+
 def test_model_loading_order(tmp_path, monkeypatch):
     path = tmp_path / "model.json"
     monkeypatch.setenv(_cost.MODEL_ENV, str(path))

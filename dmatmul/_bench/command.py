@@ -200,7 +200,7 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
         if target is None:
             _usage_error(args, f"argument --calibrate: {_cost.MODEL_ENV}={os.environ.get(_cost.MODEL_ENV)!r} names "
                          "no file to save the calibration to: give --model-out PATH, or unset it")
-        elif not str(target) or os.path.isdir(target):
+        elif not str(target) or os.path.isdir(os.path.expanduser(target)):
             via = "argument --model-out" if args.model_out is not None else f"argument --calibrate: {_cost.MODEL_ENV}"
             _usage_error(args, f"{via}: expected a file to save the calibration to, got {str(target)!r}")
     if args.quick:
