@@ -1017,3 +1017,26 @@ def test_readme_your_mesh_sections_run():
             out = ns["layer"](x, w)
         assert out.sharding.spec == P(AXES, None)
         assert_close(np.asarray(out), np.maximum(reference(a_np, b_np), 0), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("context", [False, True])
+def test_a_mesh_of_one_device_is_the_users_mesh_too(kind, context):
+    """Operands on a mesh of one device (not device 0): the product runs there
+    and the result comes back there, eagerly, inside jit and under grad. Before,
+    a one-device mesh was taken for no mesh: eagerly the result was spread
+    over all 8 devices (which the user's jit with that mesh's arrays refused),
+    and inside jit JAX raised 'incompatible devices'."""
+    dev = jax.devices()[5]
+    types = (AxisType.Explicit,) if kind == "explicit" else (AxisType.Auto,)
+    mesh = jax.make_mesh((1,), ("x",), axis_types=types, devices=[dev])
+    a, b, e = put(A, mesh, P()), put(B, mesh, P("x", None)), put(C, mesh, P())
+    f = lambda x, y: dm.matmul(x, y, distribution=(X, R, X))  # noqa: E731
+    with jax.set_mesh(mesh) if context else contextlib.nullcontext():
+        for d in (f(a, b), jax.jit(f)(a, b), dm.matmul(a, b)):
+            assert d.sharding.device_set == {dev}, d.sharding
+            assert_close(np.asarray(d), reference(A, B), "float32")
+        assert_close(np.asarray(jax.jit(lambda x, z: x + z)(f(a, b), e)), reference(A, B) + C, "float32")
+        ga = jax.jit(jax.grad(lambda x: jnp.sum(f(x, b) * e)))(a)
+    assert ga.sharding.device_set == {dev}, ga.sharding
+    assert_close(np.asarray(ga), C.astype(np.float64) @ B.T.astype(np.float64), "float32")

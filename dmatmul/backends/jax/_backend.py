@@ -152,7 +152,7 @@ def _type_mesh(x: Any) -> AbstractMesh | None:
     if not isinstance(x, jax.core.Tracer):
         return None
     mesh = jax.typeof(x).sharding.mesh
-    return mesh if isinstance(mesh, AbstractMesh) and not mesh.empty and mesh.size > 1 else None
+    return mesh if isinstance(mesh, AbstractMesh) and not mesh.empty else None
 
 
 def _context_mesh() -> Mesh | None:
@@ -169,7 +169,10 @@ def _context_mesh() -> Mesh | None:
 
 def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
     """The mesh a user placed the ``jax.Array`` operands on (one process), or
-    the mesh of ``jax.set_mesh``; None when there is none of several devices.
+    the mesh of ``jax.set_mesh`` (of several devices); None when there is none.
+    A mesh of one device is the user's too: the product runs there, and the
+    result comes back there (it was spread over every local device, and
+    inside ``jit`` JAX refused the operands' one device and those).
 
     Inside a trace (``jit``, ``grad``...) the operands' types or the context
     may name only an *abstract* mesh (no devices): the traced computation's
@@ -181,7 +184,7 @@ def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
     for x in map(_concrete, (operands.a, operands.b, operands.c)):
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             sharding = x.sharding
-            if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.size > 1:
+            if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and not sharding.mesh.empty:
                 return sharding.mesh
     if _tracing(operands):
         typed = next((m for m in map(_type_mesh, (operands.a, operands.b, operands.c)) if m is not None), None)
