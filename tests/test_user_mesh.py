@@ -1040,3 +1040,23 @@ def test_a_mesh_of_one_device_is_the_users_mesh_too(kind, context):
         ga = jax.jit(jax.grad(lambda x: jnp.sum(f(x, b) * e)))(a)
     assert ga.sharding.device_set == {dev}, ga.sharding
     assert_close(np.asarray(ga), C.astype(np.float64) @ B.T.astype(np.float64), "float32")
+
+
+@pytest.mark.parametrize("call", ["eager", "jit"])
+def test_vmap_over_a_batch_split_over_an_explicit_axis_is_refused_naming_the_operand(call):
+    """jax.vmap over a batch axis split over an Explicit mesh axis: JAX takes that
+    axis out of the body's mesh, where dmatmul lays each matrix of the batch
+    over the whole mesh. Refused naming the operand, the axis and the fix (JAX's
+    KeyError: 'data' escaped before); the fix, the batch axis unsplit, runs."""
+    mesh = mesh_of("explicit")
+    batch = np.stack([A, 2 * A])
+    run = (lambda f: f) if call == "eager" else jax.jit
+    with jax.set_mesh(mesh):
+        a, b = put(batch, mesh, P("data", None, None)), put(B, mesh, P())
+        f = jax.vmap(lambda x: dm.matmul(x, b, distribution=(X, R, X)))
+        with pytest.raises(ValueError, match=r"^a: dm.matmul was called inside jax.vmap over a batch axis split "
+                                             r"over Explicit mesh axis 'data'.*jax.sharding.reshard"):
+            run(f)(a)
+        d = run(f)(jax.sharding.reshard(a, P(None, None, None)))
+    for i in range(2):
+        assert_close(np.asarray(d[i]), reference((i + 1) * A, B), "float32")

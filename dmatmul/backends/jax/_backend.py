@@ -64,6 +64,34 @@ def _inside_shard_map(manual: Sequence[str]) -> str:
     )
 
 
+def _split_vmap(operands: Operands) -> str | None:
+    """Why a product inside ``jax.vmap`` whose batch axis is split over Explicit
+    mesh axes cannot run (None where it is not): JAX takes those axes out of
+    the body's mesh, and a product on a mesh of dmatmul's (whatever its devices)
+    meets their names there (JAX's KeyError). JAX says which vmap it is only
+    privately: without that answer, None."""
+    try:
+        from jax._src.core import trace_ctx
+    except ImportError:  # pragma: no cover - a JAX without it
+        return None
+    trace = trace_ctx.trace
+    while trace is not None:
+        axes = getattr(getattr(trace, "axis_data", None), "explicit_mesh_axis", None)
+        if axes:
+            break
+        trace = getattr(trace, "parent_trace", None)
+    else:
+        return None
+    names = [n for n, x in zip(("a", "b", "c"), (operands.a, operands.b, operands.c))
+             if isinstance(x, jax.core.Tracer) and getattr(x, "_trace", None) is trace] or ["a batched operand"]
+    return (
+        f"{', '.join(names)}: dm.matmul was called inside jax.vmap over a batch axis split over Explicit mesh "
+        f"axis {', '.join(map(repr, axes))}; dmatmul lays each matrix of a batch out as its distribution says, "
+        "over the whole mesh, the batch axis not split. Reshard the batched operand with its batch axis "
+        "unsplit before jax.vmap (jax.sharding.reshard(x, PartitionSpec(None, ...))), or use Auto mesh axes"
+    )
+
+
 def depending_on(d: jax.Array, *unused: Any) -> jax.Array:
     """``d`` as it is, made to depend on each of the operands ``unused`` that are
     a trace's values (None: none), with a zero derivative.
@@ -1342,6 +1370,9 @@ class JaxBackend:
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
             raise ValueError(_inside_shard_map(manual))
+        split = _split_vmap(operands) if spec.in_jax_program() and _tracing(operands) else None
+        if split is not None:
+            raise ValueError(split)
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
         if spec.in_jax_program():
             mesh = mesh_of(spec, operands)
