@@ -11,9 +11,9 @@ Both run as rings of ``lax.ppermute`` whose transfers overlap the local GEMMs
 (the ring kernels of dmatmul's JAX backend) instead of one blocking collective
 followed by one GEMM, and both are differentiable: the backward pass is a ring
 too (the transpose of AllGather+GEMM is GEMM+ReduceScatter and vice versa).
-That is reverse mode (``grad``, ``vjp``, ``jacrev``); as for any
-``jax.custom_vjp`` function, JAX refuses forward mode (``jvp``, ``linearize``,
-``jacfwd``).
+That is reverse mode (``grad``, ``vjp``, ``jacrev``, and ``grad`` of
+``grad``); as for any ``jax.custom_vjp`` function, JAX refuses forward mode
+(``jvp``, ``linearize``, ``jacfwd``) and ``jax.linear_transpose``.
 
 ``axis_name`` is one mesh axis or a tuple of them, in any order (the ranks are
 numbered as ``lax.axis_index`` numbers them, so a tuple's first axis is the

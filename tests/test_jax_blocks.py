@@ -845,9 +845,9 @@ def test_a_local_gradient_sum_is_rounded_once(op, dtype):
 
 
 def test_reverse_mode_works_and_forward_mode_is_refused():
-    """What the README and the module docstring promise: grad, vjp and jacrev
-    (checked against numpy); jvp, linearize and jacfwd refused by JAX, as for
-    any custom_vjp function."""
+    """What the README and the module docstring promise: grad, vjp, jacrev and
+    grad of grad (checked against numpy); jvp, linearize and jacfwd refused by
+    JAX, as for any custom_vjp function, and jax.linear_transpose too."""
     mesh = make_mesh((8,), "auto")
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((16, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
@@ -863,6 +863,12 @@ def test_reverse_mode_works_and_forward_mode_is_refused():
                     lambda: jax.jacfwd(lambda y: f(x, y))(y)):
         with pytest.raises(TypeError, match="custom_vjp"):
             forward()
+    # reverse over reverse: d/dy sum(v * d/dx sum(w * f(x, y))) = d/dy sum(v * (w @ y.T)) = v.T @ w
+    w, v = rng.standard_normal((16, 4)).astype(np.float32), rng.standard_normal((16, 3)).astype(np.float32)
+    gyy = jax.grad(lambda y: jnp.sum(v * jax.grad(lambda x: jnp.sum(w * f(x, y)))(x)))(y)
+    np.testing.assert_allclose(gyy, v.T @ w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="custom_vjp"):  # JAX transposes no custom_vjp function
+        jax.linear_transpose(lambda x: f(x, y), x)(w)
 
 
 # --------------------------------------------------------------------------- #
