@@ -1057,6 +1057,8 @@ def test_vmap_over_a_batch_split_over_an_explicit_axis_is_refused_naming_the_ope
         with pytest.raises(ValueError, match=r"^a: dm.matmul was called inside jax.vmap over a batch axis split "
                                              r"over Explicit mesh axis 'data'.*jax.sharding.reshard"):
             run(f)(a)
+        with pytest.raises(ValueError, match=r"^a: dm.matmul was called inside jax.vmap"):  # a's primal, under grad
+            run(jax.vmap(jax.grad(lambda x: jnp.sum(dm.matmul(x, b, distribution=(X, R, X))))))(a)
         d = run(f)(jax.sharding.reshard(a, P(None, None, None)))
     for i in range(2):
         assert_close(np.asarray(d[i]), reference((i + 1) * A, B), "float32")

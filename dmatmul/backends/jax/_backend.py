@@ -82,8 +82,16 @@ def _split_vmap(operands: Operands) -> str | None:
         trace = getattr(trace, "parent_trace", None)
     else:
         return None
-    names = [n for n, x in zip(("a", "b", "c"), (operands.a, operands.b, operands.c))
-             if isinstance(x, jax.core.Tracer) and getattr(x, "_trace", None) is trace] or ["a batched operand"]
+
+    def batched(x: Any) -> bool:  # a value of that vmap, or (under grad or jvp inside it) one's primal
+        while isinstance(x, jax.core.Tracer):
+            if getattr(x, "_trace", None) is trace:
+                return True
+            x = getattr(x, "primal", None)
+        return False
+
+    names = [n for n, x in zip(("a", "b", "c"), (operands.a, operands.b, operands.c)) if batched(x)]
+    names = names or ["a batched operand"]
     return (
         f"{', '.join(names)}: dm.matmul was called inside jax.vmap over a batch axis split over Explicit mesh "
         f"axis {', '.join(map(repr, axes))}; dmatmul lays each matrix of a batch out as its distribution says, "
