@@ -76,6 +76,17 @@ def test_mpi_examples_check_themselves(example):
     assert "matches numpy: True" in proc.stdout
 
 
+@pytest.mark.parametrize("n, flags", [(4, ()), (4, ("--bidirectional",)), (3, ("--bidirectional",))])
+def test_jax_blocks_on_a_mesh_that_spans_processes(n, flags):
+    """mpi_examples/jax_blocks.py: dmatmul.jax's rings in the user's shard_map on
+    a mesh of every process's devices (jax.distributed, gloo), a 2x2 mesh of 4
+    processes or a 1x3 one of 3, one way and both ways round: the MLP's forward
+    pass and gradients against numpy on every process."""
+    proc = launch(n, "mpi_examples/jax_blocks.py", *flags, timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert f"of {n} processes" in proc.stdout and "matches numpy: True" in proc.stdout, output(proc)
+
+
 def test_demo_under_mpiexec():
     proc = launch(4, "-m", "dmatmul", "demo", "-m", "101", "-n", "67", "-k", "53", timeout=300)
     assert proc.returncode == 0, output(proc)
