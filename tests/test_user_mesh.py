@@ -1022,8 +1022,9 @@ def test_readme_your_mesh_sections_run():
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
 @pytest.mark.parametrize("context", [False, True])
 def test_a_mesh_of_one_device_is_the_users_mesh_too(kind, context):
-    """Operands on a mesh of one device (not device 0): the product runs there
-    and the result comes back there, eagerly, inside jit and under grad. Before,
+    """Operands on a mesh of one device (not device 0), or under jax.set_mesh of
+    it: the product runs there and the result comes back there, eagerly,
+    inside jit and under grad. Before,
     a one-device mesh was taken for no mesh: eagerly the result was spread
     over all 8 devices (which the user's jit with that mesh's arrays refused),
     and inside jit JAX raised 'incompatible devices'."""
@@ -1037,6 +1038,10 @@ def test_a_mesh_of_one_device_is_the_users_mesh_too(kind, context):
             assert d.sharding.device_set == {dev}, d.sharding
             assert_close(np.asarray(d), reference(A, B), "float32")
         assert_close(np.asarray(jax.jit(lambda x, z: x + z)(f(a, b), e)), reference(A, B) + C, "float32")
+        if context:  # numpy operands inside jit under the mesh: on its device (JAX refused 8 devices there)
+            d = jax.jit(f)(A, B)
+            assert d.sharding.device_set == {dev}, d.sharding
+            assert_close(np.asarray(d), reference(A, B), "float32")
         ga = jax.jit(jax.grad(lambda x: jnp.sum(f(x, b) * e)))(a)
     assert ga.sharding.device_set == {dev}, ga.sharding
     assert_close(np.asarray(ga), C.astype(np.float64) @ B.T.astype(np.float64), "float32")

@@ -200,15 +200,15 @@ def _context_mesh() -> Mesh | None:
         mesh = get_concrete_mesh()
     except (ImportError, AttributeError):  # pragma: no cover - a JAX without it: the abstract route
         return None
-    return mesh if isinstance(mesh, Mesh) and not mesh.empty and mesh.size > 1 else None
+    return mesh if isinstance(mesh, Mesh) and not mesh.empty else None
 
 
 def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
     """The mesh a user placed the ``jax.Array`` operands on (one process), or
-    the mesh of ``jax.set_mesh`` (of several devices); None when there is none.
-    A mesh of one device is the user's too: the product runs there, and the
-    result comes back there (it was spread over every local device, and
-    inside ``jit`` JAX refused the operands' one device and those).
+    the mesh of ``jax.set_mesh``; None when there is none. A mesh of one
+    device is the user's too: the product runs there, and the result comes
+    back there (it was spread over every local device, and inside ``jit``
+    JAX refused the operands' one device, or the context's, and those).
 
     Inside a trace (``jit``, ``grad``...) the operands' types or the context
     may name only an *abstract* mesh (no devices): the traced computation's
@@ -225,7 +225,7 @@ def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
     if _tracing(operands):
         typed = next((m for m in map(_type_mesh, (operands.a, operands.b, operands.c)) if m is not None), None)
         context = jax.sharding.get_abstract_mesh()
-        mesh = typed if typed is not None else context if not context.empty and context.size > 1 else None
+        mesh = typed if typed is not None else context if not context.empty else None
         concrete = _context_mesh()
         if mesh is not None and concrete is not None and concrete.shape_tuple == mesh.shape_tuple:
             if concrete.axis_types != mesh.axis_types:  # inside jax.sharding.explicit_axes or auto_axes: its types
@@ -236,7 +236,7 @@ def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
         context_mesh = jax.sharding.get_mesh()
     except ValueError:  # no concrete mesh to read
         return None
-    if isinstance(context_mesh, Mesh) and not context_mesh.empty and context_mesh.size > 1:
+    if isinstance(context_mesh, Mesh) and not context_mesh.empty:
         return context_mesh
     return None
 
