@@ -12,8 +12,8 @@ For each size, rank count and layout, in one run with interleaved repetitions
 Layouts (a, b, result): XYX (Slab.X, Slab.Y, Slab.X: allgather, b moves), XXX
 (allgather, b's K blocks move), YXY (Slab.Y, Slab.X, Slab.Y: reduce_scatter),
 YXR (Slab.Y, Slab.X, Replicated(): allreduce, one psum, against reduce-scatter
-and gather), GGG (BlockNonCyclic on a 2-D grid: SUMMA; no one-shot schedule,
-auto against XLA). Operands are device arrays already in the plan's
+and gather), GGG (BlockNonCyclic on a 2-D grid: SUMMA, whose one-shot schedule
+gathers both panels with two collectives). Operands are device arrays already in the plan's
 shardings. The ``ring``/``one_shot`` columns force the schedule with
 ``dmatmul._plan.schedule`` (the algorithm stays the layout's own).
 
@@ -93,7 +93,7 @@ def main() -> int:
                 xa, xb = jax.device_put(a, sh["a"]), jax.device_put(b, sh["b"])
                 runners, facts = {}, {}
                 schedules = {"ring": "ring", "one_shot": "one_shot"} if algorithm in (
-                    "allgather", "reduce_scatter") else {}
+                    "allgather", "reduce_scatter", "summa") else {}
                 for name, sched in (*schedules.items(), ("auto", None)):
                     with _plan.schedule(sched):
                         mm = dm.Matmul(xa, xb, distribution=dists, algorithm=algorithm if sched else "auto",
@@ -102,7 +102,7 @@ def main() -> int:
                     cost = plan_of(mm).cost
                     kern = cost.kernel
                     facts[name] = (f"{kern.algorithm}" + (f"/{kern.schedule}" if kern.algorithm in (
-                        "allgather", "reduce_scatter") else ""), cost.time)
+                        "allgather", "reduce_scatter", "summa") else ""), cost.time)
                     runners[name] = blocking(mm.execute)
                 xla = jax.jit(lambda x, y: jnp.dot(x, y, precision=hi), in_shardings=(sh["a"], sh["b"]),
                               out_shardings=sh["d"])

@@ -298,7 +298,7 @@ class Case:
     jit: bool = False  # dm.matmul inside jax.jit, jax operands its arguments (not on a mesh: it has its own calls)
     reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
     transform: Transform | None = None  # a JAX transformation around dm.matmul (one process, jax operands)
-    schedule: _plan.Schedule | None = None  # forced on the 1-D kernels that have it (_plan.schedule); None: the model's
+    schedule: _plan.Schedule | None = None  # forced on the kernels that have it (_plan.schedule); None: the model's
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -717,9 +717,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     one), or ``jax.vmap`` over a stack of 2 or 3 a's or b's (leading or
     trailing batch axis), itself eager or inside the case's ``jax.jit`` or
     mesh call, with everything else the case draws. One case in three of
-    "auto", allgather or reduce_scatter forces the rings' schedule ("ring" or
-    "one_shot": :func:`dmatmul._plan.schedule`), whatever the cost model
-    would pick for its sizes.
+    "auto", allgather, reduce_scatter or summa forces a schedule ("ring",
+    "one_shot" or "bidirectional": :func:`dmatmul._plan.schedule`), whatever
+    the cost model would pick for its sizes.
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
@@ -794,8 +794,8 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
                 distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
                 algorithm=algorithm, family=family, precision=precision, specials=specials, single=single,
                 families=fams, layouts=layouts, bias_column=bias_column, bias_dtype=bias_dtype, bias_kind=bias_kind)
-    if algorithm in ("auto", "allgather", "reduce_scatter") and _rarely(draw, 3):
-        # each schedule of the rings, whatever the cost model would pick for these sizes
+    if algorithm in ("auto", "allgather", "reduce_scatter", "summa") and _rarely(draw, 3):
+        # each schedule of the kernels that have several, whatever the cost model would pick for these sizes
         case = dataclasses.replace(case, schedule=draw.choice(_plan.SCHEDULES))
     reset = _draw_reset(draw, case, alphas, betas, mpi) if _rarely(draw, 8) else None
     on_mesh = None

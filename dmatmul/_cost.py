@@ -497,7 +497,8 @@ def extra_memory_bytes(
       ``m x n`` partial product.
     * ``allreduce``: the full ``m x n`` partial product (the result itself is
       replicated), accumulation dtype.
-    * ``summa``: one panel of A and one of B, ``k/sqrt(p)`` wide (``(mk + kn)/p``).
+    * ``summa``: one panel of A and one of B, ``k/sqrt(p)`` wide (``(mk + kn)/p``);
+      ``one_shot``: both panels whole, all of K (``(mk + kn)/sqrt(p)``).
     * ``local``: nothing.
 
     >>> extra_memory_bytes("allgather", 1024, 1024, 1024, 8, 4)  # one 1024x128 block + one 128x128 tile
@@ -518,5 +519,7 @@ def extra_memory_bytes(
     if algorithm == "allreduce":
         return float(m * n * acc)
     if algorithm == "summa":
+        if one_shot:  # op(A)'s row panel and op(B)'s column panel, whole (a square grid of p ranks)
+            return (m * k + k * n) / math.sqrt(p) * itemsize
         return (m * k + k * n) / p * itemsize
     raise ValueError(f"no memory model for algorithm {algorithm!r}")

@@ -117,8 +117,8 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
 class Kernel:
     """An algorithm on fixed operand roles. ``moving`` names the operand whose
     blocks travel the ring (AllGather+GEMM); ``schedule`` how it communicates
-    (:data:`Schedule`: only allgather and reduce_scatter have a "one_shot" and a
-    "bidirectional" one)."""
+    (:data:`Schedule`: allgather, reduce_scatter and summa have a "one_shot"
+    one; allgather and reduce_scatter a "bidirectional" one)."""
 
     algorithm: str
     a: Role
@@ -152,6 +152,9 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("allgather", "K", "N", "N", moving="a", schedule="one_shot"),
     Kernel("reduce_scatter", "K", "K", "M", schedule="one_shot"),
     Kernel("reduce_scatter", "K", "K", "N", schedule="one_shot"),
+    # SUMMA as two whole collectives (op(A)'s row panel gathered along the grid row, op(B)'s column panel
+    # along the grid column) and one GEMM: small products on a grid
+    Kernel("summa", "G", "G", "G", schedule="one_shot"),
     # the rings again, half of each block each way (full-duplex links, large blocks; a backend that runs only
     # one-way rings leaves them out)
     Kernel("allgather", "M", "N", "M", moving="b", schedule="bidirectional"),
@@ -339,6 +342,8 @@ def kernel_collectives(kernel: Kernel, p: int) -> float:
     """
     if p <= 1:
         return 0.0
+    if kernel.algorithm == "summa":  # one gather of each operand's panel, along its grid axis
+        return 2.0 if kernel.schedule == "one_shot" else 0.0
     return 1.0 if kernel.schedule == "one_shot" or kernel.algorithm == "allreduce" else 0.0
 
 
@@ -365,7 +370,7 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
         # broadcast per step; cuBLASMp: broadcasts), in about one message per step of each
         a_in = (cols - 1) / cols * (m / rows) * k
         b_in = (rows - 1) / rows * k * (n / cols)
-        return (a_in + b_in) * problem.itemsize, rows + cols, flops
+        return (a_in + b_in) * problem.itemsize, 0 if kernel.schedule == "one_shot" else rows + cols, flops
     return 0.0, 0.0, flops
 
 
@@ -404,6 +409,9 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
         shape = (p, m if kernel.a == "K" else m / p, n if kernel.b == "K" else n / p, k / p if split_k else k, split_k)
     elif kernel.algorithm == "reduce_scatter" and kernel.schedule == "one_shot":
         shape = (1, m, n, k / p, False)  # the whole partial product, then one reduce-scatter
+    elif kernel.algorithm == "summa" and kernel.schedule == "one_shot":
+        rows, cols = problem.grid or (1, p)
+        shape = (1, m / rows, n / cols, k, False)  # both panels gathered whole: one GEMM
     elif kernel.algorithm == "summa":
         rows, cols = problem.grid or (1, p)
         steps = max(rows, cols)  # a ring along the longer grid axis, one K panel a step

@@ -586,6 +586,75 @@ def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit
         assert_close(np.asarray(db), want_b.T if tb else want_b, "float32")
 
 
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("blocks", [None, (2, 3)], ids=["noncyclic", "cyclic"])
+def test_one_shot_summa_matches_numpy_with_gradients_and_jit(layout, blocks):
+    """SUMMA as two all-gathers (op(A)'s row panel, op(B)'s column panel) and
+    one GEMM, what the model runs for small products on a grid: on a 2x3 grid
+    in both orders, BlockNonCyclic and BlockCyclic with uneven sizes (the
+    panels' K positions of a and b laid out alike), each transpose: the
+    product, its vjp and its jit against numpy, explain() says so, and the
+    jaxpr gathers the panels."""
+    from dmatmul import _plan
+
+    grid = dm.ProcessGrid((2, 3), layout=layout)
+    dist = dm.BlockNonCyclic(grid) if blocks is None else dm.BlockCyclic(grid, blocks)
+    rng = np.random.default_rng(2)
+    m, n, k = 13, 11, 7
+    # every transpose over the two grid orders (each compiles three programs)
+    for ta, tb in ((False, False), (True, True)) if layout == "row" else ((False, True), (True, False)):
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        g = rng.standard_normal((m, n)).astype(np.float32)
+        opa, opb = (a.T if ta else a), (b.T if tb else b)
+        kw = dict(distribution=dist, transpose_a=ta, transpose_b=tb, devices=6, precision="highest",
+                  algorithm="summa")
+        with _plan.schedule("one_shot"):
+            with dm.Matmul(a, b, **kw) as mm:
+                assert "one-shot SUMMA on the 2x3 grid" in mm.explain(), mm.explain()
+                assert_close(mm.execute(), opa @ opb, "float32")
+
+            def f(x, y):
+                return dm.matmul(x, y, **kw)
+
+            d, vjp = jax.vjp(f, jnp.asarray(a), jnp.asarray(b))
+            da, db = vjp(jnp.asarray(g))
+            jitted = jax.jit(f)(jnp.asarray(a), jnp.asarray(b))
+            jaxpr = str(jax.make_jaxpr(f)(a, b))
+        assert jaxpr.count("all_gather[") >= 2, jaxpr  # (the uneven result is gathered whole by a ring after)
+        assert_close(np.asarray(d), opa @ opb, "float32")
+        assert_close(np.asarray(jitted), opa @ opb, "float32")
+        want_a, want_b = g @ opb.T, opa.T @ g
+        assert_close(np.asarray(da), want_a.T if ta else want_a, "float32")
+        assert_close(np.asarray(db), want_b.T if tb else want_b, "float32")
+
+
+def test_the_model_runs_summa_one_shot_for_small_products_on_a_grid():
+    """On a grid, small products run SUMMA as two whole collectives and one GEMM
+    (0 messages, 2 collectives), large ones as the ring (each byte received
+    the same either way); auto on GGG at n = 64 on 8 CPU devices says so."""
+    from dmatmul import _cost, _plan
+
+    model = _cost.model_for("cpu", 8)
+    summa = [kern for kern in _plan.KERNELS if kern.algorithm == "summa"]
+    ggg = {"a": "G", "b": "G", "d": "G"}
+
+    def best(n):
+        pr = _plan.Problem1D(n, n, n, 8, 4, 4, grid=(2, 4))
+        found = _plan.plans(pr, ggg, model, kernels=summa, grid_ops=frozenset("abd"), native=frozenset("abd"))
+        ring = next(pl for pl in found if pl.kernel.schedule == "ring")
+        shot = next(pl for pl in found if pl.kernel.schedule == "one_shot")
+        assert shot.nbytes == ring.nbytes and (shot.messages, shot.collectives) == (0, 2), (n, shot)
+        return found[0].kernel.schedule
+
+    assert best(64) == "one_shot" and best(4096) == "ring"
+    dist = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    a, b = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
+    with dm.Matmul(a, b, distribution=dist, devices=8) as mm:
+        assert "one-shot SUMMA on the 2x4 grid" in mm.explain() and "in 2 collectives" in mm.explain(), mm.explain()
+        assert_close(mm.execute(), reference(a, b), "float32")
+
+
 def test_the_model_costs_a_collective_as_one_call_and_picks_the_schedule_by_size():
     """A one-shot schedule and a psum are one collective; a 1-D move is one
     all-gather or all-to-all call; auto picks the one-shot schedule for small

@@ -1235,7 +1235,11 @@ class JaxPlan:
             else:
                 lines.append(f"  {name:7s} {d!r:16s} splits {names[roles[op]]}")
         kern = plan.kernel
-        if kern.algorithm == "summa":
+        if kern.algorithm == "summa" and kern.schedule == "one_shot":
+            rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]
+            what = (f"one-shot SUMMA on the {rows}x{cols} grid: op(A)'s row panel all-gathered along grid rows "
+                    "and op(B)'s column panel along grid columns, in 2 collectives, then one GEMM")
+        elif kern.algorithm == "summa":
             sched = self.local.summa
             assert sched is not None
             rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]

@@ -46,6 +46,7 @@ __all__ = [
     "ring_reduce_scatters",
     "rooted_broadcast",
     "summa",
+    "summa_one_shot",
     "SummaRoute",
     "summa_owners",
     "summa_route",
@@ -568,6 +569,29 @@ def summa(lp: LocalProblem, a: jax.Array, b: jax.Array, ring: str | None = None,
     return acc + product(blk, (idx + n_ring - 1) % n_ring)
 
 
+def summa_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
+    """SUMMA as two whole collectives and one GEMM (small products on a grid,
+    where each ring step's rendezvous dominates): op(A)'s K blocks all-gathered
+    along the grid row "c", op(B)'s along the grid column "r", each laid out in
+    the order of the panels (:class:`SummaSchedule`: the same k at the same
+    position in both; a shorter last panel reads zeros in both), then one
+    GEMM. Holds op(A)'s whole row panel and op(B)'s whole column panel."""
+    sched, ax = lp.summa, lp.axes
+    assert sched is not None
+    a, b = _pad_to_extents(lp, a, b)
+
+    def gathered(x: jax.Array, axis: int, over: str, owners: tuple[int, ...], offsets: tuple[int, ...]) -> jax.Array:
+        length = x.shape[axis]
+        whole = lax.all_gather(x, over, axis=axis, tiled=True)
+        index = np.concatenate([q * length + o + np.arange(sched.width) for q, o in zip(owners, offsets)])
+        if index.size == whole.shape[axis] and np.array_equal(index, np.arange(index.size)):
+            return whole  # the panels in the order the owners hold them
+        return jnp.take(whole, jnp.asarray(index, dtype=jnp.int32), axis=axis)
+
+    return lp.mm(gathered(a, ax["aK"], "c", sched.owner_col, sched.offset_a),
+                 gathered(b, ax["bK"], "r", sched.owner_row, sched.offset_b))
+
+
 def one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
     """AllGather+GEMM or GEMM+ReduceScatter (``lp.kernel``) as one whole
     collective and one GEMM: the moving operand all-gathered, then multiplied;
@@ -638,7 +662,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
         if kern.algorithm == "local" or p == 1:  # one rank: every algorithm is the local GEMM
             return lp.mm(a, b)
         if kern.algorithm == "summa":
-            return summa(lp, a, b)
+            return summa_one_shot(lp, a, b) if kern.schedule == "one_shot" else summa(lp, a, b)
         if kern.algorithm == "allreduce":
             return lax.psum(lp.mm(a, b), axis)
         if kern.schedule == "one_shot":
