@@ -8,7 +8,7 @@ from . import _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._errors import DistributionError
-from ._spec import as_matrix, check_devices, check_distribution, family, refuse_spanning
+from ._spec import as_matrix, check_devices, check_distribution, check_fit, family, refuse_spanning
 
 __all__ = ["redistribute"]
 
@@ -38,6 +38,9 @@ def redistribute(x: Any, src: Distribution, dst: Distribution, *, devices: Any =
     def check() -> Any:
         check_distribution(src, "src")
         check_distribution(dst, "dst")
+        if spmd:  # a grid of another size is src's (or dst's) fault, not that of x's block shapes
+            assert rt is not None
+            check_fit((src, dst), rt.size, spmd=True, names=("src", "dst"))
         check_devices(devices, spmd=spmd)
         xm = as_matrix(x, "x")
         if spmd:

@@ -374,16 +374,18 @@ def check_distribution(d: Any, what: str) -> Distribution:
 
 
 def check_fit(
-    dists: tuple[Distribution, ...], nranks: int, *, spmd: bool, available: int | None = None
+    dists: tuple[Distribution, ...], nranks: int, *, spmd: bool, available: int | None = None,
+    names: tuple[str, ...] = ("distribution of a", "distribution of b", "distribution of result"),
 ) -> None:
     """Every grid distribution spans exactly the ``nranks`` ranks in use, else a
-    DistributionError naming the operand, the grid, its size and the rank count
-    (``available``: the devices one process could use, for the hint)."""
+    DistributionError naming the operand (``names``, one per distribution), the
+    grid, its size and the rank count (``available``: the devices one process
+    could use, for the hint)."""
     where = f"{nranks} processes" if spmd else f"{nranks} device{'s' if nranks > 1 else ''} in use"
-    for name, dist in zip(("a", "b", "result"), dists):
+    for name, dist in zip(names, dists):
         if dist.grid is not None and dist.grid.size != nranks:
             fix = "" if spmd or available is None or dist.grid.size > available else f", or devices={dist.grid.size}"
             raise DistributionError(
-                f"distribution of {name}: {dist!r} spans {dist.grid.size} ranks (its grid "
+                f"{name}: {dist!r} spans {dist.grid.size} ranks (its grid "
                 f"{dist.grid.shape}) but there are {where}: use a ProcessGrid of {nranks} ranks{fix}"
             )

@@ -66,7 +66,15 @@ expect(
     lambda: dm.matmul(la, lb, distribution=(X, Y, X), algorithm="reduce_scatter"),
 )
 
-# 5. after all that, the ranks still work together
+# 5. dm.redistribute from a grid of another size: every rank names src (not x, whose blocks fit)
+expect(
+    "redistribute-src-grid-does-not-fit",
+    dm.DistributionError,
+    lambda r: ["src:", f"spans {P + 1} ranks", f"{P} processes"],
+    lambda: dm.redistribute(la, dm.BlockNonCyclic(dm.ProcessGrid((P + 1, 1))), Y),
+)
+
+# 6. after all that, the ranks still work together
 d = dm.matmul(la, lb, distribution=(X, Y, X))
 if not np.allclose(d, dm.split(a @ b, X)[me]):
     problems.append(f"rank {me}: wrong result after the errors")
