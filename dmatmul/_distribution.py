@@ -620,6 +620,11 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
     shape = _global_shape(global_shape)
     if isinstance(blocks, np.ndarray) or not isinstance(blocks, Sequence) or not blocks:
         raise TypeError(f"join: blocks must be a non-empty list of per-rank blocks, got {type(blocks).__name__}")
+    if d.grid is not None and len(blocks) != d.grid.size:  # (d.nranks would blame an nranks join does not take)
+        raise DistributionError(
+            f"join: blocks holds {len(blocks)} blocks but {d!r} spans {d.grid.size} ranks "
+            f"(its grid {d.grid.shape}): pass one block per rank, blocks[r] being rank r's"
+        )
     p = d.nranks(len(blocks))
     arrays = [to_numpy(b, f"join: the block of rank {rank}") for rank, b in enumerate(blocks)]
     for rank, block in enumerate(arrays):  # every block checked before the result is made (of any global shape)

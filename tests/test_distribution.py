@@ -304,6 +304,9 @@ def test_a_grid_counts_its_ranks_exactly():
         (lambda: dm.split(np.ones(3), dm.Slab.X, nranks=2), ValueError, ["2-D", "(3,)"]),
         (lambda: dm.split(np.ones((3, 3)), "Slab.X", nranks=2), TypeError, ["distribution", "'Slab.X'"]),
         (lambda: dm.join([np.ones((2, 3)), np.ones((2, 3))], dm.Slab.X, (3, 3)), ValueError, ["rank 1", "(1, 3)", "(2, 3)"]),
+        # a block missing on a grid: named as blocks (join takes no nranks, which the message named)
+        (lambda: dm.join([np.ones((1, 1))] * 3, dm.BlockNonCyclic(dm.ProcessGrid((2, 2))), (2, 2)), ValueError,
+         ["join: blocks holds 3 blocks", "spans 4 ranks", "(2, 2)", "one block per rank"]),
         # more ranks than MPI can number: split looped over 2**70 ranks
         (lambda: dm.split(np.ones((4, 4)), dm.Slab.X, nranks=2**70), ValueError, ["nranks", "<= 2147483647", "C int"]),
         (lambda: dm.Slab.Y.shape(0, (4, 4), nranks=2**31), ValueError, ["nranks", "2147483648"]),
