@@ -16,7 +16,6 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from ... import _cost, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ..._errors import DistributionError
 from ..._spec import Operands, Spec, check_fit, in_jax_trace
 from . import _kernels, _layout, _start
 from . import _redistribute as _moves
@@ -545,14 +544,11 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     return jax.device_put(d, sharding)
 
 
-def _fit_devices(src: Distribution, dst: Distribution, p: int) -> None:
+def _fit_devices(src: Distribution, dst: Distribution, p: int, *, spmd: bool = False) -> None:
     """``dm.redistribute``'s ``src`` and ``dst`` span the ``p`` devices in use,
-    else a DistributionError naming the one that does not."""
-    for name, d in (("src", src), ("dst", dst)):
-        try:
-            d.nranks(p)
-        except DistributionError as e:
-            raise DistributionError(f"{name}: {d!r} does not fit the {p} devices in use: {e}") from None
+    else a DistributionError naming the one that does not (as a product's
+    operands are named: with the ``devices=`` that would fit, in one process)."""
+    check_fit((src, dst), p, spmd=spmd, available=len(jax.local_devices()), names=("src", "dst"))
 
 
 def _redistribute_traced(
@@ -1372,7 +1368,7 @@ class JaxBackend:
                 devs = tuple(mesh.devices.flat)
             else:
                 devs = _layout.resolve_devices(devices)
-            _fit_devices(src, dst, len(devs))
+            _fit_devices(src, dst, len(devs), spmd=rank is not None)
             out = _moves.redistribute(x, src, dst, shape=shape, family=family, devices=devs, rank=rank)
             if isinstance(mesh, Mesh):  # the same blocks on the same devices, named on the user's mesh
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
