@@ -302,16 +302,17 @@ def save_models(
     return p
 
 
-def model_for(platform: str, nranks: int | None = None) -> MachineModel:
+def model_for(platform: str, nranks: int | None = None, *, calibrated: bool = True) -> MachineModel:
     """The model for a platform name ("cpu", "gpu"/"cuda"/"rocm", "tpu").
 
     A calibration (see :func:`calibration_path`) wins over the defaults: its
     ``"<platform>/<nranks>"`` entry first, then ``"<platform>"``; then the
-    defaults in the same order.
+    defaults in the same order. ``calibrated=False``: the defaults only (the
+    same on every process, whatever file each one finds).
     """
     platform = _platform(platform)
     keys = ([f"{platform}/{nranks}"] if nranks is not None else []) + [platform]
-    for models in (load_models(), DEFAULT_MODELS):
+    for models in ((load_models(),) if calibrated else ()) + (DEFAULT_MODELS,):
         for key in keys:
             if key in models:
                 return models[key]

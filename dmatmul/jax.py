@@ -148,7 +148,9 @@ def allgather_matmul(
         full speed; the same result). The backward rings do the same. None
         (the default): where the platform's cost model says two rings pay for
         blocks of ``x``'s size (full-duplex links, blocks whose bytes outweigh
-        a second message per step: GPU and TPU; never on CPU).
+        a second message per step: GPU and TPU; never on CPU). Under
+        ``jax.distributed``, the default model's constants: every process
+        must choose alike, whatever calibration file it finds.
 
     Returns:
       ``(P * m, n)``: the gathered rows times ``y``. Rank ``r`` starts with its
@@ -343,9 +345,14 @@ def _directions(ring: _Ring, bidirectional: bool | None, nbytes: int) -> _Ring:
     """``ring`` sending half of each block each way where ``bidirectional``
     says so; None: where the cost model of the platform being traced says two
     opposite rings of blocks of ``nbytes`` pay (:func:`dmatmul._cost.bidirectional_pays`:
-    never on CPU)."""
+    never on CPU). Under ``jax.distributed`` every process traces its own
+    rings, which must be the same: the default model decides there, not the
+    calibration file each process reads (one that differs, or that one process
+    cannot read, would send one ring's blocks into another's: a collective
+    mismatch, or a process raising while the others wait)."""
     if bidirectional is None:
-        bidirectional = _cost.bidirectional_pays(_cost.model_for(traced_platform(), ring.p), nbytes, ring.p)
+        model = _cost.model_for(traced_platform(), ring.p, calibrated=jax.process_count() == 1)
+        bidirectional = _cost.bidirectional_pays(model, nbytes, ring.p)
     return dataclasses.replace(ring, bidirectional=bool(bidirectional))
 
 

@@ -87,6 +87,17 @@ def test_jax_blocks_on_a_mesh_that_spans_processes(n, flags):
     assert f"of {n} processes" in proc.stdout and "matches numpy: True" in proc.stdout, output(proc)
 
 
+def test_jax_blocks_choose_alike_whatever_calibration_each_process_reads():
+    """tests/mpi/jax_calibration.py: with bidirectional=None, a calibration that
+    makes two rings pay on rank 1 only (then one rank 1 cannot read) must not
+    change rank 1's rings: every process traces the same ones (before, gloo
+    aborted on a collective mismatch)."""
+    proc = launch(3, "tests/mpi/jax_calibration.py", timeout=240)
+    assert proc.returncode == 0, output(proc)
+    for label in ("rank 1 calibrated for two rings", "rank 1's calibration unreadable"):
+        assert f"{label} on 3 processes: matches numpy: True" in proc.stdout, output(proc)
+
+
 def test_demo_under_mpiexec():
     proc = launch(4, "-m", "dmatmul", "demo", "-m", "101", "-n", "67", "-k", "53", timeout=300)
     assert proc.returncode == 0, output(proc)
