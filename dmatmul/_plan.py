@@ -35,9 +35,9 @@ __all__ = [
 ]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
-#: How a 1-D kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
-#: "one_shot", one whole collective (the moving operand all-gathered, then one GEMM; or one GEMM of the whole
-#: partial product, then one reduce-scatter); "bidirectional", two rings side by side in opposite directions,
+#: How a kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
+#: "one_shot", whole collectives (the moving operand all-gathered, then one GEMM; or one GEMM of the whole
+#: partial product, then one reduce-scatter; SUMMA: both panels all-gathered, then one GEMM); "bidirectional", two rings side by side in opposite directions,
 #: half of each block each way (P - 1 steps of two messages: for links that carry both directions at once,
 #: :func:`dmatmul._cost.bidirectional_pays`). The algorithm (its name, its operand roles) is the same.
 Schedule = Literal["ring", "one_shot", "bidirectional"]
