@@ -131,38 +131,33 @@ class Kernel:
         return {"a": self.a, "b": self.b, "d": self.d}[operand]
 
 
-#: cuBLASMp's 1-D algorithms and dmatmul's local ones, by operand roles.
-KERNELS: tuple[Kernel, ...] = (
-    Kernel("local", "M", "R", "M"),
-    Kernel("local", "R", "N", "N"),
-    Kernel("local", "R", "R", "R"),
+#: The 1-D ring kernels: AllGather+GEMM (the moving operand's blocks travel) and GEMM+ReduceScatter.
+_RINGS: tuple[Kernel, ...] = (
     Kernel("allgather", "M", "N", "M", moving="b"),
     Kernel("allgather", "M", "K", "M", moving="b"),
     Kernel("allgather", "M", "N", "N", moving="a"),
     Kernel("allgather", "K", "N", "N", moving="a"),
     Kernel("reduce_scatter", "K", "K", "M"),
     Kernel("reduce_scatter", "K", "K", "N"),
+)
+
+#: cuBLASMp's 1-D algorithms and dmatmul's local ones, by operand roles.
+KERNELS: tuple[Kernel, ...] = (
+    Kernel("local", "M", "R", "M"),
+    Kernel("local", "R", "N", "N"),
+    Kernel("local", "R", "R", "R"),
+    *_RINGS,
     Kernel("allreduce", "K", "K", "R"),
     Kernel("summa", "G", "G", "G"),
     # the same AllGather+GEMM and GEMM+ReduceScatter as one whole collective and one GEMM (small products:
     # one collective call instead of P - 1; a backend that runs only the rings leaves them out)
-    Kernel("allgather", "M", "N", "M", moving="b", schedule="one_shot"),
-    Kernel("allgather", "M", "K", "M", moving="b", schedule="one_shot"),
-    Kernel("allgather", "M", "N", "N", moving="a", schedule="one_shot"),
-    Kernel("allgather", "K", "N", "N", moving="a", schedule="one_shot"),
-    Kernel("reduce_scatter", "K", "K", "M", schedule="one_shot"),
-    Kernel("reduce_scatter", "K", "K", "N", schedule="one_shot"),
+    *(dataclasses.replace(kern, schedule="one_shot") for kern in _RINGS),
     # SUMMA as two whole collectives (op(A)'s row panel gathered along the grid row, op(B)'s column panel
     # along the grid column) and one GEMM: small products on a grid
     Kernel("summa", "G", "G", "G", schedule="one_shot"),
     # the rings again, half of each block each way (full-duplex links, large blocks; a backend that runs only
     # one-way rings leaves them out)
-    Kernel("allgather", "M", "N", "M", moving="b", schedule="bidirectional"),
-    Kernel("allgather", "M", "K", "M", moving="b", schedule="bidirectional"),
-    Kernel("allgather", "M", "N", "N", moving="a", schedule="bidirectional"),
-    Kernel("allgather", "K", "N", "N", moving="a", schedule="bidirectional"),
-    Kernel("reduce_scatter", "K", "K", "M", schedule="bidirectional"),
-    Kernel("reduce_scatter", "K", "K", "N", schedule="bidirectional"),
+    *(dataclasses.replace(kern, schedule="bidirectional") for kern in _RINGS),
 )
 
 _FORCED: contextvars.ContextVar[Schedule | None] = contextvars.ContextVar("dmatmul_schedule", default=None)

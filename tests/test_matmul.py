@@ -538,6 +538,23 @@ def test_half_precision_widens_on_the_devices_it_runs_on(monkeypatch):
 # --------------------------------------------------------------------------- #
 # one-shot schedules (one whole collective instead of a P - 1 step ring)
 # --------------------------------------------------------------------------- #
+def _vjp_and_jit(f, a, b, g):
+    """``f(a, b)``, its vjp at ``g`` (da, db) and its jit, as jax arrays."""
+    d, vjp = jax.vjp(f, jnp.asarray(a), jnp.asarray(b))
+    return (d, *vjp(jnp.asarray(g)), jax.jit(f)(jnp.asarray(a), jnp.asarray(b)))
+
+
+def _assert_product_and_gradients(got, a, b, g, ta, tb):
+    """:func:`_vjp_and_jit`'s product, gradients and jitted product against numpy."""
+    d, da, db, jitted = got
+    opa, opb = (a.T if ta else a), (b.T if tb else b)
+    assert_close(np.asarray(d), opa @ opb, "float32")
+    assert_close(np.asarray(jitted), opa @ opb, "float32")
+    want_a, want_b = g @ opb.T, opa.T @ g
+    assert_close(np.asarray(da), want_a.T if ta else want_a, "float32")
+    assert_close(np.asarray(db), want_b.T if tb else want_b, "float32")
+
+
 # every kernel that has a one-shot and a bidirectional schedule, as the (a, b, result) layout that runs it
 # (no transposes)
 _ONE_SHOT_LAYOUTS = [(X, Y, X), (X, X, X), (X, Y, Y), (Y, Y, Y), (Y, X, X), (Y, X, Y)]
@@ -573,17 +590,8 @@ def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit
                 assert said in mm.explain(), mm.explain()
                 assert_close(mm.execute(), opa @ opb, "float32")
 
-            def f(x, y):
-                return dm.matmul(x, y, **kw)
-
-            d, vjp = jax.vjp(f, jnp.asarray(a), jnp.asarray(b))
-            da, db = vjp(jnp.asarray(g))
-            jitted = jax.jit(f)(jnp.asarray(a), jnp.asarray(b))
-        assert_close(np.asarray(d), opa @ opb, "float32")
-        assert_close(np.asarray(jitted), opa @ opb, "float32")
-        want_a, want_b = g @ opb.T, opa.T @ g
-        assert_close(np.asarray(da), want_a.T if ta else want_a, "float32")
-        assert_close(np.asarray(db), want_b.T if tb else want_b, "float32")
+            got = _vjp_and_jit(lambda x, y: dm.matmul(x, y, **kw), a, b, g)
+        _assert_product_and_gradients(got, a, b, g, ta, tb)
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
@@ -617,16 +625,10 @@ def test_one_shot_summa_matches_numpy_with_gradients_and_jit(layout, blocks):
             def f(x, y):
                 return dm.matmul(x, y, **kw)
 
-            d, vjp = jax.vjp(f, jnp.asarray(a), jnp.asarray(b))
-            da, db = vjp(jnp.asarray(g))
-            jitted = jax.jit(f)(jnp.asarray(a), jnp.asarray(b))
+            got = _vjp_and_jit(f, a, b, g)
             jaxpr = str(jax.make_jaxpr(f)(a, b))
         assert jaxpr.count("all_gather[") >= 2, jaxpr  # (the uneven result is gathered whole by a ring after)
-        assert_close(np.asarray(d), opa @ opb, "float32")
-        assert_close(np.asarray(jitted), opa @ opb, "float32")
-        want_a, want_b = g @ opb.T, opa.T @ g
-        assert_close(np.asarray(da), want_a.T if ta else want_a, "float32")
-        assert_close(np.asarray(db), want_b.T if tb else want_b, "float32")
+        _assert_product_and_gradients(got, a, b, g, ta, tb)
 
 
 def test_the_model_runs_summa_one_shot_for_small_products_on_a_grid():
