@@ -1126,7 +1126,8 @@ def test_fake_backend_under_mpiexec(nprocs):
     """The whole backend (runtime start-up, agreement on memory orders, nvmath
     calls, MPI allgather of replicated results) on 2 and 4 real processes,
     nvmath replaced by the fake: every 1-D triple x transposes, a sample of the
-    alpha/beta/c x epilog x dtype variants, plan reuse. (On 2, m = 3 splits
+    alpha/beta/c x epilog x dtype variants, plan reuse, and on 4 a sample of 2-D
+    block-cyclic grids (SUMMA, the general path). (On 2, m = 3 splits
     into a row block of 1: a vector block, which nvmath reads by its strides.)"""
     mpiexec = shutil.which("mpiexec") or str(pathlib.Path(sys.executable).parent / "mpiexec")
     if not os.path.exists(mpiexec) or importlib.util.find_spec("mpi4py") is None:
@@ -1137,7 +1138,7 @@ def test_fake_backend_under_mpiexec(nprocs):
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "cases match numpy" in out.stdout and "MISMATCH" not in out.stdout
-    for path in ("AG+GEMM", "GEMM+RS", "GEMM+AR", "general", "local GEMM"):
+    for path in ("AG+GEMM", "GEMM+RS", "GEMM+AR", "general", "local GEMM") + (("SUMMA",) if nprocs == 4 else ()):
         assert path in out.stdout
 
 

@@ -6,7 +6,8 @@
 
 Every 1-D layout triple of (Slab.X, Slab.Y, Replicated()) x transposes, on an
 uneven and an even size, x (alpha, beta, c) x epilogs x dtypes, plus plan
-reuse (one dm.Matmul executed three times with reset operands), each result
+reuse (one dm.Matmul executed three times with reset operands) and, on four
+ranks, 2-D block-cyclic grids (SUMMA and the general path), each result
 block compared with its block of the numpy reference and (``--compare-jax``,
 on every base case and a sample of the variants) with the JAX backend's, and
 ``c`` checked unmodified. Operands are numpy
@@ -170,6 +171,18 @@ def cases():
     for (m, n, k), dists in itertools.product(((3, 3, 6), (4, 6, 8)), [(R, R, R), (X, R, X), (X, Y, X)]):
         out.append(dict(m=m, n=n, k=k, dists=dists, ta=False, tb=True, use_c=True, beta=0.5, epilog="gelu_bias",
                         matrix=True))
+    # 2-D grids (four ranks): SUMMA on one shared grid and the general path across grids, row- and column-major
+    # grids, cyclic blocks (one size per dimension, as cuBLASMp needs), first_process moved, transposes
+    if P == 4:
+        row, col = dm.ProcessGrid((2, 2)), dm.ProcessGrid((2, 2), layout="col")
+        grid_dists = [(dm.BlockCyclic(g, (2, 2), first_process=fp),) * 3 for g in (row, col) for fp in ((0, 0), (1, 0))]
+        grid_dists += [(dm.BlockCyclic(row, (3, 3)), dm.BlockCyclic(col, (3, 3), first_process=(0, 1)),
+                        dm.BlockCyclic(row, (3, 3))),
+                       (dm.BlockCyclic(col, (2, 2)), R, dm.BlockCyclic(row, (2, 2), first_process=(1, 1)))]
+        for dists, (ta, tb) in itertools.product(grid_dists, itertools.product((False, True), repeat=2)):
+            out.append(dict(m=13, n=11, k=7, dists=dists, ta=ta, tb=tb, dtype="float64"))
+            out.append(dict(m=13, n=11, k=7, dists=dists, ta=ta, tb=tb, alpha=0.5, beta=2.0, use_c=True,
+                            epilog="relu_bias"))
     return out
 
 
