@@ -1,6 +1,6 @@
 """The numpy reference of the tests: the package's own (``dmatmul._reference``)."""
 
-from dmatmul._reference import (  # noqa: F401
+from dmatmul._reference import (
     TOLERANCE,
     assert_close,
     error_ratio,
@@ -9,3 +9,5 @@ from dmatmul._reference import (  # noqa: F401
     reference,
     wide,
 )
+
+__all__ = ["TOLERANCE", "assert_close", "error_ratio", "gelu_tanh", "random_matrix", "reference", "wide"]
