@@ -2,7 +2,9 @@
 
 Layout (a, b, result) = BlockNonCyclic on one ProcessGrid (2x4 and 4x2, row-
 and column-major), float32, 8 simulated CPU devices, inputs already sharded on
-the devices in the plan's shardings, each variant compiled on a plan of its own:
+the devices in the plan's shardings, each variant compiled on a plan of its own
+with the ring schedule forced (the model picks one whole gather for small products,
+where no variant would run):
 
   psum            textbook SUMMA: one masked ``psum`` per K panel (an all-reduce of
                   mostly zeros), ``lax.fori_loop`` (dmatmul's kernel until issue 14
@@ -102,6 +104,38 @@ def gemms_only(lp, a, b):
     return acc
 
 
+def plan_variant(xa, xb, dist, kern):
+    """A planned and compiled ``Matmul`` of ``xa @ xb`` (SUMMA on ``dist``, 8
+    devices) whose ring runs ``kern`` in place of ``_kernels.summa`` (None: the
+    shipped one), and its compiled program's peak bytes per device.
+
+    The plan is made under ``_plan.schedule("ring")``: where the cost model
+    picks SUMMA's one-shot schedule (small products) the ring, and so the
+    variant, would not run at all, and every variant would time the same
+    program. It is a plan of its own: the backend's plan cache would hand
+    every variant the plan (and the jitted function) compiled with the first
+    kernel."""
+    import jax
+
+    import dmatmul as dm
+    from dmatmul import _plan
+    from dmatmul._matmul import plan_of
+    from dmatmul.backends.jax import _kernels
+
+    dm.backends.get("jax")._plans.clear()
+    with _plan.schedule("ring"):
+        mm = dm.Matmul(xa, xb, distribution=dist, algorithm="summa", devices=8)
+        mm.plan()
+    shipped = _kernels.summa
+    _kernels.summa = kern if kern is not None else shipped
+    try:
+        jax.block_until_ready(mm.execute())  # traced and compiled with this kernel
+        peak = plan_of(mm).compiled_memory()["peak"]
+    finally:
+        _kernels.summa = shipped
+    return mm, peak
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[2048])
@@ -121,6 +155,7 @@ def main() -> int:
     from jax.sharding import PartitionSpec as P
 
     import dmatmul as dm
+    from dmatmul import _plan
     from dmatmul._bench import IdleWaiter, time_interleaved
     from dmatmul._bench.peers import compiled_peak_bytes
     from dmatmul._matmul import plan_of
@@ -136,7 +171,6 @@ def main() -> int:
     }
     only = set(filter(None, args.only.split(",")))
     waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
-    shipped = _kernels.summa
     summary = []
     for n in args.n:
         rng = np.random.default_rng(0)
@@ -151,7 +185,8 @@ def main() -> int:
                 runners = {}
                 # device-resident operands in the plan's own shardings (numpy operands would time the
                 # host-to-device copies of every call too)
-                probe = plan_of(dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8))
+                with _plan.schedule("ring"):  # the variants' schedule (plan_variant)
+                    probe = plan_of(dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8))
                 mesh = probe.geom.mesh
                 sa, sb, sd = (probe.sharding(op) for op in "abd")
                 xa, xb = jax.device_put(a, sa), jax.device_put(b, sb)
@@ -160,17 +195,7 @@ def main() -> int:
                 for name, kern in variants.items():
                     if only and name not in only and name != "psum":
                         continue
-                    # a plan of its own: the backend's plan cache would hand every variant the plan (and
-                    # the jitted function) compiled with the first kernel
-                    dm.backends.get("jax")._plans.clear()
-                    mm = dm.Matmul(xa, xb, distribution=dist, algorithm="summa", devices=8)
-                    mm.plan()
-                    _kernels.summa = kern if kern is not None else shipped
-                    try:
-                        jax.block_until_ready(mm.execute())  # traced and compiled with this kernel
-                        peak[name] = plan_of(mm).compiled_memory()["peak"]
-                    finally:
-                        _kernels.summa = shipped
+                    mm, peak[name] = plan_variant(xa, xb, dist, kern)
                     runners[name] = (lambda mm=mm: jax.block_until_ready(mm.execute()))
                 f = jax.jit(lambda x, y: jnp.dot(x, y, precision=hi), in_shardings=(sa, sb), out_shardings=sd)
                 runners["xla"] = lambda f=f, xa=xa, xb=xb: jax.block_until_ready(f(xa, xb))

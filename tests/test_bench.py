@@ -568,3 +568,45 @@ def test_bench_main_takes_a_scripts_defaults(monkeypatch):
     assert _bench.main(["--reps", "2"], prog="x", defaults={"sizes": "2048,4096", "json": "mpi-bench.json"}) == 0
     (args,) = seen
     assert args.sizes == [2048, 4096] and args.json == "mpi-bench.json" and args.reps == 2
+
+
+# --------------------------------------------------------------------------- #
+# the scripts of benchmarks/ (tiny sizes; what they time, never how fast)
+# --------------------------------------------------------------------------- #
+def _script(name: str):
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summa_bench_variants_run_their_own_kernel():
+    """benchmarks/summa.py at n = 64, where the model picks SUMMA's one-shot
+    schedule: each variant must still run its own ring kernel (it timed the
+    one-shot program under every variant's name). ``gemms-only`` sends
+    nothing, so its numbers are wrong exactly when it ran."""
+    import numpy as np
+
+    import dmatmul as dm
+    from dmatmul._matmul import plan_of
+
+    summa = _script("summa")
+    n = 64
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    for shape in ((2, 4), (4, 2)):
+        dist = dm.BlockNonCyclic(dm.ProcessGrid(shape))
+        probe = plan_of(dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8))
+        assert probe.plan.kernel.schedule == "one_shot"  # what the model picks at this size
+        xa, xb = jax.device_put(a, probe.sharding("a")), jax.device_put(b, probe.sharding("b"))
+        for name, kern in (("psum", summa.psum_summa), ("dmatmul", None), ("gemms-only", summa.gemms_only)):
+            mm, peak = summa.plan_variant(xa, xb, dist, kern)
+            assert plan_of(mm).plan.kernel.schedule == "ring", name
+            err = float(np.abs(np.asarray(mm.execute()) - ref).max() / np.abs(ref).max())
+            assert (err > 1e-2) if name == "gemms-only" else (err < 1e-5), (shape, name, err)
+            assert peak > 3 * n * n * 4 / 8, (shape, name, peak)  # at least the blocks of a, b and the result
