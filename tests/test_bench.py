@@ -610,3 +610,33 @@ def test_summa_bench_variants_run_their_own_kernel():
             err = float(np.abs(np.asarray(mm.execute()) - ref).max() / np.abs(ref).max())
             assert (err > 1e-2) if name == "gemms-only" else (err < 1e-5), (shape, name, err)
             assert peak > 3 * n * n * 4 / 8, (shape, name, peak)  # at least the blocks of a, b and the result
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_runs_dmatmul_at_the_xla_peers_precision(dtype):
+    """dmatmul's rows and XLA's do the same work: the XLA peer's jnp.dot runs at
+    HIGHEST for float32, so dmatmul must too (precision=None is the framework's
+    default, TF32 on an NVIDIA GPU: a faster, less exact product than its peer's)."""
+    pytest.importorskip("ml_dtypes")
+    import numpy as np
+
+    from dmatmul._matmul import plan_of
+
+    def xla_precision() -> str | None:
+        x = jax.numpy.ones((8, 8), dtype)
+        (dot,) = [e for e in jax.make_jaxpr(_bench.peers.xla_dot(dtype))(x, x).eqns if e.primitive.name == "dot_general"]
+        prec = dot.params["precision"]
+        prec = prec[0] if isinstance(prec, tuple) else prec
+        return None if prec in (None, jax.lax.Precision.DEFAULT) else prec.name.lower()
+
+    args = parse("--dtype", dtype, "--algorithms", "auto,allgather")
+    a, b = (_bench.problem.as_dtype(x, dtype) for x in _bench.problem.operands(32, dtype))
+    plans = _bench.peers.dmatmul_plans(a, b, _bench.parse_layout("XYX"), args, devices=2)
+    assert set(plans) == {"auto", "allgather"}
+    want = "highest" if dtype == "float32" else None
+    assert xla_precision() == want
+    for name, mm in plans.items():
+        assert plan_of(mm).spec.precision == want, name
+        got = np.asarray(mm.execute(), dtype=np.float64)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        assert _bench.problem.rel_err(got, ref) < _bench.problem.TOL[dtype], name

@@ -3,8 +3,8 @@
 dmatmul's entries (``auto`` and each named algorithm that fits the layout,
 with the cost model's facts about its plan, read through the backend
 protocol: ``plan_of(mm).cost`` and ``.sharding(op)`` where the plan has it)
-and the peers: ``xla`` (``jax.jit(jnp.dot)`` with dmatmul's precision
-semantics on the same shardings), ``xla-1dev`` (the same on one device) and
+and the peers: ``xla`` (``jax.jit(jnp.dot)`` at the same precision on the
+same shardings), ``xla-1dev`` (the same on one device) and
 ``numpy`` (its GEMM of the whole problem).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import _cost
-from .._spec import ALGORITHMS, AlgorithmName
+from .._spec import ALGORITHMS, AlgorithmName, PrecisionName
 
 PEERS = ("xla", "xla-1dev", "numpy")
 
@@ -62,18 +62,21 @@ def shardings(dists: Sequence[Any], devices: Sequence[Any], mm: Any = None) -> d
     return {op: jax.sharding.NamedSharding(mesh, partition_spec(d, bool(grids))) for op, d in zip("abd", dists)}
 
 
-def _precision(dtype: str) -> Any:
-    import jax
-
-    return jax.lax.Precision.HIGHEST if dtype in ("float32", "float64") else None
+def precision(dtype: str) -> PrecisionName | None:
+    """The ``precision=`` every contender runs with, dmatmul's and XLA's alike:
+    full precision for float32 and float64 (``None``, the framework's default,
+    may mean TF32 on a GPU), the default for the half precisions (accumulated
+    in float32 either way)."""
+    return "highest" if dtype in ("float32", "float64") else None
 
 
 def xla_dot(dtype: str) -> Callable[[Any, Any], Any]:
-    """``jnp.dot`` with dmatmul's semantics: full precision, half precisions
-    accumulated in float32 and rounded once."""
+    """``jnp.dot`` as the bench runs dmatmul: at :func:`precision`, half
+    precisions accumulated in float32 and rounded once."""
+    import jax
     import jax.numpy as jnp
 
-    prec = _precision(dtype)
+    prec = None if precision(dtype) is None else jax.lax.Precision.HIGHEST
     if dtype in ("bfloat16", "float16"):
         return lambda x, y: jnp.dot(x, y, precision=prec, preferred_element_type=jnp.float32).astype(x.dtype)
     return lambda x, y: jnp.dot(x, y, precision=prec)
@@ -131,14 +134,16 @@ def named_algorithms(args: argparse.Namespace) -> list[AlgorithmName]:
 
 def dmatmul_plans(a: Any, b: Any, dists: Sequence[Any], args: argparse.Namespace, **where: Any) -> dict[str, Any]:
     """A planned :class:`dmatmul.Matmul` (JAX backend) of ``a @ b`` for each
-    of :func:`named_algorithms` that fits the layout, by algorithm; ``where``:
-    more keywords of ``Matmul`` (``devices=p`` in one process)."""
+    of :func:`named_algorithms` that fits the layout, by algorithm, at the XLA
+    peer's :func:`precision`; ``where``: more keywords of ``Matmul``
+    (``devices=p`` in one process)."""
     import dmatmul as dm
 
     plans: dict[str, Any] = {}
     for algorithm in named_algorithms(args):
         try:
-            mm = dm.Matmul(a, b, distribution=dists, backend="jax", algorithm=algorithm, **where)
+            mm = dm.Matmul(a, b, distribution=dists, backend="jax", algorithm=algorithm,
+                           precision=precision(args.dtype), **where)
             mm.plan()
         except (ValueError, NotImplementedError):
             continue  # does not fit this layout
