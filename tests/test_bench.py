@@ -640,3 +640,22 @@ def test_bench_runs_dmatmul_at_the_xla_peers_precision(dtype):
         got = np.asarray(mm.execute(), dtype=np.float64)
         ref = a.astype(np.float64) @ b.astype(np.float64)
         assert _bench.problem.rel_err(got, ref) < _bench.problem.TOL[dtype], name
+
+
+def test_numpy_peer_under_mpiexec_runs_the_bench_dtype():
+    """numpy's helper process (mpiexec runs) multiplies in the bench's element type:
+    float64 for --dtype float64 (it ran float32, half the work, understating
+    dmatmul's x numpy), float32 for the half precisions, as in one process."""
+    from dmatmul._bench.mpi import NumpyHelper
+    from dmatmul._bench.problem import numpy_dtype, numpy_note
+
+    assert [numpy_dtype(d) for d in ("float32", "float64", "bfloat16", "float16")] == [
+        "float32", "float64", "float32", "float32"]
+    assert numpy_note("float64") is None and "float32 GEMM" in numpy_note("bfloat16")
+    helper = NumpyHelper()
+    try:
+        for dtype in ("float64", "float32", "bfloat16"):
+            seconds, ran = helper.gemm(16, numpy_dtype(dtype))
+            assert ran == numpy_dtype(dtype) and seconds >= 0, (dtype, ran)
+    finally:
+        helper.close()

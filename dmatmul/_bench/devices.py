@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .peers import compiled_peak_bytes, dmatmul_plans, memory_facts, named_algorithms, plan_facts, shardings, xla_dot
-from .problem import TOL, as_dtype, operands, parse_layout, rel_err
+from .problem import TOL, as_dtype, numpy_dtype, numpy_note, operands, parse_layout, rel_err
 from .report import show_group
 from .timing import IdleWaiter, Progress, Result, Runner, blocking, time_interleaved
 
@@ -96,8 +96,8 @@ def _bench_group_devices(
         new("xla-1dev")
         runners["xla-1dev"] = blocking(f1, a1, b1)
     if "numpy" in args.peers:
-        new("numpy", note=None if dtype in ("float32", "float64") else "float32 GEMM (numpy has none in " + dtype + ")")
-        an, bn = (a32, b32) if dtype != "float64" else (a, b)
+        new("numpy", note=numpy_note(dtype))
+        an, bn = (x.astype(numpy_dtype(dtype), copy=False) for x in (a32, b32))
         runners["numpy"] = lambda: an @ bn
 
     # correctness, once (outside the timing)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .peers import compiled_peak_bytes, dmatmul_plans, memory_facts, named_algorithms, plan_facts, shardings, xla_dot
-from .problem import TOL, as_dtype, operands, parse_layout, rel_err
+from .problem import TOL, as_dtype, numpy_dtype, numpy_note, operands, parse_layout, rel_err
 from .report import show_group
 from .timing import IdleWaiter, Progress, Result, Runner, blocking, time_interleaved
 
@@ -33,15 +33,15 @@ except (AttributeError, OSError):
 import numpy as np
 cache = {}
 for line in sys.stdin:
-    n = int(line)
-    if n not in cache:
+    n, dtype = int(line.split()[0]), line.split()[1]
+    if (n, dtype) not in cache:  # the bench's operands (problem.operands), in numpy's element type
         cache.clear()
         rng = np.random.default_rng(n)
-        cache[n] = (rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32))
-    a, b = cache[n]
+        cache[n, dtype] = tuple(rng.standard_normal((n, n), dtype=np.float32).astype(dtype) for _ in "ab")
+    a, b = cache[n, dtype]
     t0 = time.perf_counter()
-    a @ b
-    print(time.perf_counter() - t0, flush=True)
+    d = a @ b
+    print(time.perf_counter() - t0, d.dtype.name, flush=True)
 """
 
 
@@ -60,11 +60,14 @@ class NumpyHelper:
             [sys.executable, "-c", _NUMPY_HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
 
-    def gemm(self, n: int) -> float:
+    def gemm(self, n: int, dtype: str) -> tuple[float, str]:
+        """Seconds of one GEMM of the bench's ``n x n`` operands in ``dtype``
+        (numpy's: :func:`.problem.numpy_dtype`), and the product's element type."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.write(f"{n} {dtype}\n")
         self.proc.stdin.flush()
-        return float(self.proc.stdout.readline())
+        seconds, got = self.proc.stdout.readline().split()
+        return float(seconds), got
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -124,12 +127,12 @@ def _bench_group_processes(
             ideal_bytes=auto.ideal_bytes if auto else None)
         runners["xla"] = blocking(f, ga, gb)
     if "numpy" in args.peers:
-        new("numpy", note="1 process, all cores, other ranks asleep")
+        new("numpy", note="; ".join(filter(None, ("1 process, all cores, other ranks asleep", numpy_note(dtype)))))
         numpy_times: list[float] = []
 
         def numpy_run() -> None:
             if helper is not None:
-                numpy_times.append(helper.gemm(n))
+                numpy_times.append(helper.gemm(n, numpy_dtype(dtype))[0])
 
         runners["numpy"] = numpy_run
 

@@ -67,6 +67,17 @@ def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     return x.astype(dtype)
 
 
+def numpy_dtype(dtype: str) -> str:
+    """The element type of numpy's peer for the bench's ``dtype``: float32 for
+    the half precisions, which numpy has no GEMM for; else ``dtype`` itself."""
+    return dtype if dtype in ("float32", "float64") else "float32"
+
+
+def numpy_note(dtype: str) -> str | None:
+    """The note on numpy's row where it runs another element type than the bench."""
+    return None if numpy_dtype(dtype) == dtype else f"float32 GEMM (numpy has none in {dtype})"
+
+
 def rel_err(got: Any, ref: np.ndarray) -> float:
     g = np.asarray(got, dtype=np.float64)
     return float(np.abs(g - ref).max() / max(np.abs(ref).max(), 1e-30))
