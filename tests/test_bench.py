@@ -659,3 +659,36 @@ def test_numpy_peer_under_mpiexec_runs_the_bench_dtype():
             assert ran == numpy_dtype(dtype) and seconds >= 0, (dtype, ran)
     finally:
         helper.close()
+
+
+def test_bench_first_call_is_the_compiling_one_and_is_checked(tmp_path, monkeypatch):
+    """Each runner is called 1 + warmup + reps times: the correctness check reads
+    the first call's result, so ``first_call_s`` (the JSON's compilation time)
+    is the call that compiles (a check call before it made it a warm call)."""
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    calls: dict[int, int] = {}
+    blocking = _bench.devices.blocking
+
+    def counted(fn, *args):
+        run = blocking(fn, *args)
+        key = len(calls)
+        calls[key] = 0
+
+        def runner():
+            calls[key] += 1
+            return run()
+
+        return runner
+
+    monkeypatch.setattr(_bench.devices, "blocking", counted)
+    out = tmp_path / "f.json"
+    args = parse("--sizes", "32", "--devices", "2", "--layouts", "XYX", "--reps", "2", "--warmup", "1",
+                 "--algorithms", "auto", "--peers", "xla,xla-1dev", "--json", str(out), "--plot", "",
+                 "--no-progress")
+    assert _bench.run(args) == 0
+    assert len(calls) == 3 and set(calls.values()) == {1 + 1 + 2}, calls
+    rows = json.loads(out.read_text())["results"]
+    assert {r["impl"] for r in rows} == {"dmatmul:auto", "xla", "xla-1dev"}
+    for r in rows:
+        assert r["max_rel_err"] < 1e-5 and r["first_call_s"] > 0, r["impl"]
+    assert next(r for r in rows if r["impl"] == "xla")["peak_bytes"] > 0

@@ -100,14 +100,16 @@ def time_interleaved(
     barrier: Callable[[], None] | None = None,
     before: Callable[[], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    check: Callable[[str, Any], None] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Time every runner ``reps`` times, interleaved, after a first call and ``warmup`` more.
 
     Repetition ``r`` runs the runners in the order :func:`rep_order` gives.
     A runner must block until its result is ready. ``before`` (e.g. waiting
     for an idle machine) and then ``barrier`` (several processes) run before
-    every timed call. Returns the times and each runner's first-call time
-    (compilation included).
+    every timed call. ``check(name, result)`` sees each runner's first result
+    (off the clock). Returns the times and each runner's first-call time
+    (compilation included: the first call is the first the runner ever makes).
     """
     names = list(runners)
     first: dict[str, float] = {}
@@ -115,8 +117,10 @@ def time_interleaved(
         if barrier:
             barrier()
         t0 = time.perf_counter()
-        runners[name]()
+        out = runners[name]()
         first[name] = time.perf_counter() - t0
+        if check:
+            check(name, out)
         if on_step:
             on_step(name)
     for _ in range(warmup):
