@@ -692,3 +692,27 @@ def test_bench_first_call_is_the_compiling_one_and_is_checked(tmp_path, monkeypa
     for r in rows:
         assert r["max_rel_err"] < 1e-5 and r["first_call_s"] > 0, r["impl"]
     assert next(r for r in rows if r["impl"] == "xla")["peak_bytes"] > 0
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+def test_summa_ideal_memory_counts_a_whole_panel_on_uneven_blocks(shape):
+    """The /ideal column's SUMMA buffer is one op(A) and one op(B) panel as wide
+    as the ring's block: K = 70 cut into 18, 18, 17, 17 (and 35, 35) has runs of
+    18, 17, 1, 17, 17, whose common width 1 made the ideal's panels 1 column
+    wide (the ideal almost the blocks alone: peak/ideal overstated). Even K
+    (64: blocks of 16 and 32) keeps its 16-wide panels."""
+    import numpy as np
+
+    import dmatmul as dm
+    from dmatmul._matmul import plan_of
+
+    m, n = 100, 60
+    for k, panel in ((70, 18), (64, 16)):
+        a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+        dist = dm.BlockNonCyclic(dm.ProcessGrid(shape))
+        plan = plan_of(dm.Matmul(a, b, distribution=dist, algorithm="summa", devices=8))
+        blocks = sum(max(int(np.prod(dist.shape(r, s, 8))) for r in range(8)) for s in ((m, k), (k, n), (m, n)))
+        m_loc, n_loc = -(-m // shape[0]), -(-n // shape[1])
+        assert plan.ideal_memory_bytes() == 4 * (blocks + panel * (m_loc + n_loc)), (k, shape)
+        got = np.asarray(dm.matmul(a, b, distribution=dist, algorithm="summa", devices=8))
+        np.testing.assert_allclose(got, np.full((m, n), float(k)), rtol=1e-6)

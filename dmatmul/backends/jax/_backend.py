@@ -894,9 +894,12 @@ class JaxPlan:
     def ideal_memory_bytes(self) -> float:
         """The least a rank can hold for this product: its blocks of a, b and the
         result (the largest over ranks, unpadded) plus one buffer of what travels:
-        for ``summa`` one op(A) panel and one op(B) panel, for ``allgather`` one
-        block of the moving operand, for ``reduce_scatter`` and ``allreduce`` one
-        partial result (accumulation dtype), for ``local`` nothing."""
+        for ``summa`` one op(A) panel and one op(B) panel (as wide as the longest
+        run of k one owner of each holds, :meth:`~._kernels.SummaSchedule.longest_run`:
+        with uneven blocks the ring's block, not the common panel width, which may
+        be 1), for ``allgather`` one block of the moving operand, for
+        ``reduce_scatter`` and ``allreduce`` one partial result (accumulation
+        dtype), for ``local`` nothing."""
         spec, p = self.spec, self.nranks
         info = spec.dtype_info
         shapes = {"a": spec.a_shape, "b": spec.b_shape, "d": (spec.m, spec.n)}
@@ -909,7 +912,7 @@ class JaxPlan:
             assert sched is not None
             m_loc = self.kernel["a"].block[1 if spec.transpose_a else 0]
             n_loc = self.kernel["b"].block[0 if spec.transpose_b else 1]
-            travel = sched.width * (m_loc + n_loc) * info.itemsize
+            travel = sched.longest_run() * (m_loc + n_loc) * info.itemsize
         elif kern.algorithm == "allgather" and kern.moving in ("a", "b"):
             travel = int(np.prod(self.kernel[kern.moving].block)) * info.itemsize
         elif kern.algorithm in ("reduce_scatter", "allreduce"):

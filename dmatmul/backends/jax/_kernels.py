@@ -114,6 +114,24 @@ class SummaSchedule:
     extent_a: int = 0  # local K extent the panels read (a shorter last panel reads zeros after it)
     extent_b: int = 0
 
+    def longest_run(self) -> int:
+        """The most k one grid column of op(A) and one grid row of op(B) hold at
+        consecutive local positions: the widest textbook panel (``width``, their
+        greatest common length, is 1 where uneven blocks cut K into runs such as
+        18, 17, 1, 17, 17).
+
+        >>> SummaSchedule(2, (0, 0, 1, 1, 1), (0, 2, 0, 2, 4), (0, 1, 1, 1, 1), (0, 0, 0, 2, 4)).longest_run()
+        6
+        """
+        longest = run = 1
+        for t in range(1, len(self.owner_col)):
+            same = (self.owner_col[t], self.owner_row[t]) == (self.owner_col[t - 1], self.owner_row[t - 1])
+            follows = (self.offset_a[t], self.offset_b[t]) == (self.offset_a[t - 1] + self.width,
+                                                               self.offset_b[t - 1] + self.width)
+            run = run + 1 if same and follows else 1
+            longest = max(longest, run)
+        return longest * self.width
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalProblem:
