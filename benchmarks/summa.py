@@ -123,8 +123,8 @@ def plan_variant(xa, xb, dist, kern):
     from dmatmul.backends.jax import _kernels
 
     dm.backends.get("jax")._plans.clear()
-    with _plan.schedule("ring"):
-        mm = dm.Matmul(xa, xb, distribution=dist, algorithm="summa", devices=8)
+    with _plan.schedule("ring"):  # at the xla peer's precision (None may mean TF32 on a GPU)
+        mm = dm.Matmul(xa, xb, distribution=dist, algorithm="summa", devices=8, precision="highest")
         mm.plan()
     shipped = _kernels.summa
     _kernels.summa = kern if kern is not None else shipped

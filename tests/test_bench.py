@@ -607,6 +607,7 @@ def test_summa_bench_variants_run_their_own_kernel():
         for name, kern in (("psum", summa.psum_summa), ("dmatmul", None), ("gemms-only", summa.gemms_only)):
             mm, peak = summa.plan_variant(xa, xb, dist, kern)
             assert plan_of(mm).plan.kernel.schedule == "ring", name
+            assert plan_of(mm).spec.precision == "highest", name  # as the xla peer's jnp.dot
             err = float(np.abs(np.asarray(mm.execute()) - ref).max() / np.abs(ref).max())
             assert (err > 1e-2) if name == "gemms-only" else (err < 1e-5), (shape, name, err)
             assert peak > 3 * n * n * 4 / 8, (shape, name, peak)  # at least the blocks of a, b and the result
