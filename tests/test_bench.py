@@ -717,3 +717,21 @@ def test_summa_ideal_memory_counts_a_whole_panel_on_uneven_blocks(shape):
         assert plan.ideal_memory_bytes() == 4 * (blocks + panel * (m_loc + n_loc)), (k, shape)
         got = np.asarray(dm.matmul(a, b, distribution=dist, algorithm="summa", devices=8))
         np.testing.assert_allclose(got, np.full((m, n), float(k)), rtol=1e-6)
+
+
+def test_bench_checks_large_products_on_a_sample_of_rows(tmp_path, capsys, monkeypatch):
+    """Above FULL_CHECK_MAX the bench checks a sample of rows (it checked nothing
+    above n = 4096, so a fast wrong kernel was reported); here at n = 64 with the
+    limit lowered, and an XLA peer that is wrong by 1%: flagged, exit status 1."""
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    monkeypatch.setattr(_bench.problem, "FULL_CHECK_MAX", 16)
+    right = _bench.devices.xla_dot
+    monkeypatch.setattr(_bench.devices, "xla_dot", lambda dtype: lambda x, y: right(dtype)(x, y) * 1.01)
+    args = parse("--sizes", "64", "--devices", "2", "--layouts", "XYX", "--reps", "1", "--warmup", "0",
+                 "--algorithms", "auto", "--peers", "xla", "--json", str(tmp_path / "s.json"), "--plot", "",
+                 "--no-progress")
+    assert _bench.run(args) == 1
+    rows = {r["impl"]: r for r in json.loads((tmp_path / "s.json").read_text())["results"]}
+    assert rows["dmatmul:auto"]["max_rel_err"] < 1e-5 and "MISMATCH" not in (rows["dmatmul:auto"]["note"] or "")
+    assert rows["xla"]["note"].startswith("MISMATCH") and rows["xla"]["max_rel_err"] > 1e-3
+    assert 16 < len(_bench.problem.check_rows(64)) <= 64

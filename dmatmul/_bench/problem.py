@@ -78,6 +78,23 @@ def numpy_note(dtype: str) -> str | None:
     return None if numpy_dtype(dtype) == dtype else f"float32 GEMM (numpy has none in {dtype})"
 
 
+#: The largest n whose whole product the bench checks (a float64 GEMM of it); larger ones, a sample of rows.
+FULL_CHECK_MAX = 4096
+
+
+def check_rows(n: int) -> np.ndarray:
+    """The rows of an ``n x n`` result the bench checks against its float64
+    reference: all of them up to :data:`FULL_CHECK_MAX`, else 64 spread over
+    every block of rows (a wrong kernel is still caught; it went unchecked).
+
+    >>> len(check_rows(4096)), check_rows(8192)[[0, -1]].tolist()
+    (4096, [0, 8191])
+    """
+    if n <= FULL_CHECK_MAX:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, 64).round().astype(np.int64))
+
+
 def rel_err(got: Any, ref: np.ndarray) -> float:
     g = np.asarray(got, dtype=np.float64)
     return float(np.abs(g - ref).max() / max(np.abs(ref).max(), 1e-30))
