@@ -527,24 +527,37 @@ class Matmul:
         compared, in one small allgather (two where the plan is made now: every
         rank passes ``check()`` first). A rank that cannot plan, or that chose
         another plan (each reads its own cost model: ``dmatmul bench
-        --calibrate``), raises on every rank."""
+        --calibrate``), raises on every rank; so do ranks that run different
+        plans (one rank's ``mm2.execute()`` against the others' ``mm.execute()``),
+        before either plan's collectives."""
 
         rt = _runtime.active()
         assert rt is not None
-        if check is not None and not self._agreed:
-            # the plan may be made next, and making it may run collectives of its own (nvmath's): a rank
-            # that fails check() must not skip them while the others wait in them. Whether to agree first
-            # is read off what every rank did alike (not off self._plan: one rank's explain() may have
-            # made a plan that runs no collective, the JAX backend's)
-            _runtime.agree(check, what)
-            check = None
+        # the plan may be made next, and making it may run collectives of its own (nvmath's): a rank that
+        # fails check() must not skip them while the others wait in them. Whether to agree first is read
+        # off what every rank did alike (not off self._plan: one rank's explain() may have made a plan that
+        # runs no collective, the JAX backend's); ranks that differ on it run different plans, and are told
+        # so in the first allgather, which each rank makes
+        first = check is not None and not self._agreed
+        product = _product(self._spec, self._backend.name)
 
-        def ready() -> _backends.BackendPlan:
+        def ready() -> _backends.BackendPlan | None:
             if check is not None:
                 check()
-            return self._planned()
+            return None if first else self._planned()
 
-        _, chosen = _runtime.agree_and_share(ready, _chosen, what)
+        plan, shared = _runtime.agree_and_share(
+            ready, lambda plan: (product, first, None if plan is None else _chosen(plan)), what
+        )
+        _runtime.require_same_call([p for p, _, _ in shared], what, hint="every rank must run the same plan",
+                                  verbs=("has", "have"))
+        message = _runtime.disagreement(["a new plan" if f else "a plan made before" for _, f, _ in shared],
+                                        "the plan", verbs=("runs", "run"))
+        if message is not None:  # (of one product: another Matmul of it, made on some ranks only)
+            raise ValueError(f"{what}: {message} (this is rank {rt.rank}): every rank must run the same Matmul")
+        chosen = [c for _, _, c in shared]
+        if first:
+            _, chosen = _runtime.agree_and_share(self._planned, _chosen, what)
         for i, field in enumerate(("the algorithm", "the plan")):
             message = _runtime.disagreement([c[i] for c in chosen], field, verbs=("chose", "chose"))
             if message is not None:
@@ -780,6 +793,26 @@ class Matmul:
     def __repr__(self) -> str:
         state = "freed" if self._freed else ("planned" if self._plan is not None else "unplanned")
         return f"<dmatmul.Matmul {self._spec.m}x{self._spec.n}x{self._spec.k} {self._spec.dtype} {state}>"
+
+
+def _product(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
+    """What every rank's plan must agree on before it runs (each rank may hold
+    another ``Matmul``): the product, as the call that made it had it."""
+    return (
+        ("the global shape of a", spec.a_shape),
+        ("the global shape of b", spec.b_shape),
+        ("dtype", spec.dtype),
+        ("transpose_a", spec.transpose_a),
+        ("transpose_b", spec.transpose_b),
+        ("the distributions", spec.distributions),
+        ("alpha", spec.alpha),
+        ("beta", spec.beta),
+        ("whether c is read", spec.use_c),
+        ("epilog", spec.epilog),
+        ("algorithm", spec.algorithm),
+        ("backend", backend),
+        ("precision", spec.precision),
+    )
 
 
 def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:

@@ -304,17 +304,18 @@ def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
     return decorate
 
 
-def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str) -> None:
+def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str,
+                      hint: str = "every rank must make the same call, only the local blocks differ",
+                      verbs: tuple[str, str] = ("passes", "pass")) -> None:
     """Every rank's ``(field, value)`` pairs of one call (``calls[r]``, gathered):
     raise a ValueError, on every rank alike, naming the first field on which
-    ranks differ and the ranks."""
+    ranks differ and the ranks (``verbs``: see :func:`disagreement`), then ``hint``."""
     state = _state
     for i, (field, _) in enumerate(calls[0]):
-        message = disagreement([call[i][1] for call in calls], field)
+        message = disagreement([call[i][1] for call in calls], field, verbs)
         if message is not None:
             here = f" (this is rank {state.rank})" if state is not None else ""
-            raise ValueError(f"{what}: {message}{here}; every rank must make the same call, only the local "
-                             "blocks differ")
+            raise ValueError(f"{what}: {message}{here}; {hint}")
 
 
 def disagreement(values: list[Any], field: str, verbs: tuple[str, str] = ("passes", "pass")) -> str | None:

@@ -163,6 +163,20 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
     assert "FAILED" not in proc.stdout, output(proc)
 
 
+@pytest.mark.parametrize("backend", ["jax", "fake"])
+def test_ranks_that_run_different_plans_raise_on_every_rank(backend):
+    """tests/mpi/plans.py on 3 processes: the last rank executes (or plans)
+    another Matmul than the others, of another product or a new one of the
+    same: every rank raises, naming what differs, rather than running each
+    its own plan's collectives or waiting in an allgather the others never
+    make; on the JAX backend and on nvmath's (the fake)."""
+    proc = launch(3, "tests/mpi/plans.py", backend, timeout=120)
+    assert proc.returncode == 0, output(proc)
+    for scenario in ("execute-another-planned-product", "execute-another-new-product", "plan-another-new-product",
+                     "execute-a-new-plan-of-the-same-product", "still-in-step"):
+        assert f"ok {scenario}" in proc.stdout, output(proc)
+
+
 def test_a_generated_bad_argument_on_one_rank_raises_on_every_rank():
     """tests/mpi/bad_input.py: the bad-input matrix of tests/test_bad_inputs.py with
     one rank's argument corrupted (a different rank each time): every rank raises a
