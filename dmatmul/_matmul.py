@@ -13,6 +13,7 @@ what was given.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import inspect
@@ -306,7 +307,7 @@ def _check_global(
     )
 
 
-def _validate(ops: Operands, **options: Any) -> tuple[Spec, str | None]:
+def _validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tuple[Spec, str | None]:
     """Check everything that needs no backend; return the plan's Spec, and
     (several processes) the backend every rank's ``backend=`` found.
 
@@ -326,12 +327,12 @@ def _validate(ops: Operands, **options: Any) -> tuple[Spec, str | None]:
         chk = _check_local(ops, spmd=True, **options)
         return chk, _backends.resolve(chk.backend).name  # what "auto" finds on this rank's node
 
-    (chk, runs_on), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]))
-    _runtime.require_same_call([call for call, _, _ in shared], "dmatmul")
+    (chk, runs_on), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]), what)
+    _runtime.require_same_call([call for call, _, _ in shared], what)
     found = _runtime.disagreement([name for _, _, name in shared], f"the backend that backend={chk.backend!r} finds",
                                   verbs=("finds", "find"))
     if found is not None:  # each rank would run another backend's collectives
-        raise ValueError(f"dmatmul: {found} (this is rank {rt.rank}): every rank needs the same backends installed "
+        raise ValueError(f"{what}: {found} (this is rank {rt.rank}): every rank needs the same backends installed "
                          "and usable (`dmatmul info` on each says which), or name one: backend='jax'")
     gathered = [shapes for _, shapes, _ in shared]
     dists = chk.distributions
@@ -470,7 +471,7 @@ class Matmul:
             precision=precision,
             devices=devices,
         )
-        self._spec, runs_on = _validate(self._operands, alpha=alpha, beta=beta, **self._options)
+        self._spec, runs_on = _validate(self._operands, _MAKER.get(), alpha=alpha, beta=beta, **self._options)
         self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
         # several processes: the backend every rank agreed it finds (resolved once, inside the agreement)
         self._backend: Any = _backends.resolve(backend, self._spec) if runs_on is None else _backends.get(runs_on)
@@ -827,6 +828,10 @@ def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:
 
 
 _OPERAND_NAMES = ("a", "b", "c", "bias")
+#: The call that makes a Matmul (:func:`matmul` makes one too), as ranks compare it: a rank in
+#: ``dm.Matmul(...)`` and one in ``dm.matmul(...)`` must not take each other's calls for their own
+#: (the one goes on to plan, which runs collectives on nvmath, the other to its next call)
+_MAKER: contextvars.ContextVar[str] = contextvars.ContextVar("dmatmul_maker", default="dmatmul.Matmul")
 
 
 def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -874,7 +879,11 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
     so repeated calls compile once. The keywords are those of
     :class:`Matmul`, which this function plans, runs and frees.
     """
-    mm = Matmul(a, b, c, **options)
+    made_by = _MAKER.set("dmatmul.matmul")
+    try:
+        mm = Matmul(a, b, c, **options)
+    finally:
+        _MAKER.reset(made_by)
     try:
         if mm._spec.spmd:  # the operands were checked on every rank a moment ago; the plans are compared now
             mm._agree_on_the_plan("dmatmul.matmul")

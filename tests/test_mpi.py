@@ -167,13 +167,14 @@ def test_ranks_that_disagree_raise_on_every_rank_promptly():
 def test_ranks_that_run_different_plans_raise_on_every_rank(backend):
     """tests/mpi/plans.py on 3 processes: the last rank executes (or plans)
     another Matmul than the others, of another product or a new one of the
-    same: every rank raises, naming what differs, rather than running each
-    its own plan's collectives or waiting in an allgather the others never
-    make; on the JAX backend and on nvmath's (the fake)."""
+    same, or makes one where the others call dm.matmul: every rank raises,
+    naming what differs, rather than running each its own plan's collectives
+    or waiting in an allgather the others never make; on the JAX backend and
+    on nvmath's (the fake)."""
     proc = launch(3, "tests/mpi/plans.py", backend, timeout=120)
     assert proc.returncode == 0, output(proc)
     for scenario in ("execute-another-planned-product", "execute-another-new-product", "plan-another-new-product",
-                     "execute-a-new-plan-of-the-same-product", "still-in-step"):
+                     "execute-a-new-plan-of-the-same-product", "Matmul-while-the-others-matmul", "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)
 
 

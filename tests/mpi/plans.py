@@ -1,7 +1,8 @@
 """Run under ``mpiexec -n P`` (P >= 2): ``dmatmul.Matmul`` plans that ranks hold apart.
 
 Every rank holds two or three plans; the last rank runs another one than the
-others do (of another product, or a new plan of the same product). Every
+others do (of another product, or a new plan of the same product), or makes
+and runs a plan where the others call ``dm.matmul``. Every
 rank must raise a ValueError naming what differs and the last rank, within
 10 s, before either plan's collectives (none may be left waiting in a second
 allgather the others never make); then the plans must still run right on
@@ -87,6 +88,11 @@ expect("plan-another-new-product", ["global shape of a", last], lambda: (fresh9 
 fresh = plan(a)
 expect("execute-a-new-plan-of-the-same-product", [f"rank {P - 1} runs 'a new plan'", "the same Matmul"],
        lambda: (fresh if odd else mm).execute())
+# dm.matmul on some ranks, dm.Matmul(...).execute() on the last: before, both made the same first allgather,
+# and the ones went on to plan (nvmath's plan runs collectives) while the last waited in its execute's
+expect("Matmul-while-the-others-matmul", ["ranks disagree on the call", f"rank {P - 1} is in 'dmatmul.Matmul'"],
+       lambda: plan(a).execute() if odd else dm.matmul(dm.split(a, X)[me], dm.split(b, Y)[me],
+                                                      distribution=(X, Y, X), backend=backend))
 check(mm, a, "after the errors")
 check(mm9, a9, "after the errors")
 check(fresh, a, "a new plan, after the errors")
