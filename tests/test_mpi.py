@@ -170,11 +170,14 @@ def test_ranks_that_run_different_plans_raise_on_every_rank(backend):
     same, or makes one where the others call dm.matmul: every rank raises,
     naming what differs, rather than running each its own plan's collectives
     or waiting in an allgather the others never make; on the JAX backend and
-    on nvmath's (the fake)."""
+    on nvmath's (the fake). A plan freed on the last rank only (by hand, or
+    by a with block an exception left) is freed by nvmath (collectively) on
+    every rank at once, once no rank holds it."""
     proc = launch(3, "tests/mpi/plans.py", backend, timeout=120)
     assert proc.returncode == 0, output(proc)
     for scenario in ("execute-another-planned-product", "execute-another-new-product", "plan-another-new-product",
-                     "execute-a-new-plan-of-the-same-product", "Matmul-while-the-others-matmul", "still-in-step"):
+                     "execute-a-new-plan-of-the-same-product", "Matmul-while-the-others-matmul",
+                     "execute-freed-on-one-rank-after-eviction", "a-with-block-left-on-one-rank", "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)
 
 

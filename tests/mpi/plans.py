@@ -2,7 +2,8 @@
 
 Every rank holds two or three plans; the last rank runs another one than the
 others do (of another product, or a new plan of the same product), or makes
-and runs a plan where the others call ``dm.matmul``. Every
+and runs a plan where the others call ``dm.matmul``, or frees a plan (or
+leaves its ``with`` block by an exception) that the others keep. Every
 rank must raise a ValueError naming what differs and the last rank, within
 10 s, before either plan's collectives (none may be left waiting in a second
 allgather the others never make); then the plans must still run right on
@@ -54,11 +55,11 @@ def check(mm, x, what):
         problems.append(f"rank {me} {what}: wrong result")
 
 
-def expect(scenario, words, call):
+def expect(scenario, words, call, exc_type=ValueError):
     start = time.monotonic()
     try:
         call()
-    except ValueError as e:
+    except exc_type as e:
         missing = [w for w in words if w not in str(e)]
         if missing:
             problems.append(f"rank {me} {scenario}: {missing} not in {e}")
@@ -97,6 +98,62 @@ check(mm, a, "after the errors")
 check(mm9, a9, "after the errors")
 check(fresh, a, "a new plan, after the errors")
 check(fresh9, a9, "a new plan, after the errors")
+for held in (mm, mm9, fresh, fresh9):
+    held.free()
+
+# a Matmul freed on one rank only (by hand, or by a with block an exception left there): on nvmath freeing a
+# cached plan is collective, and its borrows now differ between the ranks. Before, the last rank freed an
+# evicted plan alone (its collective met the others' next call), and later evictions freed on some ranks only
+if BACKEND == "fake":
+    from dmatmul.backends.nvmath import _backend
+
+    _backend.NvmathBackend.cache_size = 2  # (evictions after two other products)
+
+
+def others(n, start=0):
+    for i in range(start, start + n):
+        x = np.ones((3 + i, 5), np.float32)
+        d = dm.matmul(dm.split(x, X)[me], dm.split(b, Y)[me], distribution=(X, Y, X), backend=backend)
+        if not np.allclose(d, dm.split(x @ b, X)[me], atol=1e-4):
+            problems.append(f"rank {me}: product {i} wrong")
+
+
+held = plan(a)
+check(held, a, "before eviction")
+others(3)  # held's plan leaves the cache, borrowed
+if odd:
+    held.free()
+expect("execute-freed-on-one-rank-after-eviction", ["freed plan"], held.execute, dm.PlanFreedError)
+held.free()
+others(3, 10)
+held = plan(a)
+check(held, a, "before a free on one rank")
+if odd:
+    held.free()
+others(3, 20)  # held's plan leaves the cache, borrowed on some ranks only
+held.free()
+others(3, 30)
+held = plan(a9)
+others(3, 40)
+
+
+def with_block_left_on_the_last_rank():
+    try:
+        with held:
+            if odd:
+                raise KeyError("the user's error, on the last rank")
+            held.execute()
+    except KeyError:
+        others(1, 50)  # the last rank's next call, while the others are in held.execute()
+
+
+expect("a-with-block-left-on-one-rank", ["ranks disagree on the call", f"rank {P - 1} is in 'dmatmul.matmul'",
+                                         "'Matmul.execute'"], with_block_left_on_the_last_rank)
+others(3, 60)
+if BACKEND == "fake":  # every plan no rank borrows was freed, on every rank (none left over to free alone)
+    left = [p.serial for p in dm.backends.get("nvmath")._impl._evicted]
+    if left:
+        problems.append(f"rank {me}: evicted plans {left} were not freed")
 everyone = rt.comm.allgather(problems)
 if me == 0:
     print("ok still-in-step" if not any(everyone) else "FAILED still-in-step", flush=True)

@@ -88,6 +88,7 @@ class NvmathPlan:
     """One product planned with nvmath: the Translation plus the nvmath object."""
 
     borrows = 0  # Matmuls holding this plan (see _Borrowed)
+    serial = 0  # the backend's count of plans made before it: one plan's number on every rank (several processes)
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
@@ -227,7 +228,10 @@ class _Borrowed:
     or the next ``dm.matmul`` call, may be using it); the plan's nvmath
     objects are freed when it leaves the cache (evicted, or ``clear()``) and
     no borrow is left, when the last borrow of an evicted plan is returned,
-    or at interpreter exit.
+    or at interpreter exit. Under several processes freeing is collective and
+    a Matmul may be freed on some ranks only (its ``with`` block left by an
+    exception there): an evicted plan is freed at the first plan lookup (a
+    collective) after no rank borrows it any more.
     """
 
     def __init__(self, plan: NvmathPlan, backend: NvmathBackend) -> None:
@@ -291,6 +295,7 @@ class NvmathBackend:
         self._lock = threading.RLock()
         self._evicted: list[NvmathPlan] = []
         self._exit_hook = False
+        self._made = 0  # plans made (their serials)
 
     @staticmethod
     def _key(spec: Spec, operands: Operands) -> Any:
@@ -314,14 +319,21 @@ class NvmathBackend:
 
     def _plan(self, spec: Spec, operands: Operands) -> _Borrowed:
         key = self._key(spec, operands)
+        idle: set[int] | None = None  # several processes: the serials of the plans no rank borrows
         if spec.spmd:
             rt = _runtime.active()
             if rt is not None and rt.size > 1:
                 # every rank's key: the same on every rank, so the ranks hit, miss and evict alike (freeing
                 # a plan is collective in cuBLASMp: a rank whose memory order differs from the last call's
-                # must not make the others free alone)
-                key = tuple(rt.comm.allgather(key))
+                # must not make the others free alone); and the plans each rank no longer borrows, which
+                # differ where a Matmul was freed on some ranks only: a plan is freed where none borrows it
+                gathered = rt.comm.allgather((key, self._idle()))
+                key = tuple(k for k, _ in gathered)
                 _same_memory(key, rt.rank)
+                idle = set.intersection(*(set(serials) for _, serials in gathered))
+                for done in [p for p in self._evicted if p.serial in idle]:
+                    self._evicted.remove(done)
+                    done.free()
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
@@ -337,22 +349,28 @@ class NvmathBackend:
             atexit.register(self.clear)
             self._exit_hook = True
         plan = NvmathPlan(spec, operands)
-        if self.cache_size <= 0:  # no cache: the plan is retired at once, freed when its borrow returns
+        plan.serial, self._made = self._made, self._made + 1
+        if self.cache_size <= 0:  # no cache: the plan is retired at once, freed when its borrow returns (see _release)
             self._evicted.append(plan)
             return _Borrowed(plan, self)
         while len(self._plans) >= self.cache_size:
-            self._retire(self._plans.popitem(last=False)[1])
+            self._retire(self._plans.popitem(last=False)[1], idle)
         self._plans[key] = plan
         return _Borrowed(plan, self)
 
-    def _retire(self, plan: NvmathPlan) -> None:
-        if plan.borrows == 0:
+    def _idle(self) -> list[int]:
+        """The serials of this rank's plans that no Matmul here borrows."""
+        return [p.serial for p in (*self._plans.values(), *self._evicted) if p.borrows == 0]
+
+    def _retire(self, plan: NvmathPlan, idle: set[int] | None) -> None:
+        if plan.borrows == 0 if idle is None else plan.serial in idle:
             plan.free()
         else:
             self._evicted.append(plan)
 
     def _release(self, plan: NvmathPlan) -> None:
-        if plan.borrows == 0 and plan in self._evicted:
+        # (several processes: where every rank returned its borrows, the next plan lookup frees it)
+        if plan.borrows == 0 and plan in self._evicted and not plan.spec.spmd:
             self._evicted.remove(plan)
             plan.free()
 
