@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import enum
+import functools
+import hashlib
 import inspect
 import numbers
 import sys
@@ -540,7 +542,7 @@ class Matmul:
         # runs no collective, the JAX backend's); ranks that differ on it run different plans, and are told
         # so in the first allgather, which each rank makes
         first = check is not None and not self._agreed
-        product = _product(self._spec, self._backend.name)
+        digest = _digest(self._spec, self._backend.name)
 
         def ready() -> _backends.BackendPlan | None:
             if check is not None:
@@ -548,10 +550,12 @@ class Matmul:
             return None if first else self._planned()
 
         plan, shared = _runtime.agree_and_share(
-            ready, lambda plan: (product, first, None if plan is None else _chosen(plan)), what
+            ready, lambda plan: (digest, first, None if plan is None else _chosen(plan)), what
         )
-        _runtime.require_same_call([p for p, _, _ in shared], what, hint="every rank must run the same plan",
-                                  verbs=("has", "have"))
+        if len({d for d, _, _ in shared}) > 1:  # (every rank sees it: each makes this allgather, to name the field)
+            _, products = _runtime.agree_and_share(lambda: None, lambda _: _product(self._spec, self._backend.name),
+                                                   what)
+            _runtime.require_same_call(products, what, hint="every rank must run the same plan", verbs=("has", "have"))
         message = _runtime.disagreement(["a new plan" if f else "a plan made before" for _, f, _ in shared],
                                         "the plan", verbs=("runs", "run"))
         if message is not None:  # (of one product: another Matmul of it, made on some ranks only)
@@ -814,6 +818,13 @@ def _product(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
         ("backend", backend),
         ("precision", spec.precision),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(spec: Spec, backend: str) -> str:
+    """A short digest of :func:`_product`, compared on every execute (where ranks
+    differ, they exchange the product itself to name the field)."""
+    return hashlib.blake2b(repr(_product(spec, backend)).encode(), digest_size=8).hexdigest()
 
 
 def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:
