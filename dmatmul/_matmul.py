@@ -532,7 +532,8 @@ class Matmul:
         another plan (each reads its own cost model: ``dmatmul bench
         --calibrate``), raises on every rank; so do ranks that run different
         plans (one rank's ``mm2.execute()`` against the others' ``mm.execute()``),
-        before either plan's collectives."""
+        before either plan's collectives (where their products differ, one more
+        allgather names the field)."""
 
         rt = _runtime.active()
         assert rt is not None
@@ -549,7 +550,7 @@ class Matmul:
                 check()
             return None if first else self._planned()
 
-        plan, shared = _runtime.agree_and_share(
+        _, shared = _runtime.agree_and_share(
             ready, lambda plan: (digest, first, None if plan is None else _chosen(plan)), what
         )
         if len({d for d, _, _ in shared}) > 1:  # (every rank sees it: each makes this allgather, to name the field)

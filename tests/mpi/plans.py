@@ -90,7 +90,7 @@ fresh = plan(a)
 expect("execute-a-new-plan-of-the-same-product", [f"rank {P - 1} runs 'a new plan'", "the same Matmul"],
        lambda: (fresh if odd else mm).execute())
 # dm.matmul on some ranks, dm.Matmul(...).execute() on the last: before, both made the same first allgather,
-# and the ones went on to plan (nvmath's plan runs collectives) while the last waited in its execute's
+# and the others went on to plan (nvmath's plan runs collectives) while the last waited in its execute's allgather
 expect("Matmul-while-the-others-matmul", ["ranks disagree on the call", f"rank {P - 1} is in 'dmatmul.Matmul'"],
        lambda: plan(a).execute() if odd else dm.matmul(dm.split(a, X)[me], dm.split(b, Y)[me],
                                                       distribution=(X, Y, X), backend=backend))
