@@ -38,7 +38,9 @@ import numpy as np
 from . import _plan, _runtime
 from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
 from ._epilogue import EPILOGS, EpilogName, has_bias
-from ._spec import ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, PrecisionName, family
+from ._spec import (
+    ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, PrecisionName, family, normalize_precision,
+)
 from ._reference import (
     TOLERANCE, add_specials, error_ratio, finite_scale, random_matrix, reference, reference_jvp, reference_vjp,
 )
@@ -124,6 +126,9 @@ class Refusal:
 PLACEMENTS = ("none", "rows", "cols", "grid", "first axis", "reversed axes")
 #: how dm.matmul is called on such operands
 CALLS = ("eager", "jit", "jit under set_mesh", "jit on constants")
+#: the ``jax.default_matmul_precision`` a case may run in: ``precision=None`` follows it on the JAX
+#: backend (as ``jnp.dot``), an explicit ``precision=`` overrides it, nvmath's default ignores it
+MATMUL_PRECISIONS = ("highest", "float32", "high", "tensorfloat32", "default", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +304,7 @@ class Case:
     reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
     transform: Transform | None = None  # a JAX transformation around dm.matmul (one process, jax operands)
     schedule: _plan.Schedule | None = None  # forced on the kernels that have it (_plan.schedule); None: the model's
+    matmul_precision: str | None = None  # the call runs in jax.default_matmul_precision(it) (MATMUL_PRECISIONS)
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -484,9 +490,10 @@ class Case:
                     f"({', '.join(arg for name, arg in zip('abc', args) if name in traced)})")
         else:
             line = f"dm.matmul({', '.join(args + kw)})"
-        if self.schedule is not None:  # (one line: the stateful form's with gets it as its first item)
-            forced = f"dm._plan.schedule({self.schedule!r})"
-            line = f"with {forced}, {line[5:]}" if line.startswith("with ") else f"with {forced}: {line}"
+        forced = ([f"dm._plan.schedule({self.schedule!r})"] * (self.schedule is not None)
+                  + [f"jax.default_matmul_precision({self.matmul_precision!r})"] * (self.matmul_precision is not None))
+        for item in reversed(forced):  # (one line: the stateful form's with gets them as its first items)
+            line = f"with {item}, {line[5:]}" if line.startswith("with ") else f"with {item}: {line}"
         if mpi:
             line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
         elif self.on_mesh is not None:
@@ -719,7 +726,10 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     mesh call, with everything else the case draws. One case in three of
     "auto", allgather, reduce_scatter or summa forces a schedule ("ring",
     "one_shot" or "bidirectional": :func:`dmatmul._plan.schedule`), whatever
-    the cost model would pick for its sizes.
+    the cost model would pick for its sizes. One case in eight (JAX present)
+    runs inside ``jax.default_matmul_precision`` (:data:`MATMUL_PRECISIONS`),
+    which ``precision=None`` follows on the JAX backend: under "highest" a
+    float32 product must then be float32-accurate on any platform.
     """
     dtype = draw.choice(_DTYPES)
     is_complex = dtype.startswith("complex")
@@ -833,8 +843,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
                                   axis=draw.choice((0, 2)))
         else:
             transform = Transform(kind)
+    matmul_precision = draw.choice(MATMUL_PRECISIONS) if has_jax and _rarely(draw, 8) else None
     return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
-                               transform=transform)
+                               transform=transform, matmul_precision=matmul_precision)
 
 
 # --------------------------------------------------------------------------- #
@@ -1225,7 +1236,7 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
     told: tuple[str, str] | None = None  # mm.algorithm, mm.explain() read by one rank alone first (reset.told)
     told_wrong: str | None = None
     try:
-        with x64, _plan.schedule(case.schedule):
+        with x64, _plan.schedule(case.schedule), _default_matmul_precision(case.matmul_precision):
             a, b, c = args["a"], args["b"], args["c"]
             if transformed is not None:
                 results += transformed.run(call, args, on, mesh)
@@ -1328,14 +1339,27 @@ def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed:
     return outcome(status="passed", ratio=ratio)
 
 
+def _default_matmul_precision(name: str | None) -> contextlib.AbstractContextManager[Any]:
+    """``jax.default_matmul_precision(name)``; nothing where ``name`` is None."""
+    if name is None:
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.default_matmul_precision(name)
+
+
 def _reduced_precision_slack(case: Case, backend: str) -> float:
     """How much more error a precision below "highest" may bring: TF32 or
     bf16 passes for float32 on GPUs and TPUs; nothing on CPUs, which compute
-    float32 in float32 whatever is asked."""
-    if case.precision == "highest" or case.dtype not in ("float32", "complex64"):
+    float32 in float32 whatever is asked. ``precision=None`` on the JAX
+    backend is the case's ``jax.default_matmul_precision``."""
+    precision = case.precision
+    if precision is None and backend != "nvmath" and case.matmul_precision is not None:
+        precision = normalize_precision(case.matmul_precision)
+    if precision == "highest" or case.dtype not in ("float32", "complex64"):
         return 1.0
     if backend == "nvmath":
-        return 1.0 if case.precision is None or case.precision == "default" else 500.0  # "high": TF32
+        return 1.0 if precision is None or precision == "default" else 500.0  # "high": TF32
     jax = sys.modules.get("jax")
     on_cpu = jax is None or jax.default_backend() == "cpu"
     return 1.0 if on_cpu else 1000.0  # 2e-5 x 1000: bf16 passes (DEFAULT) on an accelerator

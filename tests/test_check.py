@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import dataclasses
 import itertools
 import os
 import pathlib
@@ -58,6 +59,7 @@ NEW_DIMENSIONS = {
     "5 or 7 ranks": lambda c: c.nranks in (5, 7),
     "large": lambda c: max(c.m, c.n, c.k) > 40,
     "jit on plain operands": lambda c: c.jit,
+    "jax.default_matmul_precision": lambda c: c.matmul_precision is not None,
 }
 
 
@@ -88,6 +90,7 @@ def test_the_generator_covers_the_whole_layout_space():
         seen["algorithm"].add(case.algorithm)
         seen["array family"].add(case.family)
         seen["precision"].add(case.precision)
+        seen["jax.default_matmul_precision"].add(case.matmul_precision)
         if case.specials:
             seen["inf/NaN"].add((case.dtype, case.epilog, case.use_c and case.beta != 0, case.layout_family))
         on = case.on_mesh
@@ -165,6 +168,7 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["algorithm"] == {"auto", *dm.ALGORITHMS}
     assert seen["array family"] == {"numpy", "jax"}
     assert seen["precision"] == {None, "default", "high", "highest"}
+    assert seen["jax.default_matmul_precision"] == {None, *ck.MATMUL_PRECISIONS}
     assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm", "bias", "a's", "b's"}
     assert seen["on a user's mesh"] == {
         (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
@@ -277,11 +281,16 @@ def test_describe_is_the_python_call():
     for case in _draws(99, 300):
         line = case.describe("jax")
         stmt = ast.parse(line).body[0]
-        if case.schedule is not None:  # with dm._plan.schedule('ring'): <the line>
-            forced = f"dm._plan.schedule({case.schedule!r})"
-            assert isinstance(stmt, ast.With) and ast.unparse(stmt.items[0].context_expr) == forced, line
-            forms["schedule", case.schedule] += 1
-            line = line.replace(f"with {forced}: ", "").replace(f"{forced}, ", "")
+        # with dm._plan.schedule('ring'), jax.default_matmul_precision('highest'): <the line>
+        forced = [f"dm._plan.schedule({case.schedule!r})"] * (case.schedule is not None) + [
+            f"jax.default_matmul_precision({case.matmul_precision!r})"] * (case.matmul_precision is not None)
+        if forced:
+            assert isinstance(stmt, ast.With), line
+            assert [ast.unparse(item.context_expr) for item in stmt.items[:len(forced)]] == forced, line
+            forms.update(("schedule", case.schedule) if "schedule" in f else ("matmul_precision", case.matmul_precision)
+                         for f in forced)
+            for f in forced:
+                line = line.replace(f"with {f}: ", "").replace(f"with {f}, ", "with ").replace(f"{f}, ", "")
             stmt = ast.parse(line).body[0]
         call = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and ast.unparse(n.func) in ("dm.matmul", "dm.Matmul")]
         assert len(call) == 1, line
@@ -351,7 +360,8 @@ def test_describe_is_the_python_call():
                     (name, layout, line)
     assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)} | {
         ("transform", kind, jit) for kind in ck.TRANSFORMS for jit in (False, True)} | {
-        ("schedule", name) for name in ("ring", "one_shot", "bidirectional")}, forms
+        ("schedule", name) for name in ("ring", "one_shot", "bidirectional")} | {
+        ("matmul_precision", name) for name in ck.MATMUL_PRECISIONS}, forms
     assert "mpiexec -n 4" in ck.draw_case(ck.NumpyChooser(0), 4).describe("jax", mpi=True)
 
 
@@ -540,6 +550,32 @@ def test_combine_and_report():
                       ck.Outcome(vmap, "refused", float("nan"))])
     assert "of which inside a JAX transformation: 3 (vjp 1, jvp 0, vmap 2): 1 passed, 1 refused, 1 failed" in text
     assert "jax.vmap(lambda a, b: dm.matmul(a, b, " in text and "in_axes=(None, 2))" in text
+
+
+def test_a_case_runs_in_its_default_matmul_precision(monkeypatch):
+    """precision=None follows jax.default_matmul_precision on the JAX backend
+    (as jnp.dot): a case drawn with one calls dm.matmul inside it, and is
+    checked at the accuracy it stands for: float32's under "highest" on any
+    platform, not the slack an accelerator's bf16 default passes take."""
+    jax = pytest.importorskip("jax")
+    case = next(c for c in _draws(31, 4000) if _passes(c) and c.matmul_precision == "highest"
+                and c.precision is None and c.dtype == "float32" and c.reset is None and c.transform is None)
+    assert "with jax.default_matmul_precision('highest'): " in case.describe("jax")
+    seen = []
+    matmul = dm.matmul
+
+    def spy(*args, **kwargs):
+        seen.append(jax.config.jax_default_matmul_precision)
+        return matmul(*args, **kwargs)
+
+    monkeypatch.setattr(dm, "matmul", spy)
+    assert ck.run_case(case).status == "passed" and seen == ["highest"]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    slack = lambda **kw: ck._reduced_precision_slack(dataclasses.replace(case, **kw), "jax")  # noqa: E731
+    assert slack() == 1.0 and slack(matmul_precision="float32") == 1.0
+    assert slack(matmul_precision="bfloat16") == slack(matmul_precision=None) == 1000.0
+    assert slack(precision="highest", matmul_precision="bfloat16") == 1.0  # an explicit precision= wins
+    assert ck._reduced_precision_slack(dataclasses.replace(case, matmul_precision="tensorfloat32"), "nvmath") == 1.0
 
 
 def test_the_check_module_needs_only_numpy():
