@@ -374,7 +374,8 @@ class Case:
 
         * a relu/gelu epilog on complex operands: TypeError naming the epilog;
         * a complex bias on real operands: TypeError naming bias (its
-          imaginary part would be lost);
+          imaginary part would be lost); so is a complex alpha or beta,
+          naming it;
         * a grid whose size is not the number of ranks: ValueError (or
           DistributionError) naming the grid's shape, its size and the rank count;
         * with ``distribution=None``, a, b or (where it is read) c placed on a
@@ -391,6 +392,10 @@ class Case:
         if self.dtype.startswith("complex") and self.epilog in _COMPLEX_REFUSED:
             required.append(Refusal((TypeError,), (re.escape(repr(self.epilog)), "complex"),
                                     f"epilog={self.epilog!r} on {self.dtype}"))
+        for name, value in (("alpha", self.alpha), ("beta", self.beta)):
+            if isinstance(value, complex) and not self.dtype.startswith("complex"):
+                required.append(Refusal((TypeError,), (rf"\b{name}=", "complex", re.escape(self.dtype)),
+                                        f"{name}={value!r} on {self.dtype}"))
         if self.has_bias and (self.bias_dtype or self.dtype).startswith("complex") \
                 and not self.dtype.startswith("complex") and not (self.bias_kind == "list" and self.m == 0):
             # (an empty list has no dtype: no complex number in it to refuse)
@@ -701,7 +706,8 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     Sizes 1..40 (uneven, prime, smaller than the rank count; one case in 16
     has dimensions up to 180), K = 0 about once
     in 12 cases, M or N = 0 about once in 40; every dtype, transposes,
-    alpha (0 and complex too), beta with or without C (C full of NaN where
+    alpha (0 and complex too; a complex alpha or beta on real operands one
+    real case in 40: it must be refused), beta with or without C (C full of NaN where
     beta = 0: it must not be read), every epilog (relu/gelu on complex rarely:
     it must be refused), a bias of shape (M,) or (M, 1), of the operands'
     dtype or another, numpy, jax or a list; "auto" or (one case in four) a named algorithm,
@@ -844,8 +850,10 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
         else:
             transform = Transform(kind)
     matmul_precision = draw.choice(MATMUL_PRECISIONS) if has_jax and _rarely(draw, 8) else None
+    if not is_complex and _rarely(draw, 40):  # a complex scalar on real operands: refused, naming it
+        alpha, beta = (0.5 - 0.25j, beta) if draw.boolean() else (alpha, 0.5 + 1j)
     return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
-                               transform=transform, matmul_precision=matmul_precision)
+                               transform=transform, matmul_precision=matmul_precision, alpha=alpha, beta=beta)
 
 
 # --------------------------------------------------------------------------- #

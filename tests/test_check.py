@@ -169,7 +169,8 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["array family"] == {"numpy", "jax"}
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert seen["jax.default_matmul_precision"] == {None, *ck.MATMUL_PRECISIONS}
-    assert {w.split("=")[0] for w in seen["refusals"]} == {"epilog", "grid", "algorithm", "bias", "a's", "b's"}
+    assert {w.split("=")[0] for w in seen["refusals"]} == {
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta"}
     assert seen["on a user's mesh"] == {
         (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
         for dims in (1, 2) for mixed in ((False, True) if dims == 2 else (False,))
@@ -443,6 +444,17 @@ def test_expected_refusals():
     assert not required[0].matches(ValueError("bias is complex (complex64) but a and b are real (float32)"))
     assert _case(epilog="bias", bias_dtype="float64").refusals() == ([], [])
     assert _case(epilog="bias", bias_dtype="float32", dtype="complex128").refusals() == ([], [])
+    for name in ("alpha", "beta"):  # a complex scalar on real operands
+        required, _ = _case(**{name: 0.5 + 1j}).refusals()
+        assert len(required) == 1 and required[0].matches(TypeError(
+            f"{name}=(0.5+1j) is complex but the operands are float32: use a real {name}"))
+        assert not required[0].matches(ValueError(f"{name}=(0.5+1j) is complex but the operands are float32"))
+        assert _case(**{name: 0.5 + 1j}, dtype="complex64").refusals() == ([], [])
+        # drawn, and refused as the front end refuses it
+        case = next(c for c in _draws(41, 3000)
+                    if isinstance(getattr(c, name), complex) and not c.dtype.startswith("complex"))
+        out = ck.run_case(case)
+        assert out.status == "refused" and f"{name}=" in out.message, (out.message, case.describe())
 
 
 def test_an_expected_refusal_counts_as_refused_and_a_missing_one_fails(monkeypatch):
