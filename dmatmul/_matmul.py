@@ -389,7 +389,9 @@ _DOCS = {
         alpha, beta: scalars. transpose_a, transpose_b: ``op(x) = x.T``.
         epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
             "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
-            (shape ``(M,)`` or ``(M, 1)``) added to every column.
+            (shape ``(M,)`` or ``(M, 1)``) added to every column, of any of
+            the supported dtypes: converted to the product's (a complex bias
+            on real operands is refused: its imaginary part would be lost).
         backend: "auto" (nvmath where it can run, else jax; in one process,
             jax for ``jax.Array`` operands, inside a JAX trace and for
             ``devices=`` of several), "jax" or "nvmath". algorithm: "auto" or one of
