@@ -95,7 +95,12 @@ def _read_as(given: dict[str, str], name: str, read: str, want: str) -> str:
 def _scalar(x: Any, name: str, dtype: str) -> complex:
     plain = type(x) is float or type(x) is int  # (a real number, not a bool: the checks below, without the ABCs)
     if not plain and (isinstance(x, bool) or not isinstance(x, numbers.Number)):
-        raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__})")
+        fix = ""
+        if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array (numpy, jax), or a traced value
+            scaled = "dm.matmul(alpha * a, b, ...)" if name == "alpha" else "dm.matmul(a, b, beta * c, beta=1.0, ...)"
+            fix = (f": {name} is compiled into the plan, so it is a Python or numpy number (float({name}) of a "
+                   f"concrete 0-d array); to scale by an array or a traced value, scale the operand: {scaled}")
+        raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__}){fix}")
     if not plain and isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
         if not dtype.startswith("complex"):
             raise TypeError(f"{name}={x!r} is complex but the operands are {dtype}: use a real {name}")
@@ -386,7 +391,9 @@ _DOCS = {
             one process (read off jax.Array operands' shardings, ``c``'s for
             the result where ``c`` is read; the cost model picks the rest),
             required under mpirun.
-        alpha, beta: scalars. transpose_a, transpose_b: ``op(x) = x.T``.
+        alpha, beta: Python or numpy numbers, complex ones only for complex
+            operands (not arrays, nor traced values: they are compiled into
+            the plan). transpose_a, transpose_b: ``op(x) = x.T``.
         epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
             "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
             (shape ``(M,)`` or ``(M, 1)``) added to every column, of any of

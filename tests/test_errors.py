@@ -49,6 +49,11 @@ CASES = [
     (dict(a=ones(4, 3), b=ones(3, 5), backend="cuda"), ValueError, ["backend", "'jax'", "'nvmath'", "'cuda'"]),
     (dict(a=ones(4, 3), b=ones(3, 5), algorithm="cannon"), ValueError, ["algorithm", "'summa'", "'cannon'"]),
     (dict(a=ones(4, 3), b=ones(3, 5), alpha="2"), TypeError, ["alpha", "'2'"]),
+    # an array scale: refused saying what to pass, and how to scale by an array (or a traced value) instead
+    (dict(a=ones(4, 3), b=ones(3, 5), alpha=np.array(2.0)), TypeError,
+     ["alpha must be a number", "array(2.)", "float(alpha)", "dm.matmul(alpha * a, b, ...)"]),
+    (dict(a=ones(4, 3), b=ones(3, 5), c=ones(4, 5), beta=np.ones(1)), TypeError,
+     ["beta must be a number", "float(beta)", "dm.matmul(a, b, beta * c, beta=1.0, ...)"]),
     (dict(a=ones(4, 3), b=ones(3, 5), beta=1j), TypeError, ["beta", "complex", "float32"]),
     (dict(a=ones(4, 3), b=ones(3, 5), transpose_a="yes"), TypeError, ["transpose_a", "bool"]),
     (
@@ -159,6 +164,19 @@ def test_degenerate_sizes_follow_blas(m, n, k, family):
     want = np.maximum(-2.0 * np.asarray(c) + bias[:, None], 0)
     np.testing.assert_allclose(np.asarray(d), want, rtol=1e-6)
     assert type(d) is type(c)
+
+
+def test_a_traced_scale_is_refused_saying_to_scale_the_operand():
+    """alpha and beta are compiled into the plan: a traced one (a jax.jit or
+    jax.grad argument) is refused naming the way that works, which does."""
+    jax = pytest.importorskip("jax")
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float32)
+    with pytest.raises(TypeError, match=r"^alpha must be a number, got .*Tracer.*: alpha is compiled into the plan"
+                                        r".*dm\.matmul\(alpha \* a, b, \.\.\.\)"):  # (JAX appends its traceback note)
+        jax.jit(lambda s: dm.matmul(a, b, alpha=s, distribution=dm.Slab.X, devices=2))(2.0)
+    d = jax.jit(lambda s: dm.matmul(s * a, b, distribution=dm.Slab.X, devices=2))(2.0)
+    np.testing.assert_allclose(np.asarray(d), 2 * (a @ b), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
