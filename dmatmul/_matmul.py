@@ -94,6 +94,9 @@ def _read_as(given: dict[str, str], name: str, read: str, want: str) -> str:
 
 def _scalar(x: Any, name: str, dtype: str) -> complex:
     plain = type(x) is float or type(x) is int  # (a real number, not a bool: the checks below, without the ABCs)
+    if not plain and isinstance(x, np.generic) and not isinstance(x, numbers.Number) \
+            and dtype_name(x.dtype) in DTYPES:  # a bfloat16 scalar: ml_dtypes registers it as no numbers type
+        x = x.item()  # (its value, as a Python float)
     if not plain and (isinstance(x, bool) or not isinstance(x, numbers.Number)):
         fix = ""
         if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array (numpy, jax), or a traced value

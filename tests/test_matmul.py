@@ -97,6 +97,21 @@ def test_dtypes(dtype, algorithm, dists, ta, tb):
     assert d.dtype == np.dtype(a.dtype)
 
 
+def test_scalars_of_the_operands_dtype():
+    """alpha and beta read off bfloat16 (or float16) data, as numpy scalars of
+    the operands' dtype: ml_dtypes registers its bfloat16 as no ``numbers``
+    type, and such a scalar was refused as "not a number"."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(5)
+    for dtype in ("bfloat16", "float16"):
+        a, b, c = operands(rng, 9, 7, 5, False, False, dtype, c=True)
+        alpha, beta = a[0, 0], np.asarray(-0.75, dtype=a.dtype)[()]  # numpy scalars of the operands' dtype
+        assert isinstance(beta, np.generic) and beta.dtype == a.dtype
+        check(a, b, c, dtype, alpha=alpha, beta=beta, distribution=(Y, X, Y), devices=4)
+    with pytest.raises(TypeError, match=r"alpha must be a number, got .*float8_e4m3fn"):  # no supported dtype
+        dm.matmul(a, b, alpha=ml_dtypes.float8_e4m3fn(1), backend="jax", devices=4)
+
+
 @pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
 @pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (Y, X, R), (Y, Y, X)], ids=repr)
 def test_epilogues(epilog, dists):
