@@ -1,8 +1,8 @@
 """Random products over the whole layout space, checked against numpy.
 
 One generator, three drivers: ``dmatmul check`` (a numpy ``Generator`` makes
-the choices), the hypothesis test of ``tests/test_check.py`` (hypothesis makes
-them, so it shrinks a failure to the simplest case), and ``mpiexec -n P
+the choices), the hypothesis test of ``tests/test_conformance.py`` (hypothesis
+makes them, on every backend, so it shrinks a failure to the simplest case), and ``mpiexec -n P
 dmatmul check`` (every rank draws the same cases and passes its own blocks).
 
 * :func:`draw_case` draws a :class:`Case` through a *chooser*: any object with
