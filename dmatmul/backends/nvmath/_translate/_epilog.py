@@ -65,7 +65,9 @@ def epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | N
         if has_bias(ep) and swapped:
             return None, ep, False  # a bias per row of D is per column of D.T: not an epilog of nvmath's product
         return _EPILOG_NAMES[ep], None, False
-    return None, ep, False  # general and SUMMA paths: nvmath 1.0 refuses RELU on its naive path
+    # general and SUMMA paths: dmatmul's epilogue (nvmath 0.7 and 0.8 refused a fused RELU on cuBLASMp's
+    # naive path; 0.9 and 1.0 no longer check)
+    return None, ep, False
 
 
 def pick(frames: list[Frame], p: Problem, path: Path, engine: str) -> Frame:

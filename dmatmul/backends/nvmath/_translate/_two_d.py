@@ -214,7 +214,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     result = nvd_user.transposed() if frame.swapped else nvd_user
     shape = (p.n, p.m) if frame.swapped else (p.m, p.n)
     if any(nvd.first_process != (0, 0) for nvd in nv.values() if nvd is not None):
-        notes.append("first_process != (0, 0): nvmath 1.0 may accept it only on cuBLASMp's general/local paths")
+        notes.append("first_process != (0, 0): nvmath 0.7 and 0.8 refused it on a 2-D grid; 0.9 and 1.0 accept it")
     computed = dists["c"] if not gather else nvd_user.as_dmatmul()
     # modelled as SUMMA on the result's grid; on the general path each operand on another grid is
     # first re-laid by cuBLASMp (an all-to-all's worth of bytes)
