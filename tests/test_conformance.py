@@ -94,6 +94,18 @@ def test_table_row_protocol_and_extra(here):
     assert here.name in backends.NAMES
 
 
+def test_the_architecture_page_lists_every_part_of_the_protocol():
+    """docs/architecture.md's "backend contract" names every method and attribute
+    the Backend protocol's docstring does (what a new backend's author reads)."""
+    doc = backends.Backend.__doc__ or ""
+    named = set(re.findall(r"^\s*\* ``(\w+)``", doc, re.M)) | set(re.findall(r"``(\w+)\(", doc))
+    assert {"plan", "ranks", "start", "stop", "place", "fits", "preview", "plans_collectively"} <= named, named
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    contract = page.split("## The backend contract", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(name for name in named if f"`{name}" not in contract)
+    assert not missing, f"docs/architecture.md's backend contract does not name {missing}"
+
+
 def _imports(path: pathlib.Path) -> list[str]:
     """The absolute module names ``path`` imports (relative imports resolved)."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
