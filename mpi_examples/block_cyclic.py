@@ -4,9 +4,11 @@
 
 Four ranks form a 2x2 process grid; A, B and the result are dealt in 64x64
 blocks round-robin over its rows and columns (ScaLAPACK's numroc sizes). The
-product runs SUMMA: K panels of A travel along grid rows, panels of B along
-grid columns. The result is then redistributed to row slabs, every element
-moving once.
+product runs SUMMA: at this size op(A)'s row panel is gathered along grid rows
+and op(B)'s column panel along grid columns, two collectives, then one GEMM; a
+larger product runs it as a ring, K panels of A travelling along grid rows and
+panels of B along grid columns (the explain() printed says which). The result
+is then redistributed to row slabs, every element moving once.
 """
 
 import sys
