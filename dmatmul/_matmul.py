@@ -404,7 +404,7 @@ _DOCS = {
             on real operands is refused: its imaginary part would be lost).
         backend: "auto" (nvmath where it can run, else jax; in one process,
             jax for ``jax.Array`` operands, inside a JAX trace and for
-            ``devices=`` of several), "jax" or "nvmath". algorithm: "auto" or one of
+            ``devices=`` of several or a list of JAX devices), "jax" or "nvmath". algorithm: "auto" or one of
             ``dmatmul.ALGORITHMS``. precision: None (the framework's
             default: ``jax.default_matmul_precision`` on JAX, nvmath's default
             compute type on nvmath), "default", "high" or "highest", as for
@@ -596,7 +596,8 @@ class Matmul:
         Under several processes every rank calls it: a plan freed, an operand
         deleted, or a plan that cannot be made or differs (each rank's own cost
         model), on one rank raises on every rank (one small allgather before the
-        product's collectives)."""
+        product's collectives; two at a Matmul's first ``plan()`` or
+        ``execute()``, which makes the plan)."""
         rt = _runtime.active()
         if rt is None or rt.size == 1:
             self._ready()

@@ -949,6 +949,10 @@ def test_auto_leaves_jax_arrays_and_traces_to_jax_where_nvmath_can_run(fake_nvma
     with dm.Matmul(a_np, b_np) as mm:
         assert "backend:    nvmath" in mm.explain()
         assert_close(mm.execute(), ref, "float32")
+    for devices, name in ((1, "nvmath"), (2, "jax"), ([jax.devices()[3]], "jax")):  # a list names JAX devices
+        with dm.Matmul(a_np, b_np, distribution=dm.Replicated(), devices=devices) as mm:
+            assert f"backend:    {name}" in mm.explain(), devices
+            assert_close(mm.execute(), ref, "float32")
 
 
 def test_fake_backend_backends_from_the_environment(fake_nvmath, monkeypatch):
