@@ -208,8 +208,8 @@ def _check_backends(choice: str) -> list[str]:
     found = [row.name for row in backends.TABLE if backends.probe(row.name) is None]
     if choice == "all-found":
         names = found
-    elif choice == "auto":
-        names = ["nvmath"] if "nvmath" in found else ["jax"]
+    elif choice == "auto":  # the first row of the table that runs here, as backend="auto" takes
+        names = found[:1] or [backends.TABLE[-1].name]  # (none: the last row's error names what to install)
     else:
         names = [choice]
     for name in names:
@@ -241,7 +241,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         except RuntimeError:  # JAX already started by the caller: use what it has
             pass
         ndev = min(args.devices, len(jax.devices()))
-    from . import _check
+    from . import _check, backends
     import dmatmul as dm
 
     rt = dm.init(start=("jax",) if "jax" in names else ()) if spmd else None
@@ -254,7 +254,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if rt:
             ranks: tuple[int, ...] = (rt.size,)
             where = f"{rt.size} processes (mpiexec)"
-        elif name == "nvmath":  # one process, one GPU: several ranks need mpiexec
+        elif backends.info(name).one_rank_per_process:  # nvmath: one process, one GPU; several ranks need mpiexec
             ranks, where = (1,), "1 GPU (one process; mpiexec -n P for more)"
         else:
             import jax
@@ -347,8 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument("--cases", type=at_least(1), default=None, help="products per backend (default 50; --quick: 12)")
     check.add_argument("--seed", type=at_least(0), default=0, help="seed of the cases and data (default 0)")
-    check.add_argument("--backend", choices=("auto", "jax", "nvmath", "all-found"), default="auto",
-                       help="auto: nvmath where it runs, else jax; all-found: every backend that runs here")
+    from . import backends
+
+    check.add_argument("--backend", choices=(*backends.NAMES, "all-found"), default="auto",
+                       help="auto: the first backend of the table that runs here (nvmath, else jax); all-found: "
+                       "every backend that runs here")
     check.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
                        help=f"devices in one process; on CPU, the simulated devices JAX makes "
                        f"(default 8, at most {MAX_CPU_DEVICES}); ignored under mpiexec (one device per rank)")

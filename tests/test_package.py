@@ -184,6 +184,25 @@ def test_block_cyclic_example_names_its_rank_count(n):
     assert len(lines) == 1, out.stderr
 
 
+def test_check_reads_the_backend_table(monkeypatch, capsys):
+    """docs/architecture.md: a new backend is one table row, and ``dmatmul check``
+    reads the table: ``--backend`` takes its name, ``auto`` is the first row that
+    runs here (the choices and ``auto`` were written out as nvmath and jax)."""
+    from dmatmul import backends, cli
+
+    row = backends.BackendInfo("torch", "dmatmul.backends.torch", "torch", ("numpy",), "a backend to come")
+    monkeypatch.setattr(backends, "TABLE", (row, *backends.TABLE))
+    monkeypatch.setattr(backends, "NAMES", (*backends.NAMES, "torch"))
+    monkeypatch.setitem(backends._BY_NAME, "torch", row)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["check", "--backend", "torch"])
+    assert info.value.code == "dmatmul check: backend 'torch' cannot run here: the torch backend is not part of " \
+                              "this dmatmul version", (info.value.code, capsys.readouterr().err)
+    monkeypatch.setattr(backends, "probe", lambda name: None)  # every row runs here
+    assert cli._check_backends("auto") == ["torch"]
+    assert cli._check_backends("all-found") == [r.name for r in backends.TABLE]
+
+
 def test_cli_help_and_version(capsys):
     from dmatmul import __version__, cli
 
