@@ -159,8 +159,8 @@ class ProcessGrid:
     ``layout="row"`` numbers the ranks row-major (``rank = r*cols + c``, the
     last grid axis fastest); ``"col"`` column-major (``rank = r + c*rows``), as
     ScaLAPACK's ``'C'`` order and nvmath's ``ProcessGrid.Layout.COL_MAJOR``.
-    The layout may be left out for a 1-D grid; where at most one axis is
-    longer than 1 the two orders agree, and such grids compare equal.
+    The default is ``"row"``; where at most one axis is longer than 1 (a 1-D
+    grid too) the two orders agree, and such grids compare equal.
 
     >>> g = ProcessGrid((2, 4))
     >>> g.coords(6), g.rank((1, 2))
