@@ -104,6 +104,9 @@ def test_the_architecture_page_lists_every_part_of_the_protocol():
     contract = page.split("## The backend contract", 1)[1].split("\n## ", 1)[0]
     missing = sorted(name for name in named if f"`{name}" not in contract)
     assert not missing, f"docs/architecture.md's backend contract does not name {missing}"
+    (row,) = re.findall(r"`(BackendInfo\(.*?\))`", page)  # "Adding a backend": its table row, as written
+    row = eval(row, {"BackendInfo": backends.BackendInfo})
+    assert (row.name, row.module, row.packages) == ("torch", "dmatmul.backends.torch", ("torch",))
 
 
 def _imports(path: pathlib.Path) -> list[str]:
