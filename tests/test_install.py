@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -184,3 +185,13 @@ def test_extra_resolves_to_cublasmp_nccl_and_nccl4py(resolutions, extra):
     other = {"13": "12", "12": "13"}[cuda]
     wrong = sorted(n for n in got if n.endswith(f"-cu{other}") or n == f"cupy-cuda{other}x")
     assert not wrong, f".[{extra}] (CUDA {cuda}) pulls CUDA {other} packages: {wrong}"
+
+
+def test_readme_says_how_to_install_every_extra():
+    """README.md names each extra as a pip target (``".[nvmath]"``), and only
+    extras that pyproject.toml has: pip ignores an unknown one silently."""
+    readme = (ROOT / "README.md").read_text()
+    named = {extra for group in re.findall(r'"\.\[([a-z0-9,-]+)\]"', readme) for extra in group.split(",")}
+    declared = set(optional_dependencies())
+    assert declared <= named, f"README.md never says how to install {sorted(declared - named)}"
+    assert named <= declared, f"README.md names extras pyproject.toml lacks: {sorted(named - declared)}"
