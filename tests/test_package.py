@@ -288,3 +288,28 @@ def test_license_is_an_spdx_expression_with_its_file():
     assert not setuptools.specifier.contains("76.1") and setuptools.specifier.contains("77.0")
     text = (ROOT / "LICENSE").read_text()
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
+
+
+def test_sdist_carries_the_test_suite_and_what_it_reads(monkeypatch):
+    """An unpacked sdist runs its tests as a clone does. setuptools alone puts
+    only tests/test*.py in the sdist (no conftest.py, tests/_reference.py,
+    tests/gpu, tests/mpi, tests/typing, nor mpi_examples and .ci/run, which
+    tests read): MANIFEST.in, applied here as ``sdist`` applies it, adds them."""
+    egg_info = pytest.importorskip("setuptools.command.egg_info")
+    monkeypatch.chdir(ROOT)
+    manifest = egg_info.FileList()
+    manifest.findall()
+    for line in (ROOT / "MANIFEST.in").read_text().splitlines() if (ROOT / "MANIFEST.in").exists() else []:
+        if line.strip() and not line.lstrip().startswith("#"):
+            manifest.process_template_line(line)
+    shipped = {pathlib.Path(f).as_posix() for f in manifest.files}
+    wanted = {".ci/run"} | {
+        path.relative_to(ROOT).as_posix()
+        for top in ("tests", "mpi_examples", "benchmarks", "docs") for path in (ROOT / top).rglob("*")
+        if path.is_file() and not any(part.startswith((".", "__pycache__")) for part in path.relative_to(ROOT).parts)
+        and path.suffix != ".pyc"
+    }
+    assert "tests/conftest.py" in wanted and "tests/gpu/_fake_nvmath.py" in wanted
+    assert not wanted - shipped, f"MANIFEST.in does not carry {sorted(wanted - shipped)} into the sdist"
+    junk = sorted(f for f in shipped if "__pycache__" in f or f.endswith(".pyc"))
+    assert not junk, junk
