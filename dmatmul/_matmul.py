@@ -745,6 +745,8 @@ class Matmul:
             self._plan.free()
         self._plan = None
         self._freed = True
+        # nothing runs on them again: a Matmul kept after free() no longer keeps the caller's arrays alive
+        self._operands, self._swapped = Operands(None, None), {}
 
     def __enter__(self) -> Matmul:
         if self._freed:  # (every rank frees alike: each raises)

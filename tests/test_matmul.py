@@ -280,6 +280,31 @@ def test_plan_reuse_and_reset_operands():
             read()
 
 
+def test_a_freed_plan_lets_go_of_its_operands():
+    """free() (a with block left) releases the operands: a Matmul kept after it (in a list, as an
+    attribute) held the caller's arrays, device buffers too, for as long as it lived, though it can
+    never use them again. It still tells what its plan was."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(5)
+    for wrap in (np.asarray, jnp.asarray):
+        a, b, c = (wrap(x) for x in operands(rng, 16, 8, 4, False, False, c=True))
+        bias = wrap(rng.standard_normal(16).astype(np.float32))
+        held = [weakref.ref(x) for x in (a, b, c, bias)]
+        with dm.Matmul(a, b, c, beta=1.0, epilog="bias", bias=bias, distribution=(X, Y, X), devices=8) as mm:
+            mm.reset_operands(a=wrap(np.asarray(a)[::-1].copy()))  # the replaced a and its successor alike
+            held.append(weakref.ref(mm._operands.a))
+            assert_close(np.asarray(mm.execute()), reference(np.asarray(a)[::-1], np.asarray(b), np.asarray(c),
+                                                             beta=1.0, epilog="bias", bias=np.asarray(bias)),
+                         "float32")
+            told = mm.algorithm
+        del a, b, c, bias
+        gc.collect()
+        assert [ref() is None for ref in held] == [True] * 5, wrap
+        assert mm.algorithm == told  # what it was
+
+
 def test_a_plan_dropped_by_new_scalars_still_tells_what_it_was_after_free():
     """New scalars drop the plan (they are compiled in); freed before another is made, the Matmul still
     tells what its plan was, as after any free() (it said 'freed before it was made')."""
