@@ -94,6 +94,29 @@ def test_table_row_protocol_and_extra(here):
     assert here.name in backends.NAMES
 
 
+def test_probing_the_backends_searches_the_path_once(monkeypatch):
+    """backend="auto" probes the table's rows before every product: a package not
+    installed (nvmath, cupy on this machine) was looked for on the path each time,
+    a stat of every sys.path entry per package and product. It is looked for once;
+    a module in sys.modules (imported, a fake's, or None: blocked) is taken as it is."""
+    import importlib.machinery
+    import sys
+
+    a = np.ones((8, 8), np.float32)
+    np.testing.assert_array_equal(dm.matmul(a, a), a @ a)
+    searched: list[str] = []
+    find = importlib.machinery.PathFinder.find_spec
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec",
+                        classmethod(lambda cls, name, *args: searched.append(name) or find(name, *args)))
+    for _ in range(3):
+        np.testing.assert_array_equal(dm.matmul(a, 2 * a), 2 * a @ a)
+        for row in backends.TABLE:
+            backends.probe(row.name)
+    assert searched == []
+    monkeypatch.setitem(sys.modules, "jax", None)
+    assert backends.probe("jax") == "jax not installed: pip install 'dmatmul[jax]'"
+
+
 def test_the_architecture_page_lists_every_part_of_the_protocol():
     """docs/architecture.md's "backend contract" names every method and attribute
     the Backend protocol's docstring does (what a new backend's author reads)."""

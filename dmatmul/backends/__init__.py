@@ -16,8 +16,10 @@ dmatmul`` never imports JAX, nvmath-python or CuPy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -139,13 +141,28 @@ def probe(name: str) -> str | None:
     own ``unavailable()`` does the deeper checks (a CUDA device, libraries).
     """
     row = _BY_NAME[name]
-    missing = [pkg for pkg in row.packages if importlib.util.find_spec(pkg) is None]
+    missing = [pkg for pkg in row.packages if not _importable(pkg)]
     if missing:
         return f"{' and '.join(missing)} not installed: pip install 'dmatmul[{row.extra}]'"
-    if importlib.util.find_spec(row.module) is None:
+    if not _importable(row.module):
         return f"the {name} backend is not part of this dmatmul version"
     reason: str | None = importlib.import_module(row.module).unavailable()
     return reason
+
+
+def _importable(name: str) -> bool:
+    """Whether module ``name`` can be imported: as ``sys.modules`` has it where it
+    is there (imported, put there, or None: blocked), else found on the path, which
+    is searched once per process (a search stats every ``sys.path`` entry, and
+    ``backend="auto"`` probes the backends before each product)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    return _on_path(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _on_path(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
 
 
 def details(name: str) -> list[str]:
