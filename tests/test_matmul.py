@@ -390,6 +390,30 @@ def test_threads_plan_at_once(monkeypatch):
         sys.setswitchinterval(interval)
 
 
+def test_a_plan_in_use_stays_cached_past_the_bound(monkeypatch):
+    """Past its bound the plan cache lets the plan unused longest go: a training step's product
+    run between ever new shapes (sequence lengths) was evicted as the oldest, and compiled again,
+    after every cache_size new ones."""
+    from dmatmul._matmul import plan_of
+
+    backend = dm.backends.get("jax")
+    monkeypatch.setattr(type(backend), "cache_size", 3)
+    monkeypatch.setattr(backend, "_plans", {})
+    b = np.ones((8, 5), np.float32)
+
+    def planned(rows: int):
+        a = np.full((rows, 8), 2, np.float32)
+        with dm.Matmul(a, b, distribution=X, devices=2) as mm:
+            np.testing.assert_array_equal(mm.execute(), np.full((rows, 5), 16, np.float32))
+            return plan_of(mm)
+
+    hot = planned(16)
+    for rows in range(17, 25):
+        assert planned(16) is hot, rows
+        planned(rows)
+    assert len(backend._plans) == 3
+
+
 def test_inputs_are_never_modified():
     rng = np.random.default_rng(2)
     a, b, c = operands(rng, 13, 11, 7, False, False, c=True)

@@ -1305,7 +1305,8 @@ class JaxPlan:
 
 class JaxBackend:
     """Plans are cached per (Spec, layouts of the jax.Array operands): repeated
-    ``dm.matmul`` calls on the same problem compile once."""
+    ``dm.matmul`` calls on the same problem compile once. Past ``cache_size``
+    plans, the one unused longest goes."""
 
     name = "jax"
     cache_size = 128
@@ -1392,10 +1393,12 @@ class JaxBackend:
             if spec.distributions is None and spec.family == "jax":
                 key += _given_distributions(spec, operands, devices)
         with self._lock:
-            plan = self._plans.get(key)
+            plan = self._plans.pop(key, None)
+            if plan is not None:  # the last used goes last: the plans unused longest go first
+                self._plans[key] = plan
         if plan is None:
             made = JaxPlan(spec, operands)  # outside the lock: threads plan different problems at once
-            with self._lock:  # the first of threads that made the same plan wins; the oldest plans go
+            with self._lock:  # the first of threads that made the same plan wins; the least recently used go
                 plan = self._plans.get(key)
                 if plan is None:  # room is made first: other threads read the cache's size unlocked
                     while len(self._plans) >= max(self.cache_size, 1):
