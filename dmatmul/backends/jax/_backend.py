@@ -757,6 +757,8 @@ class JaxPlan:
             has_bias=spec.has_bias,
             out_dtype=jnp.dtype(spec.dtype),
         )
+        if kern.algorithm == "summa" and kern.schedule == "ring" and p > 1:
+            self.plan = self._summa_ring_cost(self.plan)
         self.algorithm = self.plan.algorithm
         self._compiled: dict[str, Any] = {}
         self._targets: dict[str, NamedSharding] = {}  # where each jax.Array operand goes (_device_operand)
@@ -811,6 +813,28 @@ class JaxPlan:
         if _in_vmap():  # each matrix of the batch re-laid (the result is on these devices already)
             return jax.lax.with_sharding_constraint(d, sharding)
         return jax.device_put(d, sharding)
+
+    def _summa_route(self) -> _kernels.SummaRoute:
+        """How this plan's SUMMA ring runs (:func:`_kernels.summa_route`)."""
+        sched = self.local.summa
+        assert sched is not None
+        ta, tb = self.spec.transpose_a, self.spec.transpose_b
+        return _kernels.summa_route(sched, self.geom.mesh.shape["r"], self.geom.mesh.shape["c"],
+                                    self.kernel["a"].block[0 if ta else 1], self.kernel["b"].block[1 if tb else 0])
+
+    def _summa_ring_cost(self, plan: _plan.Plan) -> _plan.Plan:
+        """``plan`` (SUMMA's ring) with the bytes and transfers its kernel here
+        really has (:meth:`_kernels.SummaRoute.traffic`): the planner's
+        backend-neutral count has each panel's byte received once, as a
+        broadcast delivers it, where this kernel's broadcasts (ppermute rounds
+        every rank sends and receives) move more."""
+        route = self._summa_route()
+        ta, tb = self.spec.transpose_a, self.spec.transpose_b
+        m_loc, n_loc = self.kernel["a"].block[1 if ta else 0], self.kernel["b"].block[0 if tb else 1]
+        elements, transfers = route.traffic(*((m_loc, n_loc) if route.ring == "a" else (n_loc, m_loc)))
+        sized = self.problem.padded(("G",))
+        return _plan.costed_plan(sized, plan.kernel, plan.moves, elements * sized.itemsize, transfers,
+                                 plan.kernel_collectives, plan.flops, self.model)
 
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
@@ -1242,10 +1266,7 @@ class JaxPlan:
             sched = self.local.summa
             assert sched is not None
             rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]
-            ta, tb = self.spec.transpose_a, self.spec.transpose_b
-            route = _kernels.summa_route(
-                sched, rows, cols, self.kernel["a"].block[0 if ta else 1], self.kernel["b"].block[1 if tb else 0]
-            )
+            route = self._summa_route()
             ring, gathered = route.ring, route.gathered
             moving, along, steps, other, down = (
                 ("op(A)", "grid rows", cols, "op(B)", "grid columns") if ring == "a"

@@ -419,6 +419,34 @@ class SummaRoute:
     def gathered(self) -> bool:
         return self.owners is None
 
+    def traffic(self, free_t: int, free_o: int) -> tuple[int, int]:
+        """(elements received, transfers) per rank in :func:`summa`, whose
+        travelling blocks are ``len_t x free_t`` and the other operand's local
+        block ``len_o x free_o``: ``n_ring - 1`` ring steps, plus the other
+        operand all-gathered once (``n_other - 1`` blocks, one transfer) or its
+        panel (``len_t x free_o``) broadcast at each of the ``n_ring`` steps in
+        ``ceil(log2 n_other)`` rounds of a ``ppermute`` that every rank sends
+        and receives (:func:`rooted_broadcast`: the root and the ranks that
+        have the panel already receive too, so on two ranks a step swaps
+        panels, twice what a broadcast that delivers each byte once moves).
+        On a ring of two the two steps' first rounds send the same panel where
+        both read the same positions, and XLA sends it once.
+
+        >>> s = SummaSchedule(16, (0, 1, 2, 3), (0, 0, 0, 0), (0, 0, 1, 1), (0, 16, 0, 16))
+        >>> summa_route(s, 2, 4, 16, 32).traffic(32, 16)  # a 2x4 grid: 3 ring steps, 4 swapped panels
+        (2560, 7)
+        """
+        ring = (self.n_ring - 1) * self.len_t * free_t
+        if self.n_other == 1:
+            return ring, self.n_ring - 1
+        if self.owners is None:
+            return ring + (self.n_other - 1) * self.len_o * free_o, self.n_ring
+        rounds = (self.n_other - 1).bit_length()
+        panels = self.n_ring * rounds
+        if self.n_ring == 2 and np.array_equal(self.owners[1][0], self.owners[1][1]):
+            panels -= 1
+        return ring + panels * self.len_t * free_o, self.n_ring - 1 + panels
+
 
 def summa_route(
     sched: SummaSchedule, rows: int, cols: int, len_ka: int, len_kb: int, ring: str | None = None
