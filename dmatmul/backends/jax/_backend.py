@@ -644,7 +644,10 @@ class JaxPlan:
         self.model = _cost.model_for(self.devices[0].platform, p)
         info = spec.dtype_info
         acc_dtype = jnp.dtype(info.accumulator)
-        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, info.itemsize, info.acc_itemsize, pads=True)
+        # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
+        # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
+        itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else info.itemsize
+        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, info.acc_itemsize, pads=True)
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions)  # a 1x1 grid on one rank too: SUMMA is named there as well
