@@ -361,10 +361,9 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
     if kernel.algorithm == "summa":
         rows, cols = problem.grid or (1, p)
         # op(A)'s row panel travels along grid rows, op(B)'s column panel along grid columns, each byte
-        # received once (cuBLASMp: broadcasts), in about one message per step of each. JAX's ring (a ppermute
-        # ring along the longer grid axis, the other operand's panels broadcast per step in ppermute rounds
-        # that every rank receives) moves more: its plan is re-costed by the route it runs
-        # (JaxPlan._summa_ring_cost)
+        # received once (cuBLASMp: broadcasts), in about one message per step of each. The JAX backend
+        # re-costs its SUMMA from the blocks it moves (JaxPlan._summa_cost): K padded to whole panels, and
+        # in the ring the other operand's panels broadcast in ppermute rounds that every rank receives
         a_in = (cols - 1) / cols * (m / rows) * k
         b_in = (rows - 1) / rows * k * (n / cols)
         return (a_in + b_in) * problem.itemsize, 0 if kernel.schedule == "one_shot" else rows + cols, flops

@@ -760,8 +760,8 @@ class JaxPlan:
             has_bias=spec.has_bias,
             out_dtype=jnp.dtype(spec.dtype),
         )
-        if kern.algorithm == "summa" and kern.schedule == "ring" and p > 1:
-            self.plan = self._summa_ring_cost(self.plan)
+        if kern.algorithm == "summa" and p > 1:
+            self.plan = self._summa_cost(self.plan)
         self.algorithm = self.plan.algorithm
         self._compiled: dict[str, Any] = {}
         self._targets: dict[str, NamedSharding] = {}  # where each jax.Array operand goes (_device_operand)
@@ -825,16 +825,28 @@ class JaxPlan:
         return _kernels.summa_route(sched, self.geom.mesh.shape["r"], self.geom.mesh.shape["c"],
                                     self.kernel["a"].block[0 if ta else 1], self.kernel["b"].block[1 if tb else 0])
 
-    def _summa_ring_cost(self, plan: _plan.Plan) -> _plan.Plan:
-        """``plan`` (SUMMA's ring) with the bytes and transfers its kernel here
-        really has (:meth:`_kernels.SummaRoute.traffic`): the planner's
-        backend-neutral count has each panel's byte received once, as a
-        broadcast delivers it, where this kernel's broadcasts (ppermute rounds
-        every rank sends and receives) move more."""
-        route = self._summa_route()
+    def _summa_cost(self, plan: _plan.Plan) -> _plan.Plan:
+        """``plan`` (SUMMA) with the bytes and transfers its kernel here really
+        has, from the blocks it moves: the planner's backend-neutral count has
+        each panel's byte received once, as a broadcast delivers it, and K
+        unpadded. The ring (:meth:`_kernels.SummaRoute.traffic`) broadcasts in
+        ppermute rounds that every rank receives; both schedules move op(A)'s
+        and op(B)'s local K as the panels read it (padded to whole panels:
+        :func:`_kernels._pad_to_extents`), and the one-shot one gathers them
+        whole along the grid row and column (``cols - 1`` and ``rows - 1``
+        blocks), block-cyclic padding included."""
+        sched = self.local.summa
+        assert sched is not None
         ta, tb = self.spec.transpose_a, self.spec.transpose_b
         m_loc, n_loc = self.kernel["a"].block[1 if ta else 0], self.kernel["b"].block[0 if tb else 1]
-        elements, transfers = route.traffic(*((m_loc, n_loc) if route.ring == "a" else (n_loc, m_loc)))
+        if plan.kernel.schedule == "one_shot":
+            rows, cols = self.geom.mesh.shape["r"], self.geom.mesh.shape["c"]
+            k_a = max(self.kernel["a"].block[0 if ta else 1], sched.extent_a)
+            k_b = max(self.kernel["b"].block[1 if tb else 0], sched.extent_b)
+            elements, transfers = (cols - 1) * k_a * m_loc + (rows - 1) * k_b * n_loc, 0
+        else:
+            route = self._summa_route()
+            elements, transfers = route.traffic(*((m_loc, n_loc) if route.ring == "a" else (n_loc, m_loc)))
         sized = self.problem.padded(("G",))
         return _plan.costed_plan(sized, plan.kernel, plan.moves, elements * sized.itemsize, transfers,
                                  plan.kernel_collectives, plan.flops, self.model)
