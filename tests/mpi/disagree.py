@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 
+import _expect
 import numpy as np
 
 import dmatmul as dm
@@ -33,23 +33,7 @@ odd = me == 1
 
 
 def expect(scenario, exc_type, words, call):
-    start = time.monotonic()
-    try:
-        call()
-    except exc_type as e:
-        missing = [w for w in words if w not in str(e)]
-        if missing:
-            problems.append(f"rank {me} {scenario}: {missing} not in {type(e).__name__}: {e}")
-    except Exception as e:  # noqa: BLE001 - report what else came
-        problems.append(f"rank {me} {scenario}: {type(e).__name__}: {e}")
-    else:
-        problems.append(f"rank {me} {scenario}: no error")
-    took = time.monotonic() - start
-    if took > 10:
-        problems.append(f"rank {me} {scenario}: took {took:.1f} s")
-    ok = not any(rt.comm.allgather(problems))
-    if me == 0:
-        print(f"ok {scenario}" if ok else f"FAILED {scenario}", flush=True)
+    _expect.expect(rt, problems, scenario, exc_type, words, call)
 
 
 def call(**changes):

@@ -1,0 +1,35 @@
+"""The scenario check the scripts of tests/mpi share (imported beside them:
+``python tests/mpi/<script>.py`` puts this directory first on the path)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+
+def expect(rt: Any, problems: list[str], scenario: str, exc_type: Any, words: Sequence[str],
+           call: Callable[[], Any], *, within: float = 10.0) -> bool:
+    """``call()`` must raise ``exc_type`` whose message holds every one of
+    ``words``, within ``within`` seconds; anything else is added to
+    ``problems``. Then every rank learns whether any rank saw a problem so far
+    (one allgather: every rank runs every scenario) and rank 0 prints ``ok
+    <scenario>`` or ``FAILED <scenario>``; returns whether it was ok."""
+    me = rt.rank
+    start = time.monotonic()
+    try:
+        call()
+    except exc_type as e:
+        missing = [w for w in words if w not in str(e)]
+        if missing:
+            problems.append(f"rank {me} {scenario}: {missing} not in {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - report what else came
+        problems.append(f"rank {me} {scenario}: {type(e).__name__}: {e}")
+    else:
+        problems.append(f"rank {me} {scenario}: no error")
+    took = time.monotonic() - start
+    if took > within:
+        problems.append(f"rank {me} {scenario}: took {took:.1f} s")
+    ok = not any(rt.comm.allgather(problems))
+    if me == 0:
+        print(f"ok {scenario}" if ok else f"FAILED {scenario}", flush=True)
+    return ok
