@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -33,3 +34,19 @@ def expect(rt: Any, problems: list[str], scenario: str, exc_type: Any, words: Se
     if me == 0:
         print(f"ok {scenario}" if ok else f"FAILED {scenario}", flush=True)
     return ok
+
+
+def finish(rt: Any, problems: list[str]) -> None:
+    """The end of a script: rank 0 prints ``ok still-in-step`` (or ``FAILED``)
+    and every rank's problems; then ``dm.finalize()`` and exit 1 if any rank
+    had one."""
+    import dmatmul as dm
+
+    everyone = rt.comm.allgather(problems)
+    if rt.rank == 0:
+        print("ok still-in-step" if not any(everyone) else "FAILED still-in-step", flush=True)
+        for rank_problems in everyone:
+            for line in rank_problems:
+                print(line, flush=True)
+    dm.finalize()
+    sys.exit(1 if any(everyone) else 0)

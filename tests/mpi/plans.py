@@ -139,11 +139,4 @@ if BACKEND == "fake":  # every plan no rank borrows was freed, on every rank (no
     left = [p.serial for p in dm.backends.get("nvmath")._impl._evicted]
     if left:
         problems.append(f"rank {me}: evicted plans {left} were not freed")
-everyone = rt.comm.allgather(problems)
-if me == 0:
-    print("ok still-in-step" if not any(everyone) else "FAILED still-in-step", flush=True)
-    for rank_problems in everyone:
-        for line in rank_problems:
-            print(line, flush=True)
-dm.finalize()
-sys.exit(1 if any(everyone) else 0)
+_expect.finish(rt, problems)
