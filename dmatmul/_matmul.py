@@ -161,23 +161,31 @@ class _Checked:
     def call(self) -> tuple[tuple[str, Any], ...]:
         """The fields every rank's call must agree on (all but the local blocks), named
         as the user wrote them."""
-        dists = self.distributions or (None, None, None)
-        return (
-            ("dtype", self.dtype),
-            ("transpose_a", self.transpose_a),
-            ("transpose_b", self.transpose_b),
-            ("the distribution of a", dists[0]),
-            ("the distribution of b", dists[1]),
-            ("the distribution of the result", dists[2]),
-            ("alpha", self.alpha),
-            ("beta", self.beta),
+        return _agreed_fields(self, self.backend) + (
             ("whether c is given", self.shapes[2] is not None),
-            ("epilog", self.epilog),
             ("the length of bias", self.bias_length),
-            ("algorithm", self.algorithm),
-            ("backend", self.backend),
-            ("precision", self.precision),
         )
+
+
+def _agreed_fields(x: _Checked | Spec, backend: str) -> tuple[tuple[str, Any], ...]:
+    """The fields of a call (``x``: its check, :meth:`_Checked.call`) or of a
+    plan's product (``x``: its Spec, :func:`_product`) that every rank must
+    agree on, named as the user wrote them; ``backend`` as given or found."""
+    dists = x.distributions or (None, None, None)
+    return (
+        ("dtype", x.dtype),
+        ("transpose_a", x.transpose_a),
+        ("transpose_b", x.transpose_b),
+        ("the distribution of a", dists[0]),
+        ("the distribution of b", dists[1]),
+        ("the distribution of the result", dists[2]),
+        ("alpha", x.alpha),
+        ("beta", x.beta),
+        ("epilog", x.epilog),
+        ("algorithm", x.algorithm),
+        ("backend", backend),
+        ("precision", x.precision),
+    )
 
 
 def _check_local(
@@ -822,17 +830,8 @@ def _product(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
     return (
         ("the global shape of a", spec.a_shape),
         ("the global shape of b", spec.b_shape),
-        ("dtype", spec.dtype),
-        ("transpose_a", spec.transpose_a),
-        ("transpose_b", spec.transpose_b),
-        ("the distributions", spec.distributions),
-        ("alpha", spec.alpha),
-        ("beta", spec.beta),
+        *_agreed_fields(spec, backend),
         ("whether c is read", spec.use_c),
-        ("epilog", spec.epilog),
-        ("algorithm", spec.algorithm),
-        ("backend", backend),
-        ("precision", spec.precision),
     )
 
 
