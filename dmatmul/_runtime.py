@@ -279,12 +279,16 @@ def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
 
     def decorate(f: Callable[P, T]) -> Callable[P, T]:
         signature: inspect.Signature | None = None
+        positional = -1  # a call of exactly this many positional arguments binds (-1: no such count)
 
         @functools.wraps(f)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            nonlocal signature
+            nonlocal signature, positional
             if signature is None:  # read at the first call: a __signature__ set after decoration is the one bound
                 signature = inspect.signature(call)
+                positional = _all_positional(signature)
+            if len(args) == positional and not kwargs:  # binds as it is (mm.execute(): its self alone)
+                return f(*args, **kwargs)
             try:
                 signature.bind(*args, **kwargs)
             except TypeError as e:
@@ -302,6 +306,17 @@ def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
         return call
 
     return decorate
+
+
+def _all_positional(signature: inspect.Signature) -> int:
+    """The parameter count where every parameter may be given by position and
+    none has a default (a call of that many positional arguments alone binds,
+    nothing to check); -1 otherwise."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = signature.parameters.values()
+    if all(p.kind in kinds and p.default is inspect.Parameter.empty for p in params):
+        return len(signature.parameters)
+    return -1
 
 
 def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str,

@@ -361,6 +361,66 @@ def test_operands_changed_or_misplaced_are_refused_with_their_name():
         np.testing.assert_array_equal(np.asarray(mm.execute()), np.full((8, 5), 4.0))
 
 
+def test_execute_again_on_the_same_operands_skips_the_checks_and_nothing_else(monkeypatch):
+    """``execute()`` on the operands it already ran on, in one process, calls
+    the compiled product directly (the per-call checks cost about 2x a jitted
+    call's dispatch, which is what a GEMM of n = 1024 takes on an H200); a
+    deleted operand, a trace, new operands or free() still take the full path,
+    and every result is where the full path puts it."""
+    from dmatmul._matmul import plan_of
+    from dmatmul.backends.jax._backend import JaxPlan
+
+    full = []
+    run = JaxPlan.execute
+    monkeypatch.setattr(JaxPlan, "execute", lambda self, ops: full.append(1) or run(self, ops))
+    rng = np.random.default_rng(11)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
+    user = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "model"), None))
+    for dtype, place, dists in (("float32", None, (X, Y, X)), ("float64", None, (Y, X, Y)),
+                                ("float32", user, None),
+                                ("float32", None, (X, R, dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 3)))),
+                                ("float32", None, (X, Y, dm.BlockNonCyclic(dm.ProcessGrid((4, 2), layout="col"))))):
+        a, b, _ = operands(rng, 16, 9, 7, False, False, dtype=dtype)
+        if place is None:  # placed as the plan keeps them (on one device they would move at every call)
+            with dm.Matmul(jnp.asarray(a), jnp.asarray(b), distribution=dists, devices=8, backend="jax") as probe:
+                place = plan_of(probe).sharding("a"), plan_of(probe).sharding("b")
+        else:
+            place = place, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        with jax.enable_x64(dtype == "float64"):  # (a float64 array is float32 in JAX without x64)
+            ja, jb = jax.device_put(a, place[0]), jax.device_put(b, place[1])
+        with dm.Matmul(ja, jb, distribution=dists, devices=None if dists is None else 8, backend="jax") as mm:
+            first = mm.execute()
+            calls = len(full)
+            again = [mm.execute() for _ in range(3)]
+            assert len(full) == calls, (dtype, dists, "the full path ran again")
+            for d in again:
+                assert d.dtype == first.dtype and d.sharding == first.sharding, (dtype, dists)
+                assert_close(np.asarray(d), reference(a, b), dtype)
+            inside = jax.jit(lambda: mm.execute())()  # a trace: the full path, traced
+            assert_close(np.asarray(inside), reference(a, b), dtype)
+            a2, _, _ = operands(rng, 16, 9, 7, False, False, dtype=dtype)
+            with jax.enable_x64(dtype == "float64"):
+                ja2 = jax.device_put(a2, place[0])
+            mm.reset_operands(a=ja2)
+            calls = len(full)
+            assert_close(np.asarray(mm.execute()), reference(a2, b), dtype)
+            assert_close(np.asarray(mm.execute()), reference(a2, b), dtype)
+            assert len(full) == calls + 1, (dtype, dists)
+            ja2.delete()
+            with pytest.raises(ValueError, match="a is a deleted jax.Array"):
+                mm.execute()
+        with pytest.raises(dm.PlanFreedError, match="freed"):
+            mm.execute()
+    a, b, _ = operands(rng, 16, 9, 7, False, False)
+    with dm.Matmul(jnp.asarray(a), jnp.asarray(b), distribution=(X, Y, X), devices=8, backend="jax") as mm:
+        calls = len(full)
+        for _ in range(3):  # on one device, not the plan's 8: moved at every call, by the shortcut too
+            d = mm.execute()
+            assert_close(np.asarray(d), reference(a, b), "float32")
+            assert len(d.sharding.device_set) == 8
+        assert len(full) == calls + 1
+
+
 def test_threads_plan_at_once(monkeypatch):
     """Threads share the plan cache: planning many problems at once, past the
     cache's bound, neither fails (a KeyError or 'dictionary changed size' from

@@ -41,6 +41,9 @@ class BackendPlan(Protocol):
     :class:`dmatmul._plan.Plan` (modelled bytes, messages, flops, time) or
     None where the backend plans no communication of its own; ``explain()``
     the lines :meth:`dmatmul.Matmul.explain` prints after its header.
+    Optionally ``repeat(operands)``: a call that runs the product on these
+    very operands again in one process without :meth:`dmatmul.Matmul.execute`'s
+    checks, returning None where it no longer may (docs/architecture.md).
     """
 
     algorithm: str

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -120,6 +120,10 @@ def depending_on(d: jax.Array, *unused: Any) -> jax.Array:
         s = jnp.real(s) if jnp.iscomplexobj(s) and not jnp.iscomplexobj(d) else s
         d = d - jnp.where(False, s.astype(d.dtype), 0)  # x - (+0.0) is x, bit for bit (-0.0, NaN, Inf too)
     return d
+
+
+def _same(x: Any) -> Any:
+    return x
 
 
 def _traced(operands: Operands) -> bool:
@@ -1152,6 +1156,42 @@ class JaxPlan:
         if self.user_mesh is not None:
             return self._to_user_mesh(d)
         return self._to_result_grid(d) if self.spec.family == "jax" and not self.spec.spmd else d
+
+    def repeat(self, operands: Operands) -> Callable[[], Any] | None:
+        """A call that runs :meth:`execute` on these very operands again, for
+        :meth:`dmatmul.Matmul.execute` to skip what it checked the first time
+        (the backend protocol's optional shortcut): one process, concrete
+        jax.Arrays, outside any trace. The call returns None (the caller then
+        takes the full path, which raises what it must) where an operand was
+        deleted since, or a trace is running now; None here where there is no
+        such shortcut."""
+        xs = (operands.a, operands.b, operands.c if self.spec.use_c else None,
+              operands.bias if self.spec.has_bias else None)
+        mesh = self.geom.mesh
+        if (self.spec.spmd or self.traced or operands.family != "jax" or in_jax_trace(*xs)
+                or not isinstance(mesh, Mesh) or not all(x is None or isinstance(x, jax.Array) for x in xs)):
+            return None
+        for x, op in zip(xs, ("a", "b", "d", "bias")):
+            if x is not None:
+                self._device_operand(x, op)  # where each goes (made once per plan)
+        fn, onto, dtype = self._function("jax"), self.geom.onto, self.spec.dtype
+        where = tuple((x, self._targets[op]) if x is not None else None for x, op in zip(xs, ("a", "b", "d", "bias")))
+        live = tuple(x for x in xs if x is not None)
+        if self.user_mesh is not None:
+            after: Callable[[Any], Any] = self._to_user_mesh
+        elif "d" in self.foreign:
+            after = self._to_result_grid
+        else:
+            after = _same
+
+        def call() -> Any:
+            if in_jax_trace() or any(x.is_deleted() for x in live):
+                return None
+            with _x64(dtype), jax.set_mesh(mesh):  # as _execute_where runs it: on the plan's devices, in its mesh
+                d = fn(*(None if w is None else onto(*w) for w in where))
+            return after(d)
+
+        return call
 
     def _own_context(self) -> contextlib.AbstractContextManager[Any]:
         """One process: dmatmul's own mesh as the context of its computations
