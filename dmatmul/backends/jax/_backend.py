@@ -1171,11 +1171,15 @@ class JaxPlan:
         if (self.spec.spmd or self.traced or operands.family != "jax" or in_jax_trace(*xs)
                 or not isinstance(mesh, Mesh) or not all(x is None or isinstance(x, jax.Array) for x in xs)):
             return None
-        for x, op in zip(xs, ("a", "b", "d", "bias")):
-            if x is not None:
-                self._device_operand(x, op)  # where each goes (made once per plan)
+        args: list[Any] = []
+        moves = []  # (position, array, sharding): an operand not where the plan keeps it moves at every call
+        for i, (x, op) in enumerate(zip(xs, ("a", "b", "d", "bias"))):
+            args.append(x if x is None else self._device_operand(x, op))
+            if x is not None and args[i] is not x:
+                moves.append((i, x, self._targets[op]))
+                args[i] = None  # (the copy made now is not kept)
         fn, onto, dtype = self._function("jax"), self.geom.onto, self.spec.dtype
-        where = tuple((x, self._targets[op]) if x is not None else None for x, op in zip(xs, ("a", "b", "d", "bias")))
+        wide = dtype in ("float64", "complex128")  # (x64 may be switched between calls: asked at each)
         live = tuple(x for x in xs if x is not None)
         if self.user_mesh is not None:
             after: Callable[[Any], Any] = self._to_user_mesh
@@ -1185,10 +1189,23 @@ class JaxPlan:
             after = _same
 
         def call() -> Any:
-            if in_jax_trace() or any(x.is_deleted() for x in live):
+            if in_jax_trace():
                 return None
-            with _x64(dtype), jax.set_mesh(mesh):  # as _execute_where runs it: on the plan's devices, in its mesh
-                d = fn(*(None if w is None else onto(*w) for w in where))
+            for x in live:
+                if x.is_deleted():
+                    return None
+            now = args
+            if moves:
+                now = list(args)
+                for i, x, target in moves:
+                    now[i] = onto(x, target)
+            # as _execute_where runs it: on the plan's devices, in its mesh (the jitted function's cache key)
+            with jax.set_mesh(mesh):
+                if wide:
+                    with _x64(dtype):
+                        d = fn(*now)
+                else:
+                    d = fn(*now)
             return after(d)
 
         return call
