@@ -735,3 +735,20 @@ def test_bench_checks_large_products_on_a_sample_of_rows(tmp_path, capsys, monke
     assert rows["dmatmul:auto"]["max_rel_err"] < 1e-5 and "MISMATCH" not in (rows["dmatmul:auto"]["note"] or "")
     assert rows["xla"]["note"].startswith("MISMATCH") and rows["xla"]["max_rel_err"] > 1e-3
     assert 16 < len(_bench.problem.check_rows(64)) <= 64
+
+
+def test_one_device_bench_checks_every_contender(monkeypatch, capsys):
+    """benchmarks/one_device.py (the GPU check: the JAX backend on one device
+    against jnp.dot) at tiny sizes: every contender's result is checked, and a
+    wrong one makes the exit status 1."""
+    import dmatmul as dm
+
+    one = _script("one_device")
+    argv = ["--sizes", "16,33", "--dtypes", "float32,bfloat16", "--precisions", "default,highest", "--reps", "2"]
+    assert one.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("float32", "bfloat16"))]
+    assert len(rows) == 8 and all(line.endswith(" ok") for line in rows), rows
+    right = dm.matmul
+    monkeypatch.setattr(dm, "matmul", lambda *a, **k: right(*a, **k) * 1.01)
+    assert one.main(argv[:2] + ["--dtypes", "float32", "--precisions", "highest", "--reps", "1"]) == 1
+    assert "MISMATCH float32 highest n=16" in capsys.readouterr().out
