@@ -279,18 +279,21 @@ def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
 
     def decorate(f: Callable[P, T]) -> Callable[P, T]:
         signature: inspect.Signature | None = None
-        positional = -1  # a call of exactly this many positional arguments binds (-1: no such count)
+        # whether a call binds depends only on how many arguments come by position and which keywords
+        # are named, never on the values: the shapes of call that bound once are not bound again
+        bound: set[tuple[int, frozenset[str]]] = set()
 
         @functools.wraps(f)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            nonlocal signature, positional
+            nonlocal signature
+            shape = (len(args), frozenset(kwargs))
+            if shape in bound:
+                return f(*args, **kwargs)
             if signature is None:  # read at the first call: a __signature__ set after decoration is the one bound
                 signature = inspect.signature(call)
-                positional = _all_positional(signature)
-            if len(args) == positional and not kwargs:  # binds as it is (mm.execute(): its self alone)
-                return f(*args, **kwargs)
             try:
                 signature.bind(*args, **kwargs)
+                bound.add(shape)
             except TypeError as e:
                 failure = TypeError(f"{what}: {e}")
                 state = active()
@@ -306,17 +309,6 @@ def agreed_arguments(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
         return call
 
     return decorate
-
-
-def _all_positional(signature: inspect.Signature) -> int:
-    """The parameter count where every parameter may be given by position and
-    none has a default (a call of that many positional arguments alone binds,
-    nothing to check); -1 otherwise."""
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    params = signature.parameters.values()
-    if all(p.kind in kinds and p.default is inspect.Parameter.empty for p in params):
-        return len(signature.parameters)
-    return -1
 
 
 def require_same_call(calls: Sequence[Sequence[tuple[str, Any]]], what: str,
