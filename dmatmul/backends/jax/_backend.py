@@ -1153,9 +1153,16 @@ class JaxPlan:
             return self._twin._execute_where(operands)
         with contextlib.nullcontext() if _traced(operands) else self._own_context():
             d = self._execute(operands)
+        return self._delivery()(d)
+
+    def _delivery(self) -> Callable[[Any], Any]:
+        """What takes the computed result to where the caller gets it: onto the
+        user's mesh, or (one process, jax.Arrays) onto the result's own grid."""
         if self.user_mesh is not None:
-            return self._to_user_mesh(d)
-        return self._to_result_grid(d) if self.spec.family == "jax" and not self.spec.spmd else d
+            return self._to_user_mesh
+        if self.spec.family == "jax" and not self.spec.spmd and "d" in self.foreign:
+            return self._to_result_grid
+        return _same
 
     def repeat(self, operands: Operands) -> Callable[[], Any] | None:
         """A call that runs :meth:`execute` on these very operands again, for
@@ -1181,12 +1188,7 @@ class JaxPlan:
         fn, onto, dtype = self._function("jax"), self.geom.onto, self.spec.dtype
         wide = dtype in ("float64", "complex128")  # (x64 may be switched between calls: asked at each)
         live = tuple(x for x in xs if x is not None)
-        if self.user_mesh is not None:
-            after: Callable[[Any], Any] = self._to_user_mesh
-        elif "d" in self.foreign:
-            after = self._to_result_grid
-        else:
-            after = _same
+        after = self._delivery()
 
         def call() -> Any:
             if in_jax_trace():
