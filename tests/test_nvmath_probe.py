@@ -201,6 +201,16 @@ def test_cli_info_prints_the_installation(monkeypatch, capsys):
     assert "  found: nvmath-python 1.0.0, cuBLASMp 0.9.1.3056 (nvidia-cublasmp-cu13), NCCL 2.28.9" in out
     assert "  CUDA GPUs visible: 1" in out
     assert "  not usable: NCCL 2.28.9 (nvidia-nccl-cu13) < 2.29.2 required by cuBLASMp 0.9.1.3056" in out
+    # the libraries loaded and passed (seen on a GPU machine whose libnccl.so.2 was replaced by a newer one):
+    # the metadata's complaint is told as such, not as "not usable" under "backend nvmath : available"
+    monkeypatch.setattr(nv, "_passed", lambda: True)
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "not usable" not in out
+    said = [line for line in out.splitlines() if "metadata says" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "  the wheels' metadata says: NCCL 2.28.9 (nvidia-nccl-cu13) < 2.29.2 required by cuBLASMp 0.9.1.3056")
+    assert "but the libraries loaded here passed the start-up check" in said[0]
 
 
 # --------------------------------------------------------------------------- #

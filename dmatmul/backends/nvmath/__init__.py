@@ -46,8 +46,14 @@ def installation(**fakes: Any) -> Installation:
 
 
 def details() -> list[str]:
-    """``dmatmul info``'s lines for this backend: what is installed (wheel metadata; no CUDA loaded)."""
-    return installation().lines()
+    """``dmatmul info``'s lines for this backend: what is installed (wheel metadata; no CUDA loaded),
+    told against what loading the libraries found where :func:`unavailable` has already run."""
+    return installation().lines(loaded=_passed())
+
+
+def _passed() -> bool:
+    """Whether :func:`unavailable` ran in this process (it loads the libraries) and found nothing against."""
+    return bool(unavailable.cache_info().currsize) and unavailable() is None
 
 
 @functools.lru_cache(maxsize=1)

@@ -148,11 +148,15 @@ class Installation:
             parts.append(f"{label} {shown}")
         return ", ".join(parts)
 
-    def lines(self) -> list[str]:
-        """What ``dmatmul info`` prints."""
+    def lines(self, loaded: bool = False) -> list[str]:
+        """What ``dmatmul info`` prints; ``loaded``: the backend's libraries were
+        loaded and passed (a problem the metadata shows is then not the last word)."""
         gpus = "unknown" if self.gpus is None else str(self.gpus)
         out = [f"found: {self.found()}", f"CUDA GPUs visible: {gpus} ({self.gpus_how})"]
-        if self.problems:
+        if self.problems and loaded:
+            out.append(f"the wheels' metadata says: {self.problems[0]}; but the libraries loaded here passed the "
+                       "start-up check (a library replaced in place, or another one on the library path)")
+        elif self.problems:
             out.append(f"not usable: {self.problems[0]}")
             hint = f": {INSTALL_HINT}"
             out.extend(f"also: {p.removesuffix(hint) if self.problems[0].endswith(hint) else p}"
