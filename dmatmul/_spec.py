@@ -215,6 +215,21 @@ def in_jax_trace(*xs: Any) -> bool:
 _trace_state_clean: Any = None  # JAX's trace_state_clean, once in_jax_trace looked it up (False: this JAX has none)
 
 
+def context_mesh() -> Any:
+    """The concrete mesh of ``jax.set_mesh``, also inside a trace (where the
+    public ``jax.sharding.get_mesh`` refuses to say); None where there is none
+    (or this JAX keeps it elsewhere, or JAX is not loaded)."""
+    if "jax" not in sys.modules:
+        return None
+    try:
+        from jax._src.mesh import get_concrete_mesh
+
+        mesh = get_concrete_mesh()
+    except (ImportError, AttributeError):  # pragma: no cover - a JAX without it: the abstract route
+        return None
+    return None if mesh is None or getattr(mesh, "empty", True) else mesh
+
+
 def refuse_trace_under_mpi(*xs: Any) -> None:
     """Under mpiexec a product takes each rank's blocks as concrete arrays:
     inside a JAX trace it is refused (on this rank, before the ranks compare

@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from ... import _cost, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ..._spec import Operands, Spec, check_fit, in_jax_trace
+from ..._spec import Operands, Spec, check_fit, context_mesh, in_jax_trace
 from . import _kernels, _layout, _start
 from . import _redistribute as _moves
 
@@ -195,15 +195,8 @@ def _type_mesh(x: Any) -> AbstractMesh | None:
 
 
 def _context_mesh() -> Mesh | None:
-    """The concrete mesh of ``jax.set_mesh``, also inside a trace (where the
-    public ``jax.sharding.get_mesh`` refuses to say); None where there is none
-    (or this JAX keeps it elsewhere)."""
-    try:
-        from jax._src.mesh import get_concrete_mesh
-        mesh = get_concrete_mesh()
-    except (ImportError, AttributeError):  # pragma: no cover - a JAX without it: the abstract route
-        return None
-    return mesh if isinstance(mesh, Mesh) and not mesh.empty else None
+    mesh = context_mesh()
+    return mesh if isinstance(mesh, Mesh) else None
 
 
 def user_mesh(operands: Operands) -> Mesh | AbstractMesh | None:
@@ -1165,10 +1158,11 @@ class JaxPlan:
         return _same
 
     def repeat(self, operands: Operands) -> Callable[[], Any] | None:
-        """A call that runs :meth:`execute` on these very operands again, for
-        :meth:`dmatmul.Matmul.execute` to skip what it checked the first time
-        (the backend protocol's optional shortcut): one process, concrete
-        jax.Arrays, outside any trace. The call returns None (the caller then
+        """A call that runs :meth:`execute` on these operands, for
+        :meth:`dmatmul.Matmul.execute` to skip what it checked the first time,
+        and for :func:`dmatmul.matmul` on operands like those of a call that
+        passed its checks (the backend protocol's optional shortcut): one
+        process, concrete jax.Arrays, outside any trace. The call returns None (the caller then
         takes the full path, which raises what it must) where an operand was
         deleted since, or a trace is running now; None here where there is no
         such shortcut."""
