@@ -21,7 +21,9 @@ import hashlib
 import inspect
 import numbers
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import numpy as np
@@ -43,8 +45,10 @@ from ._spec import (
     as_matrix,
     check_devices,
     check_distribution,
+    context_mesh,
     dtype_name,
     family,
+    in_jax_trace,
     native_order,
     normalize_precision,
     refuse_spanning,
@@ -916,9 +920,16 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
         {options}
 
     Plans are cached per problem (shapes, dtype, distributions, options),
-    so repeated calls compile once. The keywords are those of
+    so repeated calls compile once; in one process, a call on jax.Arrays of
+    the shapes, dtypes and shardings of a recent call, with the same options,
+    also skips that call's argument checks. The keywords are those of
     :class:`Matmul`, which this function plans, runs and frees.
     """
+    key = _RECENT.key(a, b, c, options)
+    if key is not None:
+        d = _RECENT.run(key, Operands(a, b, c, options.get("bias")))
+        if d is not None:
+            return d
     made_by = _MAKER.set("dmatmul.matmul")
     try:
         mm = Matmul(a, b, c, **options)
@@ -927,9 +938,84 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
     try:
         if mm._spec.spmd:  # the operands were checked on every rank a moment ago; the plans are compared now
             mm._agree_on_the_plan("dmatmul.matmul")
-        return mm._execute()
+        d = mm._execute()
+        if key is not None and not mm._swapped and mm._plan is not None:
+            _RECENT.keep(key, mm._plan)
+        return d
     finally:
         mm._release()
+
+
+class _Recent:
+    """dm.matmul's recent plans by what its checks read of the call: a call of
+    jax.Arrays, in one process, outside any trace, whose operands have the
+    shape, dtype and sharding (and options the type and value, and
+    ``jax.set_mesh`` the mesh) of one that passed them runs that plan again
+    without them (the backend protocol's optional ``repeat``: the JAX plan
+    still refuses deleted operands and traces, and then the full call raises
+    what it must). A plan of no ``repeat`` is not kept; neither are calls of
+    numpy operands, whose checks read their memory (byte order, strides).
+    The plans unused longest go past ``size``."""
+
+    size = 32
+
+    def __init__(self) -> None:
+        self._plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def key(self, a: Any, b: Any, c: Any, options: Mapping[str, Any]) -> Hashable | None:
+        """The call's key, or None where it is not one to keep."""
+        jax = sys.modules.get("jax")
+        if jax is None or _runtime.launched_size() > 1 or _runtime._state is not None:
+            return None
+        arrays: list[Any] = []
+        for x in (a, b, c, options.get("bias")):
+            if x is None:
+                arrays.append(None)
+            elif type(x) is jax.Array or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)):
+                arrays.append((x.shape, x.dtype, x.weak_type, x.sharding))
+            else:
+                return None
+        if in_jax_trace():
+            return None
+        try:
+            opts = tuple(sorted((k, _typed(v)) for k, v in options.items() if k != "bias"))
+            key = (tuple(arrays), opts, context_mesh(), bool(jax.config.jax_enable_x64))
+            hash(key)
+        except TypeError:  # an unhashable option (an array as alpha, say): the full call judges it
+            return None
+        return key
+
+    def run(self, key: Hashable, operands: Operands) -> Any:
+        """The product by the plan kept for ``key``; None where there is none or it may not run."""
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+        if plan is None:
+            return None
+        call = plan.repeat(operands)
+        return None if call is None else call()
+
+    def keep(self, key: Hashable, plan: Any) -> None:
+        if getattr(plan, "repeat", None) is None:
+            return
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+
+def _typed(v: Any) -> Any:
+    """An option as a key: its type with its value (1.0 and 1+0j differ: a real product refuses the
+    second), sequences as tuples."""
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_typed(x) for x in v))
+    return (type(v), v)
+
+
+_RECENT = _Recent()
 
 
 Matmul.__doc__ = (Matmul.__doc__ or "").format(**_DOCS)

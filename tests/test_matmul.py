@@ -421,6 +421,56 @@ def test_execute_again_on_the_same_operands_skips_the_checks_and_nothing_else(mo
         assert len(full) == calls + 1
 
 
+def test_dm_matmul_again_on_arrays_like_the_last_skips_the_checks_and_nothing_else(monkeypatch):
+    """dm.matmul on jax.Arrays of the shape, dtype and sharding (and options of
+    the type and value) of a call that passed its checks runs that call's plan
+    again without them (about 100 us a call, 4x a GEMM of n = 1024 on an H200).
+    What the checks would refuse is still refused: a deleted operand, an alpha
+    equal in value but not in type (1+0j for a real product, True), a new
+    shape; a trace, jax.set_mesh and new placements plan as a first call does."""
+    from dmatmul import _matmul
+
+    full = []
+    validate = _matmul._validate
+    monkeypatch.setattr(_matmul, "_validate", lambda *a, **k: full.append(1) or validate(*a, **k))
+    rng = np.random.default_rng(23)
+    sa = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("x",)), jax.sharding.PartitionSpec("x"))
+
+    def fresh(m=16, k=7, n=9):
+        a, b, _ = operands(rng, m, n, k, False, False)
+        return a, b, jax.device_put(a, sa), jnp.asarray(b)
+
+    a, b, ja, jb = fresh()
+    first = dm.matmul(ja, jb, alpha=1.0, backend="jax")
+    assert len(full) == 1
+    for _ in range(3):  # new arrays like the first: no checks, right numbers, the same placement
+        a, b, ja, jb = fresh()
+        d = dm.matmul(ja, jb, alpha=1.0, backend="jax")
+        assert_close(np.asarray(d), reference(a, b), "float32")
+        assert d.sharding == first.sharding
+    assert len(full) == 1
+    for alpha, words in ((1 + 0j, "alpha=.*complex but the operands are float32"), (True, "alpha must be a number")):
+        with pytest.raises(TypeError, match=words):
+            dm.matmul(ja, jb, alpha=alpha, backend="jax")
+    ja.delete()
+    with pytest.raises(ValueError, match="a is a deleted jax.Array"):
+        dm.matmul(ja, jb, alpha=1.0, backend="jax")
+    with pytest.raises(ValueError, match="inner dimensions"):
+        dm.matmul(jax.device_put(np.ones((16, 8), np.float32), sa), jb, alpha=1.0, backend="jax")
+    a, b, ja, jb = fresh()
+    jitted = jax.jit(lambda x, y: dm.matmul(x, y, alpha=1.0, backend="jax"))(ja, jb)
+    assert_close(np.asarray(jitted), reference(a, b), "float32")
+    xa, xb = jnp.asarray(a), jnp.asarray(b)
+    d = dm.matmul(xa, xb, alpha=1.0, backend="jax")  # on one device: kept too
+    assert len(d.sharding.device_set) != 4
+    user = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("u",))
+    with jax.set_mesh(user):  # the same arrays, under the context's mesh: its 4 devices
+        calls = len(full)
+        d = dm.matmul(xa, xb, alpha=1.0, backend="jax")
+        assert len(full) == calls + 1 and len(d.sharding.device_set) == 4
+        assert_close(np.asarray(d), reference(a, b), "float32")
+
+
 def test_threads_plan_at_once(monkeypatch):
     """Threads share the plan cache: planning many problems at once, past the
     cache's bound, neither fails (a KeyError or 'dictionary changed size' from
