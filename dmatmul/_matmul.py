@@ -966,14 +966,14 @@ class _Recent:
     def key(self, a: Any, b: Any, c: Any, options: Mapping[str, Any]) -> Hashable | None:
         """The call's key, or None where it is not one to keep."""
         jax = sys.modules.get("jax")
-        if jax is None or _runtime.launched_size() > 1 or _runtime._state is not None:
+        if jax is None or _runtime.launched_size() > 1 or _runtime.active() is not None:
             return None
         arrays: list[Any] = []
         for x in (a, b, c, options.get("bias")):
             if x is None:
                 arrays.append(None)
-            elif type(x) is jax.Array or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)):
-                arrays.append((x.shape, x.dtype, x.weak_type, x.sharding))
+            elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+                arrays.append((x.shape, x.dtype, x.weak_type, x.sharding, x.committed))
             else:
                 return None
         if in_jax_trace():
