@@ -41,9 +41,11 @@ class BackendPlan(Protocol):
     :class:`dmatmul._plan.Plan` (modelled bytes, messages, flops, time) or
     None where the backend plans no communication of its own; ``explain()``
     the lines :meth:`dmatmul.Matmul.explain` prints after its header.
-    Optionally ``repeat(operands)``: a call that runs the product on these
-    very operands again in one process without :meth:`dmatmul.Matmul.execute`'s
-    checks, returning None where it no longer may (docs/architecture.md).
+    Optionally ``repeat(operands)``: a call that runs the product on
+    ``operands`` in one process without the front end's checks (they passed
+    for these operands, or for a call of the same shapes, dtypes, placements
+    and options: :meth:`dmatmul.Matmul.execute`, :func:`dmatmul.matmul`),
+    returning None where it may not (docs/architecture.md).
     """
 
     algorithm: str
