@@ -63,7 +63,12 @@ import functools
 from collections.abc import Hashable, Set
 from typing import Any
 
-import jax
+try:
+    import jax
+except ModuleNotFoundError as e:  # jax absent, or blocked (sys.modules["jax"] = None)
+    if e.name != "jax":
+        raise
+    raise ModuleNotFoundError("dmatmul.jax needs JAX: pip install 'dmatmul[jax]'", name="jax") from e
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

@@ -146,6 +146,19 @@ def test_commands_without_jax_say_what_to_install(command, status):
                                       "jax not installed: pip install 'dmatmul[jax]'")
 
 
+def test_dmatmul_jax_without_jax_names_the_extra():
+    """``import dmatmul.jax`` where JAX is missing: an ImportError (a
+    ModuleNotFoundError for "jax", as before) whose message says what to install."""
+    code = ("import sys; sys.modules['jax'] = None\n"
+            "try:\n"
+            "    import dmatmul.jax\n"
+            "except ModuleNotFoundError as e:\n"
+            "    print(e.name, '|', e)\n")
+    out = run(sys.executable, "-c", code, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "jax | dmatmul.jax needs JAX: pip install 'dmatmul[jax]'"
+
+
 def test_readme_demo_table_is_the_demos_output():
     """Every line of the README's demo block as ``dmatmul demo`` prints it now, but
     for the measured columns (max rel err, ms), which vary by machine."""
