@@ -521,7 +521,7 @@ class Matmul:
         as they are for any other numpy operand."""
         self._operands, self._swapped = ops, swapped
         # execute()'s shortcut (plan, operands, call), made by a one-process execute() on these operands
-        self._fast: tuple[Any, Operands, Callable[[], Any]] | None = None
+        self._fast: tuple[Any, Operands, Callable[[Operands], Any]] | None = None
         given = dataclasses.replace(ops, **swapped) if swapped else ops  # the arrays the caller holds
         self._given = _shapes(given)
         self._held = _held(given)
@@ -614,7 +614,7 @@ class Matmul:
         ``execute()``, which makes the plan)."""
         fast = self._fast
         if fast is not None and fast[0] is self._plan and fast[1] is self._operands:
-            d = fast[2]()  # the same operands on the same plan again, in one process: no checks to repeat
+            d = fast[2](fast[1])  # the same operands on the same plan again, in one process: no checks to repeat
             if d is not None:
                 return d
         rt = _runtime.active()
@@ -626,8 +626,8 @@ class Matmul:
         d = self._execute()
         if one and not self._swapped and self._plan is not None:
             again = getattr(self._plan, "repeat", None)  # (optional in the backend protocol)
-            call = again(self._operands) if again is not None else None
-            self._fast = None if call is None else (self._plan, self._operands, call)
+            run = again(self._operands) if again is not None else None
+            self._fast = None if run is None else (self._plan, self._operands, run)
         return d
 
     def _ready(self, what: str = "execute") -> None:
@@ -940,7 +940,7 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
             mm._agree_on_the_plan("dmatmul.matmul")
         d = mm._execute()
         if key is not None and not mm._swapped and mm._plan is not None:
-            _RECENT.keep(key, mm._plan)
+            _RECENT.keep(key, mm._plan, Operands(a, b, c, options.get("bias")))
         return d
     finally:
         mm._release()
@@ -949,18 +949,19 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
 class _Recent:
     """dm.matmul's recent plans by what its checks read of the call: a call of
     jax.Arrays, in one process, outside any trace, whose operands have the
-    shape, dtype and sharding (and options the type and value, and
-    ``jax.set_mesh`` the mesh) of one that passed them runs that plan again
-    without them (the backend protocol's optional ``repeat``: the JAX plan
+    shape, dtype, sharding and committedness (and options the type and value,
+    and ``jax.set_mesh`` the mesh) of one that passed them runs that plan
+    again without them, through the runner its ``repeat`` made for the first
+    call's operands (the backend protocol's optional shortcut: the JAX plan
     still refuses deleted operands and traces, and then the full call raises
     what it must). A plan of no ``repeat`` is not kept; neither are calls of
     numpy operands, whose checks read their memory (byte order, strides).
-    The plans unused longest go past ``size``."""
+    The runners unused longest go past ``size``."""
 
     size = 32
 
     def __init__(self) -> None:
-        self._plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self._runs: OrderedDict[Hashable, Callable[[Operands], Any]] = OrderedDict()  # by key, the last used last
         self._lock = threading.Lock()
 
     def key(self, a: Any, b: Any, c: Any, options: Mapping[str, Any]) -> Hashable | None:
@@ -987,24 +988,24 @@ class _Recent:
         return key
 
     def run(self, key: Hashable, operands: Operands) -> Any:
-        """The product by the plan kept for ``key``; None where there is none or it may not run."""
+        """The product by the runner kept for ``key``; None where there is none or it may not run."""
         with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None:
-                self._plans.move_to_end(key)
-        if plan is None:
-            return None
-        call = plan.repeat(operands)
-        return None if call is None else call()
+            run = self._runs.get(key)
+            if run is not None:
+                self._runs.move_to_end(key)
+        return None if run is None else run(operands)
 
-    def keep(self, key: Hashable, plan: Any) -> None:
-        if getattr(plan, "repeat", None) is None:
+    def keep(self, key: Hashable, plan: Any, operands: Operands) -> None:
+        """Keep ``plan``'s runner for operands laid out as ``operands`` (those of the call that made ``key``)."""
+        again = getattr(plan, "repeat", None)  # (optional in the backend protocol)
+        run = None if again is None else again(operands)
+        if run is None:
             return
         with self._lock:
-            self._plans[key] = plan
-            self._plans.move_to_end(key)
-            while len(self._plans) > self.size:
-                self._plans.popitem(last=False)
+            self._runs[key] = run
+            self._runs.move_to_end(key)
+            while len(self._runs) > self.size:
+                self._runs.popitem(last=False)
 
 
 def _typed(v: Any) -> Any:

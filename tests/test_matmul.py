@@ -424,7 +424,10 @@ def test_execute_again_on_the_same_operands_skips_the_checks_and_nothing_else(mo
 def test_dm_matmul_again_on_arrays_like_the_last_skips_the_checks_and_nothing_else(monkeypatch):
     """dm.matmul on jax.Arrays of the shape, dtype and sharding (and options of
     the type and value) of a call that passed its checks runs that call's plan
-    again without them (about 100 us a call, 4x a GEMM of n = 1024 on an H200).
+    again without them (about 100 us a call, 4x a GEMM of n = 1024 on an H200),
+    through the runner made for that call: an operand that must move onto the
+    plan's devices moves once a call (twice before: the runner was made anew at
+    each call, and made a copy of its own).
     What the checks would refuse is still refused: a deleted operand, an alpha
     equal in value but not in type (1+0j for a real product, True), a new
     shape; a trace, jax.set_mesh and new placements plan as a first call does."""
@@ -443,12 +446,18 @@ def test_dm_matmul_again_on_arrays_like_the_last_skips_the_checks_and_nothing_el
     a, b, ja, jb = fresh()
     first = dm.matmul(ja, jb, alpha=1.0, backend="jax")
     assert len(full) == 1
+    put, moves = jax.device_put, []
     for _ in range(3):  # new arrays like the first: no checks, right numbers, the same placement
         a, b, ja, jb = fresh()
+        given = (ja, jb)
+        monkeypatch.setattr(jax, "device_put", lambda x, *a, **k: moves.append(any(x is g for g in given))
+                            or put(x, *a, **k))
         d = dm.matmul(ja, jb, alpha=1.0, backend="jax")
+        monkeypatch.setattr(jax, "device_put", put)
         assert_close(np.asarray(d), reference(a, b), "float32")
         assert d.sharding == first.sharding
     assert len(full) == 1
+    assert sum(moves) == 3  # jb (one device) onto the plan's 8, once a call (the runner decided so once)
     for alpha, words in ((1 + 0j, "alpha=.*complex but the operands are float32"), (True, "alpha must be a number")):
         with pytest.raises(TypeError, match=words):
             dm.matmul(ja, jb, alpha=alpha, backend="jax")

@@ -41,11 +41,12 @@ class BackendPlan(Protocol):
     :class:`dmatmul._plan.Plan` (modelled bytes, messages, flops, time) or
     None where the backend plans no communication of its own; ``explain()``
     the lines :meth:`dmatmul.Matmul.explain` prints after its header.
-    Optionally ``repeat(operands)``: a call that runs the product on
-    ``operands`` in one process without the front end's checks (they passed
-    for these operands, or for a call of the same shapes, dtypes, placements
-    and options: :meth:`dmatmul.Matmul.execute`, :func:`dmatmul.matmul`),
-    returning None where it may not (docs/architecture.md).
+    Optionally ``repeat(operands)``: a runner that computes the product, in
+    one process, of operands laid out as ``operands`` without the front end's
+    checks (they passed for these operands, or for a call of the same shapes,
+    dtypes, placements and options: :meth:`dmatmul.Matmul.execute`,
+    :func:`dmatmul.matmul`), returning None where it may not
+    (docs/architecture.md).
     """
 
     algorithm: str

@@ -38,6 +38,8 @@ _PRECISIONS = {
 }
 
 
+_OPERANDS = ("a", "b", "d", "bias")  # the compiled function's arguments: a, b, C (as "d": D's layout), bias
+
 def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
     """The process grid a product runs on: the one most of its operands use
     (ties: the result's, then a's, then b's); None when none uses a grid.
@@ -1102,10 +1104,7 @@ class JaxPlan:
         lives on other devices; an operand already laid out is used as it is)."""
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             x = jnp.asarray(x)  # (a concrete jax.Array it returns as it is, at some cost per call)
-        target = self._targets.get(operand)
-        if target is None:  # made once per plan and operand: the same value each time
-            expressible = operand != "bias" and _layout.expressible(self.unpadded[operand])
-            target = self._targets[operand] = self.sharding(operand) if expressible else self.geom.replicated()
+        target = self._target(operand)
         if isinstance(x, jax.core.Tracer):
             # where it is is not known here: under jit a placement (its devices the trace's), under eager
             # grad or vjp a move of its value (committed to one device, say) onto the plan's devices; under
@@ -1120,6 +1119,14 @@ class JaxPlan:
                 return jax.device_put(x, to, src=to)
             return jax.device_put(x, to)
         return self.geom.onto(x, target)
+
+    def _target(self, operand: str) -> NamedSharding:
+        """Where a jax.Array ``operand`` ("a", "b", "d" for C, "bias") goes: made once per plan and operand."""
+        target = self._targets.get(operand)
+        if target is None:
+            expressible = operand != "bias" and _layout.expressible(self.unpadded[operand])
+            target = self._targets[operand] = self.sharding(operand) if expressible else self.geom.replicated()
+        return target
 
     def execute(self, operands: Operands) -> Any:
         with _x64(self.spec.dtype):
@@ -1157,44 +1164,40 @@ class JaxPlan:
             return self._to_result_grid
         return _same
 
-    def repeat(self, operands: Operands) -> Callable[[], Any] | None:
-        """A call that runs :meth:`execute` on these operands, for
-        :meth:`dmatmul.Matmul.execute` to skip what it checked the first time,
-        and for :func:`dmatmul.matmul` on operands like those of a call that
-        passed its checks (the backend protocol's optional shortcut): one
-        process, concrete jax.Arrays, outside any trace. The call returns None (the caller then
-        takes the full path, which raises what it must) where an operand was
-        deleted since, or a trace is running now; None here where there is no
-        such shortcut."""
-        xs = (operands.a, operands.b, operands.c if self.spec.use_c else None,
-              operands.bias if self.spec.has_bias else None)
+    def repeat(self, operands: Operands) -> Callable[[Operands], Any] | None:
+        """A runner of :meth:`execute` for operands laid out as these are, without
+        the front end's checks (the backend protocol's optional shortcut): for
+        :meth:`dmatmul.Matmul.execute` on the operands it checked the first time,
+        and for :func:`dmatmul.matmul` on operands of the shapes, dtypes and
+        placements of a call that passed its checks. One process, concrete
+        jax.Arrays, outside any trace; None here where there is no such shortcut.
+        What moves onto the plan's devices is decided here, once, from these
+        operands' placements; the runner returns None (the caller then takes the
+        full path, which raises what it must) where an operand was deleted, or a
+        trace is running now."""
+        xs = self._repeated(operands)
         mesh = self.geom.mesh
         if (self.spec.spmd or self.traced or operands.family != "jax" or in_jax_trace(*xs)
                 or not isinstance(mesh, Mesh) or not all(x is None or isinstance(x, jax.Array) for x in xs)):
             return None
-        args: list[Any] = []
-        moves = []  # (position, array, sharding): an operand not where the plan keeps it moves at every call
-        for i, (x, op) in enumerate(zip(xs, ("a", "b", "d", "bias"))):
-            args.append(x if x is None else self._device_operand(x, op))
-            if x is not None and args[i] is not x:
-                moves.append((i, x, self._targets[op]))
-                args[i] = None  # (the copy made now is not kept)
-        fn, onto, dtype = self._function("jax"), self.geom.onto, self.spec.dtype
+        geom, targets = self.geom, {i: self._target(op) for i, op in enumerate(_OPERANDS) if xs[i] is not None}
+        # an operand not where the plan keeps it moves at every call
+        moves = tuple((i, t) for i, t in targets.items() if not geom.holds(xs[i]))
+        fn, onto, dtype, after, repeated = self._function("jax"), geom.onto, self.spec.dtype, self._delivery(), self._repeated
         wide = dtype in ("float64", "complex128")  # (x64 may be switched between calls: asked at each)
-        live = tuple(x for x in xs if x is not None)
-        after = self._delivery()
 
-        def call() -> Any:
+        def run(ops: Operands) -> Any:
             if in_jax_trace():
                 return None
-            for x in live:
-                if x.is_deleted():
+            now: Sequence[Any] = repeated(ops)
+            for x in now:
+                if x is not None and x.is_deleted():
                     return None
-            now = args
             if moves:
-                now = list(args)
-                for i, x, target in moves:
-                    now[i] = onto(x, target)
+                moved = list(now)
+                for i, target in moves:
+                    moved[i] = onto(moved[i], target)
+                now = moved
             # as _execute_where runs it: on the plan's devices, in its mesh (the jitted function's cache key)
             with jax.set_mesh(mesh):
                 if wide:
@@ -1204,7 +1207,11 @@ class JaxPlan:
                     d = fn(*now)
             return after(d)
 
-        return call
+        return run
+
+    def _repeated(self, ops: Operands) -> tuple[Any, Any, Any, Any]:
+        """The arrays the compiled function takes, in :data:`_OPERANDS`' order (C only where it is used)."""
+        return (ops.a, ops.b, ops.c if self.spec.use_c else None, ops.bias if self.spec.has_bias else None)
 
     def _own_context(self) -> contextlib.AbstractContextManager[Any]:
         """One process: dmatmul's own mesh as the context of its computations

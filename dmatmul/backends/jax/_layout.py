@@ -167,11 +167,14 @@ class Geometry:
         its devices (on this mesh, or on a sharding of no mesh), else moved
         device to device to ``sharding`` (from other devices, or from another
         mesh, a user's, whose axis names and order mean nothing here)."""
+        return x if self.holds(x) else jax.device_put(x, sharding)
+
+    def holds(self, x: jax.Array) -> bool:
+        """``x`` already lies on this mesh's devices, as :meth:`onto` takes it:
+        on this mesh, or on a sharding of no mesh over the same devices."""
         s = x.sharding
         mesh = getattr(s, "mesh", None)
-        if s.device_set == self._device_set and (mesh is None or mesh == self.mesh):
-            return x
-        return jax.device_put(x, sharding)
+        return s.device_set == self._device_set and (mesh is None or mesh == self.mesh)
 
     @functools.cached_property
     def _device_set(self) -> frozenset[jax.Device]:
