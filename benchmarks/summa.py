@@ -19,6 +19,10 @@ where no variant would run):
   gemms-only      the shipped kernel's GEMMs and sums with no communication at all
                   (each rank's own blocks, wrong numbers, not checked): the ceiling
                   of any kernel with this schedule of GEMMs on this machine
+  one-gemm-only   each rank's whole share of the flops as one GEMM, nothing sent:
+                  its row panel of a and column panel of b placed there beforehand
+                  (``P("r", None)``, ``P(None, "c")``; right numbers): the ceiling of
+                  any schedule on this machine, at the memory of whole panels
   xla             ``jit(jnp.dot)`` with the same in/out shardings
   numpy           ``a @ b`` in this process (all cores)
 
@@ -152,7 +156,7 @@ def main() -> int:
     jax.config.update("jax_num_cpu_devices", 8)
     import jax.numpy as jnp
     from jax import lax
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     import dmatmul as dm
     from dmatmul import _plan
@@ -209,6 +213,13 @@ def main() -> int:
                     g = jax.jit(jax.shard_map(gather_both, mesh=mesh, in_specs=(P("r", "c"),) * 2, out_specs=P("r", "c")))
                     runners["gather-both"] = lambda g=g, xa=xa, xb=xb: jax.block_until_ready(g(xa, xb))
                     peak["gather-both"] = compiled_peak_bytes(g, xa, xb)
+                if not only or "one-gemm-only" in only:
+                    whole = (P("r", None), P(None, "c"))  # a's row panel, b's column panel
+                    o = jax.jit(jax.shard_map(lambda x, y: jnp.dot(x, y, precision=hi), mesh=mesh,
+                                              in_specs=whole, out_specs=P("r", "c")))
+                    pa, pb = (jax.device_put(x, NamedSharding(mesh, spec)) for x, spec in zip((a, b), whole))
+                    runners["one-gemm-only"] = lambda o=o, pa=pa, pb=pb: jax.block_until_ready(o(pa, pb))
+                    peak["one-gemm-only"] = compiled_peak_bytes(o, pa, pb)
                 for key, fn in runners.items():
                     if key == "gemms-only":
                         continue  # the ceiling: no numbers to check
@@ -233,13 +244,16 @@ def main() -> int:
                 sys.stdout.flush()
                 summary.append((n, f"{shape[0]}x{shape[1]} {layout}", t))
     print("\nsummary: paired ratios of dmatmul's shipped SUMMA (> 1: dmatmul faster); the GEMMs alone "
-          "(gemms-only) against numpy, and dmatmul against them")
-    print(f"{'n':>5s} {'grid':10s} {'x psum':>7s} {'x xla':>7s} {'x numpy':>8s} {'gemms x numpy':>13s} {'x gemms':>8s}")
+          "(gemms-only) and one GEMM a rank (one-gemm-only) against numpy, and dmatmul against the GEMMs alone")
+    print(f"{'n':>5s} {'grid':10s} {'x psum':>7s} {'x xla':>7s} {'x numpy':>8s} {'gemms x numpy':>13s} {'x gemms':>8s}"
+          f" {'one-gemm x numpy':>16s}")
     for n, g, t in summary:
         if "dmatmul" in t:
             d = t["dmatmul"]
             ceiling = (f" {np.median(t['numpy'] / t['gemms-only']):12.2f}x {np.median(t['gemms-only'] / d):7.2f}x"
-                       if "gemms-only" in t else "")
+                       if "gemms-only" in t else f" {'-':>13s} {'-':>8s}")
+            if "one-gemm-only" in t:
+                ceiling += f" {np.median(t['numpy'] / t['one-gemm-only']):15.2f}x"
             print(f"{n:5d} {g:10s} {np.median(t['psum'] / d):6.2f}x {np.median(t['xla'] / d):6.2f}x "
                   f"{np.median(t['numpy'] / d):7.2f}x" + ceiling)
     return 0
