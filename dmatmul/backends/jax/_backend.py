@@ -40,6 +40,7 @@ _PRECISIONS = {
 
 _OPERANDS = ("a", "b", "d", "bias")  # the compiled function's arguments: a, b, C (as "d": D's layout), bias
 
+
 def _product_grid(dists: tuple[Distribution, ...]) -> ProcessGrid | None:
     """The process grid a product runs on: the one most of its operands use
     (ties: the result's, then a's, then b's); None when none uses a grid.
