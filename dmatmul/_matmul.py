@@ -21,8 +21,6 @@ import hashlib
 import inspect
 import numbers
 import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, overload
 
@@ -34,6 +32,7 @@ from ._distribution import Distribution, one_of
 from ._empty import EmptyProduct
 from ._epilogue import EPILOGS, Epilog, EpilogName, has_bias
 from ._errors import DistributionError, PlanFreedError
+from ._lru import LRU
 from ._spec import (
     ALGORITHMS,
     DTYPES,
@@ -961,8 +960,7 @@ class _Recent:
     size = 32
 
     def __init__(self) -> None:
-        self._runs: OrderedDict[Hashable, Callable[[Operands], Any]] = OrderedDict()  # by key, the last used last
-        self._lock = threading.Lock()
+        self._runs: LRU[Callable[[Operands], Any]] = LRU()
 
     def key(self, a: Any, b: Any, c: Any, options: Mapping[str, Any]) -> Hashable | None:
         """The call's key, or None where it is not one to keep."""
@@ -989,23 +987,15 @@ class _Recent:
 
     def run(self, key: Hashable, operands: Operands) -> Any:
         """The product by the runner kept for ``key``; None where there is none or it may not run."""
-        with self._lock:
-            run = self._runs.get(key)
-            if run is not None:
-                self._runs.move_to_end(key)
+        run = self._runs.get(key)
         return None if run is None else run(operands)
 
     def keep(self, key: Hashable, plan: Any, operands: Operands) -> None:
         """Keep ``plan``'s runner for operands laid out as ``operands`` (those of the call that made ``key``)."""
         again = getattr(plan, "repeat", None)  # (optional in the backend protocol)
         run = None if again is None else again(operands)
-        if run is None:
-            return
-        with self._lock:
-            self._runs[key] = run
-            self._runs.move_to_end(key)
-            while len(self._runs) > self.size:
-                self._runs.popitem(last=False)
+        if run is not None:
+            self._runs.add(key, run, bound=self.size)
 
 
 def _typed(v: Any) -> Any:

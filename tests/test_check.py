@@ -28,6 +28,7 @@ import pytest
 
 import dmatmul as dm
 from dmatmul import _check as ck
+from dmatmul._lru import LRU
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -785,10 +786,10 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
         if len(cases) == 6:
             break
     monkeypatch.setattr(_backend, "_auto_typed", lambda x: x)
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
     assert [ck.run_case(c).status for c in cases].count("failed") >= 3
     monkeypatch.undo()
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
     assert [ck.run_case(c).status for c in cases] == ["passed"] * 6
 
 
@@ -856,7 +857,7 @@ BROKEN = {
 def _run_broken(monkeypatch, breaks, cases, backend_module):
     """Run ``cases`` with the JAX backend broken by ``breaks`` (plans made
     with the code broken are dropped first and stay behind)."""
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
     with monkeypatch.context() as mp:
         breaks(mp, backend_module)
         return [ck.run_case(c, rng_seed=3) for c in cases]
@@ -977,5 +978,5 @@ def test_a_drawn_transformation_catches_what_it_covers(monkeypatch, broken):
     assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
         [(o.message, o.describe()) for o in outs]
     assert all(c.transform.describe() in o.message for c, o in zip(cases, outs) if words == "max error")
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", {})
+    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
     assert [ck.run_case(c, rng_seed=3).status for c in cases] == ["passed"] * 2

@@ -15,6 +15,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
+from dmatmul._lru import LRU  # noqa: E402
 from _reference import TOLERANCE, assert_close, random_matrix, reference  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
@@ -489,7 +490,7 @@ def test_threads_plan_at_once(monkeypatch):
 
     backend = dm.backends.get("jax")
     monkeypatch.setattr(type(backend), "cache_size", 3)
-    monkeypatch.setattr(backend, "_plans", {})
+    monkeypatch.setattr(backend, "_plans", LRU())
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads often: the race comes within a few hundred plans
     try:
@@ -517,7 +518,7 @@ def test_a_plan_in_use_stays_cached_past_the_bound(monkeypatch):
 
     backend = dm.backends.get("jax")
     monkeypatch.setattr(type(backend), "cache_size", 3)
-    monkeypatch.setattr(backend, "_plans", {})
+    monkeypatch.setattr(backend, "_plans", LRU())
     b = np.ones((8, 5), np.float32)
 
     def planned(rows: int):

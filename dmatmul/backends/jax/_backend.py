@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from ... import _cost, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
+from ..._lru import LRU
 from ..._spec import Operands, Spec, check_fit, context_mesh, in_jax_trace
 from . import _kernels, _layout, _start
 from . import _redistribute as _moves
@@ -1409,8 +1409,7 @@ class JaxBackend:
     cache_size = 128
 
     def __init__(self) -> None:
-        self._plans: dict[Any, JaxPlan] = {}
-        self._lock = threading.Lock()  # threads may plan at once (the cache is shared)
+        self._plans: LRU[JaxPlan] = LRU()  # threads may plan at once (the cache is shared)
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         """An empty product's result, one process (:func:`place_result`): a
@@ -1444,8 +1443,7 @@ class JaxBackend:
         """Shut the process group down; plans made on it go with it (a product
         after ``dm.finalize()`` plans anew, and the start says why it cannot)."""
         _start.stop()
-        with self._lock:
-            self._plans = {k: v for k, v in self._plans.items() if not v.spec.spmd}
+        self._plans.keep_only(lambda plan: not plan.spec.spmd)
 
     def redistribute(
         self, x: Any, src: Distribution, dst: Distribution, *, shape: tuple[int, int], family: str,
@@ -1489,16 +1487,7 @@ class JaxBackend:
             key = (*key, mesh, mesh is not None and _tracing(operands))
             if spec.distributions is None and spec.family == "jax":
                 key += _given_distributions(spec, operands, devices)
-        with self._lock:
-            plan = self._plans.pop(key, None)
-            if plan is not None:  # the last used goes last: the plans unused longest go first
-                self._plans[key] = plan
-        if plan is None:
-            made = JaxPlan(spec, operands)  # outside the lock: threads plan different problems at once
-            with self._lock:  # the first of threads that made the same plan wins; the least recently used go
-                plan = self._plans.get(key)
-                if plan is None:  # room is made first: other threads read the cache's size unlocked
-                    while len(self._plans) >= max(self.cache_size, 1):
-                        self._plans.pop(next(iter(self._plans)))
-                    plan = self._plans[key] = made
+        plan = self._plans.get(key)
+        if plan is None:  # made outside the cache's lock: threads plan different problems at once
+            plan = self._plans.add(key, JaxPlan(spec, operands), bound=self.cache_size)
         return plan
