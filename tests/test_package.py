@@ -74,9 +74,17 @@ def test_cli_demo_passes_and_prints_the_table():
 
 
 def test_cli_info():
+    """One line per backend, the devices the demo and check use (not the one CPU device
+    a fresh JAX has); what each backend found installed only with -v."""
     out = run(sys.executable, "-m", "dmatmul", "info")
     assert out.returncode == 0, out.stderr
     assert "backend jax" in out.stdout and "backend nvmath" in out.stdout
+    if importlib.util.find_spec("jax") is not None:
+        assert "JAX on 8 simulated CPU devices" in out.stdout, out.stdout
+    assert "  found: " not in out.stdout and "dmatmul info -v" in out.stdout, out.stdout
+    verbose = run(sys.executable, "-m", "dmatmul", "info", "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "  found: " in verbose.stdout and "dmatmul info -v" not in verbose.stdout, verbose.stdout
 
 
 def test_readme_test_command_is_what_ci_runs():
