@@ -186,7 +186,7 @@ class OnMesh:
         return spec
 
     def is_dmatmuls(self, placement: str, shape: Sequence[int]) -> bool:
-        """Whether the placement is one of dmatmul's distributions (README, "Your
+        """Whether the placement is one of dmatmul's distributions (docs/jax.md, "Your
         mesh in, your mesh out"): nothing split, or rows or columns over every
         mesh axis in mesh order, or rows over the leading axes and columns over
         the trailing ones (or the other way round)."""
@@ -655,7 +655,7 @@ def _fitting_algorithms(
     roles (Replicated fits wherever a Slab is needed for a or b, not for the
     result: that would be another algorithm; SUMMA: all on one grid, whatever
     its shape: a BlockNonCyclic on a (P, 1) grid has a 1-D role, and is on the
-    grid all the same). These must run (README: a named algorithm that does
+    grid all the same). These must run (docs/guide.md: a named algorithm that does
     not fit raises); a refusal of any other is accepted."""
     roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
     grids = {d.grid for d in dists}

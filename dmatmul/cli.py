@@ -64,22 +64,38 @@ def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, backends
 
     print(f"dmatmul {__version__}  (Python {platform.python_version()}, numpy {np.__version__})")
+    hidden = 0
     for row in backends.TABLE:
         reason = backends.probe(row.name)
         print(f"backend {row.name:7s}: {'available' if reason is None else 'unavailable: ' + reason}")
-        for line in backends.details(row.name):  # what is installed for it, as the backend reports it
-            print(f"  {line}")
+        # what is installed for it and each missing piece, as the backend reports it: a newcomer
+        # without a GPU needs only the one line above, and -v tells the rest
+        lines = backends.details(row.name)
+        if args.verbose:
+            for line in lines:
+                print(f"  {line}")
+        else:
+            hidden += len(lines)
     if importlib.util.find_spec("jax") is not None:
         import jax
 
         devs = jax.devices()
         print(f"jax {jax.__version__}: {len(devs)} device(s): {', '.join(sorted({d.platform for d in devs}))}")
+        # JAX starts with one CPU device, which is not what the demo runs on: say what it and check use
+        if devs[0].platform == "cpu":
+            print(f"demo/check: JAX on {DEFAULT_DEVICES} simulated CPU devices "
+                  f"(--devices N: another count; mpiexec -n P: P processes)")
+        else:
+            print(f"demo: JAX on {DEFAULT_DEVICES} simulated CPU devices; check: on up to {DEFAULT_DEVICES} "
+                  f"{devs[0].platform.upper()} devices (--devices N: another count; mpiexec -n P: P processes)")
     if importlib.util.find_spec("mpi4py") is not None:
         from mpi4py import MPI
 
         print(f"mpi4py: {MPI.Get_library_version().splitlines()[0].strip()}; world size {MPI.COMM_WORLD.Get_size()}")
     else:
         print("mpi4py: not installed (pip install 'dmatmul[mpi]')")
+    if hidden:
+        print("dmatmul info -v: what each backend found installed and what it lacks")
     return 0
 
 
@@ -295,6 +311,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 #: starts 1024 in about a second and 300 MB; far more (100000) looked like a hang,
 #: and a product over more devices than it has rows or columns is mostly empty blocks.
 MAX_CPU_DEVICES = 1024
+#: The simulated CPU devices of ``dmatmul demo`` and ``dmatmul check`` unless ``--devices`` says otherwise.
+DEFAULT_DEVICES = 8
 
 
 def at_least(least: int, most: int | None = None) -> Callable[[str], int]:
@@ -323,16 +341,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dmatmul", description=(__doc__ or "").splitlines()[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"dmatmul {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="backends found, devices, MPI",
-                   description="The backends, devices and MPI library found here.").set_defaults(func=cmd_info)
+    info = sub.add_parser("info", help="backends found, devices, MPI",
+                          description="The backends, devices and MPI library found here.")
+    info.add_argument("-v", "--verbose", action="store_true",
+                      help="also what each backend found installed (versions) and each piece it lacks")
+    info.set_defaults(func=cmd_info)
     demo = sub.add_parser(
         "demo", help="every algorithm on simulated CPU devices, checked against numpy",
         description="Every algorithm, 2-D block-cyclic grids, mixed layouts, float32/float64/complex64 and a "
         "redistribution on simulated CPU devices (under mpiexec -n P: P processes, each passing its own blocks), "
         "each result checked against numpy: a table, exit status 1 on any mismatch.",
     )
-    demo.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
-                      help=f"simulated CPU devices (default 8, at most {MAX_CPU_DEVICES}); ignored under mpiexec "
+    demo.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=DEFAULT_DEVICES,
+                      help=f"simulated CPU devices (default {DEFAULT_DEVICES}, at most {MAX_CPU_DEVICES}); ignored under mpiexec "
                       "(one device per rank)")
     demo.add_argument("-m", type=at_least(0), default=1001, help="rows of the result (default 1001: uneven)")
     demo.add_argument("-n", type=at_least(0), default=768, help="columns of the result (default 768)")
@@ -352,9 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--backend", choices=(*backends.NAMES, "all-found"), default="auto",
                        help="auto: the first backend of the table that runs here (nvmath, else jax); all-found: "
                        "every backend that runs here")
-    check.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=8,
+    check.add_argument("--devices", type=at_least(1, MAX_CPU_DEVICES), default=DEFAULT_DEVICES,
                        help=f"devices in one process; on CPU, the simulated devices JAX makes "
-                       f"(default 8, at most {MAX_CPU_DEVICES}); ignored under mpiexec (one device per rank)")
+                       f"(default {DEFAULT_DEVICES}, at most {MAX_CPU_DEVICES}); ignored under mpiexec (one device per rank)")
     check.add_argument("--quick", action="store_true", help="fewer cases")
     check.add_argument("--case", type=at_least(0), default=None, help="run only case number CASE of the seed")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per case")

@@ -2,7 +2,7 @@
 
 Each property draws a VALID call (checked first: it runs and matches numpy),
 then corrupts exactly one argument in one of many ways and requires of each
-corrupted call (README "Errors", CONTRACT section 6):
+corrupted call (docs/guide.md "Errors", CONTRACT section 6):
 
 * a ``TypeError`` or ``ValueError`` (``dm.DistributionError`` is one), never
   an internal error (AttributeError, IndexError, KeyError, AssertionError,

@@ -845,7 +845,7 @@ def test_a_local_gradient_sum_is_rounded_once(op, dtype):
 
 
 def test_reverse_mode_works_and_forward_mode_is_refused():
-    """What the README and the module docstring promise: grad, vjp, jacrev and
+    """What docs/jax.md and the module docstring promise: grad, vjp, jacrev and
     grad of grad (checked against numpy); jvp, linearize and jacfwd refused by
     JAX, as for any custom_vjp function, and jax.linear_transpose too."""
     mesh = make_mesh((8,), "auto")
@@ -1129,8 +1129,9 @@ def test_options_are_keyword_only():
 # --------------------------------------------------------------------------- #
 # documentation
 # --------------------------------------------------------------------------- #
-def test_readme_section_runs():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Inside your own shard_map", 1)[1].split("\n## ", 1)[0]
+def test_jax_md_shard_map_section_runs():
+    """docs/jax.md "Inside your own shard_map": the MLP and its gradients, as written."""
+    page = (ROOT / "docs" / "jax.md").read_text()
+    section = page.split("## Inside your own shard_map", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/jax.md", "exec"), {})

@@ -119,11 +119,11 @@ def test_grid_products_and_redistribution_on_four_processes():
 
 
 def test_readme_several_processes_block(tmp_path):
-    """README "Several processes": its block as written, then a check of each
+    """docs/mpi.md "Several processes": its block as written, then a check of each
     rank's rows of D against numpy (the blocks of A and B joined from every rank)."""
     import re
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "mpi.md").read_text()
     section = readme.split("## Several processes (`mpiexec`)", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     body, end = code.rstrip().rsplit("\n", 1)
@@ -134,7 +134,7 @@ def test_readme_several_processes_block(tmp_path):
         "ok = all(rt.comm.allgather(np.allclose(d_local, dm.split(a @ b, dists[2])[rt.rank])))\n"
         "if rt.rank == 0:\n    print(f'README block on {rt.size} ranks: matches numpy: {ok}')\n"
     )
-    script = tmp_path / "readme_block.py"
+    script = tmp_path / "mpi_md_block.py"
     script.write_text(f"{body}\n{check}dm.finalize()\nraise SystemExit(0 if ok else 1)\n")
     proc = launch(4, str(script), timeout=300)
     assert proc.returncode == 0, output(proc)

@@ -195,7 +195,7 @@ def test_cli_info_prints_the_installation(monkeypatch, capsys):
     from dmatmul.backends import nvmath as nv
 
     monkeypatch.setattr(nv, "installation", lambda: probe({**CU13, "nvidia-nccl-cu13": "2.28.9"}))
-    assert cli.main(["info"]) == 0
+    assert cli.main(["info", "-v"]) == 0
     out = capsys.readouterr().out
     assert "backend nvmath : " in out
     assert "  found: nvmath-python 1.0.0, cuBLASMp 0.9.1.3056 (nvidia-cublasmp-cu13), NCCL 2.28.9" in out
@@ -204,7 +204,7 @@ def test_cli_info_prints_the_installation(monkeypatch, capsys):
     # the libraries loaded and passed (seen on a GPU machine whose libnccl.so.2 was replaced by a newer one):
     # the metadata's complaint is told as such, not as "not usable" under "backend nvmath : available"
     monkeypatch.setattr(nv, "_passed", lambda: True)
-    assert cli.main(["info"]) == 0
+    assert cli.main(["info", "-v"]) == 0
     out = capsys.readouterr().out
     assert "not usable" not in out
     said = [line for line in out.splitlines() if "metadata says" in line]

@@ -74,9 +74,17 @@ def test_cli_demo_passes_and_prints_the_table():
 
 
 def test_cli_info():
+    """One line per backend, the devices the demo and check use (not the one CPU device
+    a fresh JAX has); what each backend found installed only with -v."""
     out = run(sys.executable, "-m", "dmatmul", "info")
     assert out.returncode == 0, out.stderr
     assert "backend jax" in out.stdout and "backend nvmath" in out.stdout
+    if importlib.util.find_spec("jax") is not None:
+        assert "JAX on 8 simulated CPU devices" in out.stdout, out.stdout
+    assert "  found: " not in out.stdout and "dmatmul info -v" in out.stdout, out.stdout
+    verbose = run(sys.executable, "-m", "dmatmul", "info", "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "  found: " in verbose.stdout and "dmatmul info -v" not in verbose.stdout, verbose.stdout
 
 
 def test_readme_test_command_is_what_ci_runs():
@@ -112,11 +120,11 @@ def test_declared_minimums_are_the_ones_that_work():
     assert "Python (>= 3.10" not in readme and "Python (>= 3.11" in " ".join(readme.split())
 
 
-def test_readme_short_tour_runs_in_a_fresh_process():
-    """The tour's first block, then the 2-D grid snippet (which reuses its a and b),
-    as a reader pastes them into a plain CPU process (one JAX device unless told)."""
+def test_guide_short_tour_runs_in_a_fresh_process():
+    """docs/guide.md: the tour's first block, then the 2-D grid snippet (which reuses its
+    a and b), as a reader pastes them into a plain CPU process (one JAX device unless told)."""
     pytest.importorskip("jax")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guide.md").read_text()
     section = readme.split("## A short tour", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^( *)```python\n(.*?)^\1```", section, re.S | re.M)
     assert len(blocks) == 2, "the tour and its 2-D grid snippet"
@@ -159,11 +167,11 @@ def test_dmatmul_jax_without_jax_names_the_extra():
     assert out.stdout.strip() == "jax | dmatmul.jax needs JAX: pip install 'dmatmul[jax]'"
 
 
-def test_readme_demo_table_is_the_demos_output():
-    """Every line of the README's demo block as ``dmatmul demo`` prints it now, but
+def test_guide_demo_table_is_the_demos_output():
+    """Every line of docs/guide.md's demo block as ``dmatmul demo`` prints it now, but
     for the measured columns (max rel err, ms), which vary by machine."""
     pytest.importorskip("jax")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guide.md").read_text()
     section = readme.split("## The demo\n", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```\n(.*?)```", section, re.S)
     out = run(sys.executable, "-m", "dmatmul", "demo")

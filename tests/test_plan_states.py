@@ -12,7 +12,7 @@ plan, execute (eagerly, or inside ``jax.jit``), reset some operands and
 scalars, reset with bad arguments, change the caller's numpy operands in
 place, scribble on earlier results, delete a jax.Array operand, free,
 free again, use the freed plan, and leave a ``with`` block by an exception.
-What the contract (section 3) and the README promise is checked after every
+What the contract (section 3) and docs/ promise is checked after every
 step:
 
 * every result equals numpy's product of the plan's *current* operands;
@@ -329,7 +329,7 @@ class PlanStates(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def execute_in_jit(self, data: st.DataObject) -> None:
-        """README: a Matmul planned outside jit may be executed inside."""
+        """docs/jax.md: a Matmul planned outside jit may be executed inside."""
         pool = [e for e in self.entries if e.config["backend"] == "jax"]
         if not pool:
             return

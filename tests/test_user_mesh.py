@@ -484,7 +484,7 @@ def test_a_mesh_axis_of_size_1_is_named_as_jax_names_it(shape):
     one host, say) a result is typed as JAX types the same product of arrays laid
     out so: over every mesh axis. Before, the size-1 axis was dropped (P("model")
     for P(("data", "model"))), and the user's own ``d + e`` of arrays laid out as
-    README says (PartitionSpec(mesh.axis_names, None) is Slab.X) raised
+    docs/jax.md says (PartitionSpec(mesh.axis_names, None) is Slab.X) raised
     ShardingTypeError, as did grad of a loss against such an array."""
     names = ("data", "model") if len(shape) == 2 else ("data", "pipe", "model")
     mesh = jax.make_mesh(shape, names)
@@ -796,7 +796,7 @@ def _dists(p: int) -> list:
 
 def _on_trace_mesh(dist, shape, p: int) -> bool:
     """Whether inside a jit with no mesh of the user's a result laid out as
-    ``dist`` keeps its blocks (README): even blocks in rank order, and a grid
+    ``dist`` keeps its blocks (docs/jax.md): even blocks in rank order, and a grid
     whose leading side (its rows in row order, its columns in column order) is
     a product of P's smallest prime factors. Else it comes back replicated."""
     if isinstance(dist, dm.Replicated):
@@ -993,23 +993,23 @@ def test_jit_of_the_pullback_of_an_eager_vjp(dists):
 
 
 def test_readme_your_mesh_sections_run():
-    """README "Your mesh in, your mesh out": its first block (on the tour's a and b)
+    """docs/jax.md "Your mesh in, your mesh out": its first block (on the tour's a and b)
     gives the sharding its comment names; the jitted ``layer`` reads Slab.X and
     Replicated() off the types, with or without ``jax.set_mesh``. Against numpy."""
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "jax.md").read_text()
     section = readme.split("## Your mesh in, your mesh out", 1)[1].split("\n## ", 1)[0]
     first, layer_block = re.findall(r"```python\n(.*?)```", section, re.S)
     rng = np.random.default_rng(0)
     a_np, b_np = rng.standard_normal((64, 24)).astype(np.float32), rng.standard_normal((24, 32)).astype(np.float32)
     ns = {"jax": jax, "dm": dm, "NamedSharding": NamedSharding, "P": P, "a": a_np, "b": b_np}
-    exec(compile(first, "README.md", "exec"), ns)
+    exec(compile(first, "docs/jax.md", "exec"), ns)
     (said,) = re.findall(r"^d\.sharding +# (.*)$", first, re.M)
     assert ns["d"].sharding == eval(said, ns)
     assert_close(np.asarray(ns["d"]), reference(a_np, b_np), "float32")
-    exec(compile(layer_block, "README.md", "exec"), ns)
+    exec(compile(layer_block, "docs/jax.md", "exec"), ns)
     mesh = ns["mesh"]
     x, w = put(a_np, mesh, P(AXES, None)), put(b_np, mesh, P())
     for context in (contextlib.nullcontext(), jax.set_mesh(mesh)):
