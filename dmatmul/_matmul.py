@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import numpy as np
 
-from . import _cost, _runtime
+from . import _cost, _memory, _runtime
 from . import backends as _backends
 from ._distribution import Distribution, one_of
 from ._empty import EmptyProduct
@@ -509,6 +509,7 @@ class Matmul:
             self._backend = EmptyProduct(self._backend)
         self._plan: _backends.BackendPlan | None = None
         self._agreed = False  # several processes: every rank has made this spec's plan and agreed on it
+        self._fits: Spec | None = None  # the spec judged to fit in memory (:meth:`_planned`)
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
         self._hold(self._operands, swapped)
@@ -543,8 +544,21 @@ class Matmul:
         else:
             self._agree_on_the_plan("Matmul.plan", lambda: self._ready("plan"))
 
-    def _planned(self) -> _backends.BackendPlan:
-        """The backend plan, made now where there is none yet."""
+    def _planned(self, to_run: bool = True) -> _backends.BackendPlan:
+        """The backend plan, made now where there is none yet. ``to_run``: the
+        plan is made to run (not only told by explain()), so the product must
+        first fit in memory (once per spec; under several processes this runs
+        inside the agreement before the product's collectives, so a rank that
+        cannot fit raises on every rank)."""
+        if to_run and self._fits is not self._spec:
+            rt = _runtime.active() if self._spec.spmd else None
+            fit = functools.partial(_memory.check_product, self._backend, self._spec, self._operands,
+                                    None if rt is None else rt.rank)
+            if rt is not None and self._plan is None and getattr(self._backend, "plans_collectively", False):
+                _runtime.agree(fit, "dmatmul (memory)")  # every rank's verdict before the plan's collectives
+            else:
+                fit()
+            self._fits = self._spec
         if self._plan is None:
             self._plan = self._backend.plan(self._spec, self._operands)
         return self._plan
@@ -812,7 +826,7 @@ class Matmul:
                 algorithm, lines = self._backend.preview(self._spec, self._operands)
                 return algorithm, self._explanation(algorithm, lines)
             self._refuse_finalized("explain")  # (planning would start the process group again, collectively)
-        self._planned()
+        self._planned(to_run=False)  # (it tells what a product too large for memory would run)
         return self._told_now()
 
     def _what_was_planned(self, what: str) -> tuple[str, str]:

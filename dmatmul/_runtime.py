@@ -207,7 +207,7 @@ def finalizations() -> int:
     return _finalizations
 
 
-_AGREED_ERRORS = (TypeError, ValueError, RuntimeError, NotImplementedError)
+_AGREED_ERRORS = (TypeError, ValueError, RuntimeError, NotImplementedError, MemoryError)
 
 
 def agree(check: Callable[[], T], what: str = "dmatmul") -> T:

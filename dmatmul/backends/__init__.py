@@ -80,6 +80,11 @@ class Backend(Protocol):
     * ``fits(spec, operands)`` (optional): raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for
       an empty product, which is never planned, with its sizes made 1).
+    * ``memory(spec, operands)`` (optional): what the product takes, as
+      :class:`dmatmul._memory.Need` per place, and a probe per place other
+      than the host of what it has free; pure (nothing allocated, nothing
+      compiled): the front end judges it before the plan is made to run.
+      Without it, the result on the host is judged.
     * ``plans_collectively`` and ``preview(spec, operands)`` (optional): where
       making a plan runs collectives under several processes (nvmath's), the
       algorithm and ``explain()`` lines of the plan :meth:`plan` would make,

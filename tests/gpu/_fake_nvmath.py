@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 CALLS: list[tuple[str, dict[str, Any]]] = []
+#: what the fake GPU's cupy.cuda.runtime.memGetInfo() reports: [free, total] bytes (an 80 GB GPU, nearly empty)
+GPU_MEMORY: list[int] = [79 * 10**9, 80 * 10**9]
 #: ``True``: ``execute()`` does no work and returns a result buffer allocated once
 #: (benchmarks/nvmath_overhead.py times what dmatmul does around the call)
 NOOP = False
@@ -518,6 +520,7 @@ def install(*, ngpus: int = 1, cublasmp_version: int = 800) -> None:
     global _ctx
     _ctx = None
     CALLS.clear()
+    GPU_MEMORY[:] = [79 * 10**9, 80 * 10**9]
     for name in _NAMES:
         if name in sys.modules:
             _saved[name] = sys.modules[name]
@@ -534,7 +537,8 @@ def install(*, ngpus: int = 1, cublasmp_version: int = 800) -> None:
     nvmath = _module("nvmath", __version__="1.0.0+fake", distributed=distributed,
                      bindings=_module("nvmath.bindings", cublasMp=cublasmp),
                      linalg=_module("nvmath.linalg", advanced=host_adv))
-    runtime = _module("cupy.cuda.runtime", getDeviceCount=lambda: ngpus, getDevice=lambda: 0)
+    runtime = _module("cupy.cuda.runtime", getDeviceCount=lambda: ngpus, getDevice=lambda: 0,
+                      memGetInfo=lambda: tuple(GPU_MEMORY))
     cuda = _module("cupy.cuda", runtime=runtime, Device=_Device)
     cupy = _module("cupy", ndarray=_FakeCupyArray, cuda=cuda, asnumpy=np.asarray)
     nccl_core = _module("nccl.core")  # nccl4py: nvmath.distributed starts NCCL through it

@@ -63,7 +63,32 @@ expect(
     lambda: dm.redistribute(la, dm.BlockNonCyclic(dm.ProcessGrid((P + 1, 1))), Y),
 )
 
-# 6. after all that, the ranks still work together
+# 6. a result block no rank's host can hold: refused on every rank before anything is allocated
+from dmatmul import _memory  # noqa: E402
+
+R = dm.Replicated()
+have = max(rt.comm.allgather(_memory.host_available() or 10**12))  # (one figure: every rank passes the same b)
+big_m = 100_000 * P
+big_n = max(100_000, 2 * have // (4 * 100_000) + 1)  # each rank's block of the result: twice the host's memory
+expect(
+    "result-too-large-for-every-rank",
+    MemoryError,
+    lambda r: ["d (the result, ", f"{big_m} x {big_n} float32", "on the host", "is available"],
+    lambda: dm.matmul(np.ones((100_000, 1), np.float32), np.ones((1, big_n), np.float32), distribution=(X, R, X)),
+)
+
+# 7. one rank's host cannot hold its block (as it says): every rank raises, naming rank 1
+if me == 1:
+    _memory._host = (float("inf"), 10)  # (read as just now: 10 bytes free, until the scenario restores it)
+expect(
+    "memory-short-on-one-rank",
+    MemoryError,
+    lambda r: ["needs", "on the host", "10 B is available"] + ([] if r == 1 else ["rank 1"]),
+    lambda: dm.matmul(la * 3, lb, distribution=(X, Y, X)),
+)
+_memory._host = (float("-inf"), None)
+
+# 8. after all that, the ranks still work together
 d = dm.matmul(la, lb, distribution=(X, Y, X))
 if not np.allclose(d, dm.split(a @ b, X)[me]):
     problems.append(f"rank {me}: wrong result after the errors")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ... import _cost, _plan, _runtime
+from ... import _cost, _memory, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._lru import LRU
 from ..._spec import Operands, Spec, check_fit, context_mesh, in_jax_trace
@@ -764,6 +764,7 @@ class JaxPlan:
             self.plan = self._summa_cost(self.plan)
         self.algorithm = self.plan.algorithm
         self._compiled: dict[str, Any] = {}
+        self._needs: tuple[list[_memory.Need], dict[str, _memory.Probe]] | None = None
         self._targets: dict[str, NamedSharding] = {}  # where each jax.Array operand goes (_device_operand)
 
     # -- planning -------------------------------------------------------------
@@ -959,6 +960,61 @@ class JaxPlan:
         else:
             travel = 0
         return float(blocks * info.itemsize + travel)
+
+    def memory_needs(self) -> tuple[list[_memory.Need], dict[str, _memory.Probe]]:
+        """What this product takes, per place (:mod:`dmatmul._memory`), with no
+        allocation nor compile: on each device its padded blocks of a, b and
+        the result as given, their copies in the kernel's layouts where those
+        differ (a replicated operand whole), c's block where it is read, and
+        what the kernel holds in flight (the cost model's extra memory); for a
+        numpy result, the result (this rank's block of it) on the host too.
+        CPU devices use the host's memory: theirs is counted there, all of
+        them together. Made once per plan."""
+        if self._needs is not None:
+            return self._needs
+        spec, p, kern = self.spec, self.nranks, self.plan.kernel
+        info, platform = spec.dtype_info, self.devices[0].platform
+        cpu = platform == "cpu"
+        count = 1 if spec.spmd else p  # the devices this process drives
+        if cpu:
+            place, on = _memory.HOST, f"on {count} cpu device{'s' if count > 1 else ''}"
+        else:
+            place = f"each of the {count} {platform} devices" if count > 1 else f"this process's {platform} device"
+            on = ""
+        times = count if cpu else 1  # (one device's bytes, or all of them where they share the host's memory)
+        per: list[tuple[str, str, float]] = []
+        names = {"a": "a", "b": "b", "d": "the result"}
+        for op in "abd":
+            per.append((op, f"{names[op]}'s blocks", float(np.prod(self.given[op].block)) * info.itemsize))
+            if self.kernel[op] != self.given[op]:
+                laid = "whole on every device" if self.kernel[op].replicated else "re-laid for the kernel"
+                per.append((op, f"{names[op]} {laid}", float(np.prod(self.kernel[op].block)) * info.itemsize))
+        if spec.use_c:
+            per.append(("c", "c's blocks", float(np.prod(self.given["d"].block)) * info.itemsize))
+        pr = self.problem.padded((kern.a, kern.b, kern.d))
+        one_shot = kern.schedule == "one_shot"
+        travel = _cost.extra_memory_bytes(kern.algorithm, pr.m, pr.n, pr.k, p, info.itemsize, info.acc_itemsize,
+                                          moving=kern.moving, one_shot=one_shot)
+        if travel:
+            if kern.algorithm == "allgather" and kern.moving:
+                op = kern.moving
+                what = f"{op} gathered whole" if one_shot else f"{op}'s blocks in flight"
+            elif kern.algorithm == "summa":
+                op, what = "a", "the panels of a and b in flight"
+            else:
+                op, what = "d", "the partial results in flight"
+            per.append((op, what, travel))
+        needs = [_memory.Need(place, op, f"{what} {on}".strip(), int(nbytes * times)) for op, what, nbytes in per]
+        if spec.family == "numpy" and not in_jax_trace():
+            shape = (spec.m, spec.n)
+            if spec.spmd:
+                shape = max((self.distributions[2].shape(r, shape, p) for r in range(p)), key=lambda s: s[0] * s[1])
+            needs.insert(0, _memory.Need(_memory.HOST, "d", "the result as a numpy array" if not spec.spmd else
+                                         "the result's block as a numpy array", shape[0] * shape[1] * info.itemsize))
+        devices = self.devices if not spec.spmd else (_layout.my_device(self.geom),)
+        probes: dict[str, _memory.Probe] = {} if cpu else {place: functools.partial(_device_room, devices)}
+        self._needs = (needs, probes)
+        return needs, probes
 
     def compiled_memory(self) -> dict[str, float]:
         """Bytes per rank of the compiled product, from XLA's memory analysis of the
@@ -1400,6 +1456,19 @@ class JaxPlan:
         """Nothing to release: compiled functions live in the backend's plan cache."""
 
 
+def _device_room(devices: Sequence[jax.Device]) -> int | None:
+    """The least any of ``devices`` has free (its allocator's limit less what it
+    holds), or None where one does not say (CPU devices report nothing)."""
+    room = None
+    for device in devices:
+        stats = device.memory_stats() or {}
+        if "bytes_limit" not in stats:
+            return None
+        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        room = free if room is None else min(room, free)
+    return room
+
+
 class JaxBackend:
     """Plans are cached per (Spec, layouts of the jax.Array operands): repeated
     ``dm.matmul`` calls on the same problem compile once. Past ``cache_size``
@@ -1434,6 +1503,12 @@ class JaxBackend:
         if spec.distributions is None and spec.family == "jax":
             _given_distributions(spec, operands, devices)
         return len(devices)
+
+    def memory(self, spec: Spec, operands: Operands) -> tuple[list[_memory.Need], dict[str, _memory.Probe]]:
+        """What the product takes, per place, and how to ask each device what it
+        has free (:meth:`JaxPlan.memory_needs`; the plan is laid out and kept,
+        not compiled)."""
+        return self.plan(spec, operands).memory_needs()
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
         """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""

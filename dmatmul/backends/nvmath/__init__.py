@@ -143,6 +143,33 @@ class _LazyBackend:
 
         translate(Problem.from_spec(spec, self.ranks(spec, operands), ("C", "C", "C" if spec.use_c else None)))
 
+    def memory(self, spec: Any, operands: Any) -> tuple[list[Any], dict[str, Any]]:
+        """What the product takes (:mod:`dmatmul._memory`): on this process's
+        GPU its blocks of a, b and c not there yet and its result block
+        (cuBLASMp's workspace, which nvmath sizes as it plans, is not
+        counted), and on the host a numpy result's block; pure data but for
+        the GPU's probe (CuPy's free memory), asked only when it is judged."""
+        import math
+
+        from ... import _memory, _runtime
+        from ..._spec import family
+
+        shape = (spec.m, spec.n)
+        rt = _runtime.active() if spec.spmd else None
+        if rt is not None and spec.distributions is not None:
+            shape = spec.distributions[2].shape(rt.rank, shape, spec.nprocs)
+        item, gpu = spec.dtype_info.itemsize, "this process's GPU"
+        block = "block" if spec.spmd else "matrix"
+        needs = []
+        for name, x in (("a", operands.a), ("b", operands.b), ("c", operands.c if spec.use_c else None)):
+            if x is not None and not _on_gpu(x, family(x)):
+                needs.append(_memory.Need(gpu, name, f"{name}'s {block} copied there", math.prod(x.shape) * item))
+        needs.append(_memory.Need(gpu, "d", f"the result's {block}", shape[0] * shape[1] * item))
+        if spec.family == "numpy":
+            needs.insert(0, _memory.Need(_memory.HOST, "d", f"the result's {block} as a numpy array",
+                                         shape[0] * shape[1] * item))
+        return needs, {gpu: _gpu_free}
+
     def preview(self, spec: Any, operands: Any) -> tuple[str, list[str]]:
         """The algorithm and ``explain()`` lines of the plan :meth:`plan` would
         make, told from this rank's blocks (pure data: no collective, no GPU,
@@ -179,6 +206,25 @@ class _LazyBackend:
 
     def __repr__(self) -> str:
         return "<dmatmul nvmath backend (cuBLASMp)>"
+
+
+def _on_gpu(x: Any, fam: str) -> bool:
+    """Whether array ``x`` (of family ``fam``) already lives on a GPU (nvmath takes it there as it is)."""
+    if fam == "cupy":
+        return True
+    if fam != "jax":
+        return False
+    try:
+        return bool(next(iter(x.devices())).platform == "gpu")
+    except Exception:  # noqa: BLE001 - a tracer, or a deleted array: counted as a copy
+        return False
+
+
+def _gpu_free() -> int:
+    """The free bytes of the current GPU, as CuPy reads them."""
+    import cupy
+
+    return int(cupy.cuda.runtime.memGetInfo()[0])
 
 
 BACKEND = _LazyBackend()
