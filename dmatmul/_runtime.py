@@ -131,6 +131,9 @@ def _abort_on_uncaught(comm: Any) -> None:
     def hook(*exc: Any) -> None:
         previous(*exc)
         sys.stderr.flush()
+        from . import _quiet
+
+        _quiet.stop()  # what this rank wrote to stdout reaches it before the job ends
         comm.Abort(1)
 
     sys.excepthook = hook
