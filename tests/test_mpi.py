@@ -45,6 +45,25 @@ def output(proc: subprocess.CompletedProcess[str]) -> str:
     return "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("[Gloo]"))
 
 
+@pytest.mark.parametrize("n, mode", [(2, "one-gpu"), (4, "one-gpu"), (2, "a-gpu-each")])
+def test_ranks_that_would_share_a_gpu_run_jax_and_say_why(n, mode):
+    """tests/mpi/shared_gpu.py: nvmath-python installed (the fake), n ranks on a
+    node of one GPU: backend="auto" runs JAX on every rank (before, each rank
+    died in nvmath.distributed.initialize: NCCL refuses two ranks on one GPU),
+    explain() and `dmatmul info` say why nvmath was passed over, and
+    backend="nvmath" raises one RuntimeError saying why on every rank, within
+    5 s. Ranks with a GPU each (CUDA_VISIBLE_DEVICES per rank) run nvmath."""
+    proc = launch(n, "tests/mpi/shared_gpu.py", mode, timeout=180)
+    assert proc.returncode == 0, output(proc)
+    scenarios = (("init-starts-jax", "auto-runs-jax", "explain-says-why", "info-says-why",
+                  "explicit-nvmath-raises-on-every-rank", "explicit-nvmath-Matmul-raises-on-every-rank",
+                  "nvmath-never-started", "auto-still-runs-jax") if mode == "one-gpu"
+                 else ("auto-runs-nvmath", "nothing-passed-over"))
+    for scenario in (*scenarios, "still-in-step"):
+        assert f"ok {scenario}" in proc.stdout, output(proc)
+    assert "Traceback" not in proc.stderr, output(proc)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_gloo_connection_lines_stay_out_of_the_output(n):
     """JAX's CPU collectives between processes run on gloo, which prints "[Gloo]
