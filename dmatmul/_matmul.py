@@ -382,6 +382,16 @@ def _validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tu
     return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size), runs_on
 
 
+def _passed_over(backend: str, chosen: str) -> tuple[tuple[str, str], ...]:
+    """The backends ``backend="auto"`` preferred to ``chosen`` but passed over
+    for this run's ranks, and why (:func:`dmatmul.backends.passed_over`)."""
+    if backend != "auto":
+        return ()
+    names = [row.name for row in _backends.TABLE]
+    earlier = names[:names.index(chosen)] if chosen in names else names
+    return tuple((name, why) for name in earlier if (why := _backends.passed_over(name)) is not None)
+
+
 # --------------------------------------------------------------------------- #
 # the plan object and the function
 # --------------------------------------------------------------------------- #
@@ -505,6 +515,8 @@ class Matmul:
             # in the first plan, which one rank may make alone (mm.explain()) while the others are not in
             # the start's collectives
             _runtime.ensure(self._backend.name)
+        # what backend="auto" passed over on its way to this backend (ranks that would share a GPU), for explain()
+        self._passed_over = _passed_over(backend, self._backend.name)
         if self._spec.degenerate:
             self._backend = EmptyProduct(self._backend)
         self._plan: _backends.BackendPlan | None = None
@@ -846,6 +858,7 @@ class Matmul:
             f"transpose_a={s.transpose_a}, transpose_b={s.transpose_b}"
             + (f", precision={s.precision!r}" if s.precision is not None else ""),
             f"  backend:    {self._backend.name}",
+            *(f"  {name + ':':11s} passed over: {why}" for name, why in self._passed_over),
             f"  algorithm:  {algorithm}",
         ]
         return "\n".join(head + ["  " + line for line in lines])

@@ -51,6 +51,9 @@ class Runtime:
     local_rank: int
     device: Any = None  # this process's device, once a backend that has one started
     started: tuple[str, ...] = ()  # the backends whose process groups run on this runtime
+    #: every rank's (node: the lowest rank on its node, rank on its node, what it told of its node for
+    #: each backend: :func:`dmatmul.backends.node_view`), gathered once when the runtime starts
+    nodes: tuple[tuple[int, int, tuple[tuple[str, Any], ...]], ...] = ()
 
 
 _state: Runtime | None = None
@@ -131,6 +134,9 @@ def _abort_on_uncaught(comm: Any) -> None:
     def hook(*exc: Any) -> None:
         previous(*exc)
         sys.stderr.flush()
+        from . import _quiet
+
+        _quiet.stop()  # what this rank wrote to stdout reaches it before the job ends
         comm.Abort(1)
 
     sys.excepthook = hook
@@ -158,13 +164,20 @@ def init(comm: Any = None, *, start: Sequence[str] | None = None) -> Runtime:
             from mpi4py import MPI
         except ImportError as e:
             raise RuntimeError("dmatmul under mpiexec needs mpi4py: pip install 'dmatmul[mpi]'") from e
+        from . import backends
+
         comm = MPI.COMM_WORLD if comm is None else comm
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         local_rank = local.Get_rank()
+        node = local.allreduce(comm.Get_rank(), op=MPI.MIN)
         local.Free()
+        # what each rank sees of its node (its GPUs), told to all now, while every rank is here: a
+        # backend's verdict on the ranks' placement (nvmath: one GPU per rank) is then the same on
+        # every rank, and asks no collective later, in a product one rank may leave early
+        nodes = tuple(comm.allgather((node, local_rank, backends.node_view())))
         if comm.Get_size() > 1:
             _abort_on_uncaught(comm)
-        _state = Runtime(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm, local_rank=local_rank)
+        _state = Runtime(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm, local_rank=local_rank, nodes=nodes)
     for name in _default_start() if start is None else start:
         ensure(name)
     return _state

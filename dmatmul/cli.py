@@ -61,13 +61,21 @@ def require_cost_model(command: str) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from . import __version__, backends
+    from . import __version__, _runtime, backends
 
+    if _runtime.launched_size() > 1:  # (every rank runs this): what each rank's node has decides for all
+        _runtime.active()
     print(f"dmatmul {__version__}  (Python {platform.python_version()}, numpy {np.__version__})")
+    reasons = {row.name: backends.probe(row.name) for row in backends.TABLE}
+    auto = next((name for name, reason in reasons.items() if reason is None), None)
     hidden = 0
     for row in backends.TABLE:
-        reason = backends.probe(row.name)
-        print(f"backend {row.name:7s}: {'available' if reason is None else 'unavailable: ' + reason}")
+        reason = reasons[row.name]
+        skipped = backends.passed_over(row.name) if reason is not None else None
+        status = ("available" if reason is None else
+                  f"passed over: {skipped}" + (f" (backend='auto' runs {auto})" if auto else "")
+                  if skipped is not None else "unavailable: " + reason)
+        print(f"backend {row.name:7s}: {status}")
         # what is installed for it and each missing piece, as the backend reports it: a newcomer
         # without a GPU needs only the one line above, and -v tells the rest
         lines = backends.details(row.name)

@@ -362,11 +362,19 @@ def _directions(ring: _Ring, bidirectional: bool | None, nbytes: int) -> _Ring:
 
 
 def _not_a_ring(name: str, axis: Any, names: tuple, why: str) -> str:
-    """Why ``axis`` cannot number a ring here: a mesh axis the enclosing
-    ``shard_map`` leaves automatic (``axis_names=``), or no ``shard_map`` axis."""
+    """Why ``axis`` cannot number a ring here: a mesh axis of a mesh set with
+    no ``shard_map`` around the call, one the enclosing ``shard_map`` leaves
+    automatic (``axis_names=``), or no ``shard_map`` axis."""
     mesh = jax.sharding.get_abstract_mesh()
     manual = tuple(getattr(mesh, "manual_axes", ()))
     auto = [n for n in names if n in tuple(mesh.axis_names) and n not in manual]
+    if auto and not manual:  # a mesh set (jax.set_mesh, jit's) but no shard_map: none has made an axis manual
+        return (
+            f"{name}: called outside any jax.shard_map (under jax.set_mesh, on a mesh of axes "
+            f"{tuple(mesh.axis_names)}); {name} runs inside one: wrap the call in a function run by "
+            f"jax.shard_map(f, mesh=mesh, in_specs=..., out_specs=...) whose manual axes include {auto[0]!r} "
+            f"(axis_name={axis!r})"
+        )
     if auto:
         return (
             f"{name}: axis_name={axis!r} names mesh axis {auto[0]!r}, which the enclosing jax.shard_map leaves "

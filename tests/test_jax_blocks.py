@@ -1094,6 +1094,26 @@ def test_a_vmap_axis_or_an_automatic_axis_is_refused_naming_axis_name(op):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_a_call_outside_any_shard_map_under_set_mesh_says_there_is_none(op, kind):
+    """Under jax.set_mesh but outside any shard_map (eagerly or under jit),
+    the mesh's axes are automatic because no shard_map encloses the call: it
+    was said to be "the enclosing jax.shard_map leaves automatic (its manual
+    axes: ())". The error says there is no shard_map and how to add one."""
+    mesh = make_mesh((2, 4), kind)
+    x, y = jnp.ones((8, 3)), jnp.ones((3, 2))
+    said = (re.escape(f"{op}: called outside any jax.shard_map (under jax.set_mesh, on a mesh of axes "
+                      "('data', 'model')); ") + r".*wrap the call in a function run by jax.shard_map\(f, mesh=mesh, "
+            r"in_specs=\.\.\., out_specs=\.\.\.\) whose manual axes include 'model'")
+    with jax.set_mesh(mesh):
+        for call in (lambda: getattr(dmj, op)(x, y, axis_name="model"),
+                     lambda: jax.jit(lambda a, b: getattr(dmj, op)(a, b, axis_name=("model",)))(x, y)):
+            with pytest.raises(ValueError, match=said) as caught:
+                call()
+            assert "enclosing" not in str(caught.value)
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize(
     "x, kw, error, words",
     [  # found by tests/test_bad_inputs.py: JAX's own errors (naming no argument) or an internal one came out

@@ -31,10 +31,11 @@ def mpiexec() -> str:
     return found
 
 
-def launch(n: int, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``mpiexec -n n python script args`` (``script`` "-m" runs a module)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PMI_", "OMPI_"))}
-    env["JAX_PLATFORMS"] = "cpu"
+def launch(n: int, script: str, *args: str, timeout: float = 300,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``mpiexec -n n python script args`` (``script`` "-m" runs a module), ``env`` added to the environment."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PMI_", "OMPI_", "DMATMUL_VERBOSE"))},
+           "JAX_PLATFORMS": "cpu", **(env or {})}
     target = [script] if script == "-m" else [str(ROOT / script)]
     cmd = [mpiexec(), "-n", str(n), sys.executable, *target, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -42,6 +43,45 @@ def launch(n: int, script: str, *args: str, timeout: float = 300) -> subprocess.
 
 def output(proc: subprocess.CompletedProcess[str]) -> str:
     return "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("[Gloo]"))
+
+
+@pytest.mark.parametrize("n, mode", [(2, "one-gpu"), (4, "one-gpu"), (2, "a-gpu-each")])
+def test_ranks_that_would_share_a_gpu_run_jax_and_say_why(n, mode):
+    """tests/mpi/shared_gpu.py: nvmath-python installed (the fake), n ranks on a
+    node of one GPU: backend="auto" runs JAX on every rank (before, each rank
+    died in nvmath.distributed.initialize: NCCL refuses two ranks on one GPU),
+    explain() and `dmatmul info` say why nvmath was passed over, and
+    backend="nvmath" raises one RuntimeError saying why on every rank, within
+    5 s. Ranks with a GPU each (CUDA_VISIBLE_DEVICES per rank) run nvmath."""
+    proc = launch(n, "tests/mpi/shared_gpu.py", mode, timeout=180)
+    assert proc.returncode == 0, output(proc)
+    scenarios = (("init-starts-jax", "auto-runs-jax", "explain-says-why", "info-says-why",
+                  "explicit-nvmath-raises-on-every-rank", "explicit-nvmath-Matmul-raises-on-every-rank",
+                  "nvmath-never-started", "auto-still-runs-jax") if mode == "one-gpu"
+                 else ("auto-runs-nvmath", "nothing-passed-over"))
+    for scenario in (*scenarios, "still-in-step"):
+        assert f"ok {scenario}" in proc.stdout, output(proc)
+    assert "Traceback" not in proc.stderr, output(proc)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_gloo_connection_lines_stay_out_of_the_output(n):
+    """JAX's CPU collectives between processes run on gloo, which prints "[Gloo]
+    Rank r is connected to ..." for every communicator it connects (at its first
+    collective: a grid's rows and columns too): none reaches stdout or stderr,
+    and the user's lines come out whole and in order, a line written in two
+    pieces around the products too. DMATMUL_VERBOSE=1 lets gloo's lines through."""
+    proc = launch(n, "tests/mpi/quiet.py", timeout=180)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode == 0, both
+    assert f"quiet products on {n} ranks: matches numpy: True" in proc.stdout, both
+    assert "[Gloo]" not in both, both
+    assert proc.stdout.splitlines() == ["rank 0: before the first product", "rank 0: a line in two pieces",
+                                        f"quiet products on {n} ranks: matches numpy: True"], both
+    if n == 2:
+        loud = launch(n, "tests/mpi/quiet.py", timeout=180, env={"DMATMUL_VERBOSE": "1"})
+        assert loud.returncode == 0, loud.stdout + loud.stderr
+        assert "[Gloo] Rank 0 is connected to 1 peer ranks" in loud.stdout, loud.stdout + loud.stderr
 
 
 @pytest.mark.parametrize("n, mode", [(2, "full"), (4, "--quick")])

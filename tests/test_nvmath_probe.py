@@ -9,6 +9,7 @@ nvidia-cublasmp-cu13 0.9.1.3056, nvidia-nccl-cu13 2.32.3 / 2.28.9, nccl4py
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import os
@@ -261,3 +262,52 @@ def test_doctests():
 
     result = doctest.testmod(_probe, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --------------------------------------------------------------------------- #
+# ranks that would share a GPU: backend="auto" passes nvmath over
+# --------------------------------------------------------------------------- #
+def _nodes(views_by_rank, per_node):
+    """Runtime.nodes for ranks placed ``per_node`` to a node, rank r telling ``views_by_rank[r]``."""
+    return tuple((r - r % per_node, r % per_node, (("nvmath", view),) if view is not None else ())
+                 for r, view in enumerate(views_by_rank))
+
+
+@pytest.mark.parametrize("views, per_node, rank, want", [
+    ([(None, 1)] * 8, 8, 0, "8 ranks on this node share 1 GPU; "),
+    ([(None, 4)] * 8, 8, 5, "8 ranks on this node share 4 GPUs; "),
+    ([("2,3", 2)] * 4, 4, 0, "4 ranks on this node share 2 GPUs; "),
+    ([(None, 4)] * 8, 4, 0, None),  # 4 ranks on each node of 4 GPUs
+    ([(str(r % 4), 1) for r in range(8)], 4, 1, None),  # CUDA_VISIBLE_DEVICES: one GPU per rank
+    ([(None, 2)] * 2 + [(None, 1)] * 2, 2, 0, "2 ranks on the node of rank 2 share 1 GPU; "),
+    ([(None, 1), None], 2, 0, None),  # rank 1 sees no GPU: its own probe refuses nvmath
+])
+def test_shared_gpus(views, per_node, rank, want):
+    from dmatmul.backends import nvmath as nv
+
+    why = nv.shared_gpus(_nodes(views, per_node), rank)
+    if want is None:
+        assert why is None
+    else:
+        assert why.startswith(want) and "cuBLASMp needs one GPU per rank (NCCL refuses two ranks on one GPU)" in why
+        gpus = int(want.split(" share ")[1].split()[0])
+        assert f"launch at most {gpus} rank{'s' if gpus > 1 else ''} per node" in why
+
+
+def test_auto_passes_nvmath_over_where_ranks_share_a_gpu(fake_nvmath, monkeypatch):
+    """In process, a runtime of 2 ranks on a node of one GPU (as dm.init
+    gathers it): probe() refuses nvmath, saying why; backend="auto" resolves
+    to JAX; backend="nvmath" raises a RuntimeError; one GPU each: nvmath."""
+    from dmatmul import _runtime
+
+    crowded = _runtime.Runtime(rank=1, size=2, comm=None, local_rank=1, nodes=_nodes([(None, 1)] * 2, 2))
+    monkeypatch.setattr(_runtime, "_state", crowded)
+    why = "2 ranks on this node share 1 GPU; cuBLASMp needs one GPU per rank"
+    assert backends.passed_over("nvmath").startswith(why) and backends.probe("nvmath").startswith(why)
+    assert backends.passed_over("jax") is None
+    assert backends.resolve("auto").name == "jax"
+    with pytest.raises(RuntimeError, match="backend='nvmath' is not available: " + why):
+        backends.get("nvmath")
+    apart = dataclasses.replace(crowded, nodes=_nodes([("0", 1), ("1", 1)], 2))
+    monkeypatch.setattr(_runtime, "_state", apart)
+    assert backends.probe("nvmath") is None and backends.resolve("auto").name == "nvmath"

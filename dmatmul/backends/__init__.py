@@ -3,7 +3,8 @@
 A backend is one package under ``dmatmul/backends/`` that exposes
 ``BACKEND`` (an object of the :class:`Backend` protocol),
 ``unavailable()`` (why it cannot run here, or None) and optionally
-``details()`` (lines for ``dmatmul info``), plus one row of
+``details()`` (lines for ``dmatmul info``) and ``node_view()`` with
+``passed_over(runtime)`` (see :func:`passed_over`), plus one row of
 :data:`TABLE` and one extra in ``pyproject.toml``. The front end talks to
 backends only through this module; backends import only the shared
 vocabulary (:mod:`dmatmul._spec`, :mod:`dmatmul._plan`, ...), never the front
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend", "BackendPlan", "BackendInfo", "TABLE", "NAMES", "get", "resolve", "probe", "info", "details", "loaded",
-    "for_redistribute",
+    "for_redistribute", "passed_over", "node_view",
 ]
 
 
@@ -112,7 +113,9 @@ class BackendInfo:
     installs them with; ``one_rank_per_process``: one process drives one
     device, so a one-process product over several devices goes elsewhere;
     ``redistributes``: it implements
-    ``redistribute(x, src, dst, *, shape, family, devices, rank)``.
+    ``redistribute(x, src, dst, *, shape, family, devices, rank)``;
+    ``tells_node``: its module (light to import) has ``node_view()`` and
+    ``passed_over(runtime)`` (see :func:`passed_over`).
     """
 
     name: str
@@ -122,6 +125,7 @@ class BackendInfo:
     summary: str
     one_rank_per_process: bool = False
     redistributes: bool = False
+    tells_node: bool = False
 
 
 #: Every backend, in the order ``backend="auto"`` prefers them when they can
@@ -129,7 +133,8 @@ class BackendInfo:
 #: one rank per process: see :func:`resolve`).
 TABLE: tuple[BackendInfo, ...] = (
     BackendInfo("nvmath", "dmatmul.backends.nvmath", "nvmath", ("nvmath", "cupy"),
-                "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)", one_rank_per_process=True),
+                "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)", one_rank_per_process=True,
+                tells_node=True),
     BackendInfo("jax", "dmatmul.backends.jax", "jax", ("jax",),
                 "JAX shard_map ring kernels (CPU, GPU, TPU; one or several processes)", redistributes=True),
 )
@@ -146,7 +151,15 @@ def info(name: str) -> BackendInfo:
 
 
 def probe(name: str) -> str | None:
-    """Why backend ``name`` cannot run here, or None when it can.
+    """Why backend ``name`` cannot run here, or None when it can: it cannot
+    run on this machine (:func:`_unavailable`), or not on this run's ranks
+    (:func:`passed_over`)."""
+    reason = _unavailable(name)
+    return reason if reason is not None else _passed_over(name)
+
+
+def _unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run on this machine, or None.
 
     Cheap for a missing package (no import is attempted); the backend module's
     own ``unavailable()`` does the deeper checks (a CUDA device, libraries).
@@ -159,6 +172,45 @@ def probe(name: str) -> str | None:
         return f"the {name} backend is not part of this dmatmul version"
     reason: str | None = importlib.import_module(row.module).unavailable()
     return reason
+
+
+def passed_over(name: str) -> str | None:
+    """Why backend ``name``, which can run on this machine, does not run on
+    the ranks of this run (nvmath: ranks that would share a GPU), or None:
+    what ``Matmul.explain()`` and ``dmatmul info`` say of a backend
+    ``backend="auto"`` passed over. The same on every rank: it is told from
+    what every rank said of its node when the runtime started
+    (:func:`node_view`); None in one process."""
+    return _passed_over(name) if _unavailable(name) is None else None
+
+
+def _passed_over(name: str) -> str | None:
+    from .. import _runtime
+
+    rt = _runtime.runtime()
+    if rt is None or rt.size == 1 or not rt.nodes:
+        return None
+    row = _BY_NAME[name]
+    if not row.tells_node:
+        return None
+    why: str | None = importlib.import_module(row.module).passed_over(rt)
+    return why
+
+
+def node_view() -> tuple[tuple[str, Any], ...]:
+    """What this rank tells the others of its node when the runtime starts
+    (``dmatmul._runtime.init``): ``(backend, view)`` for each backend whose
+    row ``tells_node`` and whose packages are installed (nvmath: the GPUs
+    this rank sees). Never raises: every rank must reach the allgather that
+    carries it."""
+    views = []
+    for row in TABLE:
+        try:
+            if row.tells_node and all(_importable(pkg) for pkg in (*row.packages, row.module)):
+                views.append((row.name, importlib.import_module(row.module).node_view()))
+        except Exception:  # noqa: BLE001 - a broken install: its probe says so later, on this rank
+            continue
+    return tuple(views)
 
 
 def _importable(name: str) -> bool:

@@ -23,6 +23,7 @@ import dataclasses
 import enum
 import importlib.machinery
 import math
+import os
 import sys
 import types
 from typing import Any
@@ -515,9 +516,14 @@ class _Device:
         CALLS.append(("cupy.Device.use", {"device_id": self.id}))
 
 
-def install(*, ngpus: int = 1, cublasmp_version: int = 800) -> None:
-    """Put the fake nvmath and cupy modules in ``sys.modules``."""
+def install(*, ngpus: int | None = None, cublasmp_version: int = 800) -> None:
+    """Put the fake nvmath and cupy modules in ``sys.modules``: a node of
+    ``ngpus`` GPUs (default: one per process the launcher announced, as many
+    as dmatmul's one-GPU-per-rank check wants)."""
     global _ctx
+    if ngpus is None:
+        ngpus = max([1, *(int(os.environ[v]) for v in ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE")
+                          if os.environ.get(v, "").isdigit())])
     _ctx = None
     CALLS.clear()
     GPU_MEMORY[:] = [79 * 10**9, 80 * 10**9]

@@ -16,6 +16,8 @@ from typing import Any
 
 import jax
 
+from ... import _quiet
+
 __all__ = ["start", "stop", "rank_devices", "start_problem"]
 
 _owns = False  # dmatmul started jax.distributed (and shuts it down)
@@ -99,7 +101,12 @@ def start(state: Any) -> Any:
         if not running:
             _initialize(state)
         _processes = tuple(state.comm.allgather(jax.process_index()))
-    return dataclasses.replace(state, device=jax.local_devices()[0])
+    device = jax.local_devices()[0]
+    if state.size > 1 and device.platform == "cpu":
+        # gloo, which runs JAX's collectives between CPU processes, prints a line for every communicator it
+        # connects, at first use (dmatmul._quiet; DMATMUL_VERBOSE=1 keeps them)
+        _quiet.start()
+    return dataclasses.replace(state, device=device)
 
 
 def rank_devices() -> tuple[jax.Device, ...]:

@@ -23,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._probe import Installation
 
-__all__ = ["BACKEND", "unavailable", "details", "installation", "NvmathBackend"]
+__all__ = ["BACKEND", "unavailable", "details", "installation", "node_view", "passed_over", "shared_gpus",
+           "NvmathBackend"]
 
 _EXTRA = "pip install 'dmatmul[nvmath]' (CUDA 13) or 'dmatmul[nvmath-cu12]' (CUDA 12)"
 #: cuBLASMp versions nvmath-python 1.0's distributed Matmul runs on: its code
@@ -101,6 +103,72 @@ def unavailable() -> str | None:
             f"0.8 <= cuBLASMp < 0.10: {_EXTRA}"
         )
     return None
+
+
+def node_view() -> tuple[str | None, int] | None:
+    """What this rank tells the others of its node when the runtime starts:
+    its ``CUDA_VISIBLE_DEVICES`` and how many GPUs it sees (CuPy's count, by
+    which the engine picks the rank's GPU: its rank on the node modulo the
+    count); None where CuPy sees none (the rank's own probe then says why)."""
+    try:
+        import cupy
+
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver, no runtime: unavailable() tells
+        return None
+    return (os.environ.get("CUDA_VISIBLE_DEVICES"), count) if count > 0 else None
+
+
+def shared_gpus(nodes: Any, rank: int) -> str | None:
+    """Why cuBLASMp cannot run on these ranks: two ranks of a node on one
+    GPU (NCCL refuses them, in every rank's ``nvmath.distributed.initialize``),
+    told from every rank's ``(node, rank on the node, views)``
+    (``Runtime.nodes``, ``views`` holding :func:`node_view`'s ``("nvmath",
+    ...)``) for rank ``rank``; None where every rank has a GPU of its own.
+
+    >>> one_gpu = (("nvmath", (None, 1)),)
+    >>> shared_gpus([(0, r, one_gpu) for r in range(8)], 3)[:42]
+    '8 ranks on this node share 1 GPU; cuBLASMp'
+    >>> shared_gpus([(0, r, (("nvmath", (str(r), 1)),)) for r in range(8)], 3) is None  # CUDA_VISIBLE_DEVICES=r
+    True
+    >>> shared_gpus([(0, 0, one_gpu), (0, 1, one_gpu), (2, 0, one_gpu), (2, 1, one_gpu)], 0)[:43]
+    '2 ranks on this node share 1 GPU; cuBLASMp '
+    >>> shared_gpus([(0, 0, one_gpu), (1, 0, one_gpu), (2, 0, one_gpu), (2, 1, one_gpu)], 0)[:49]
+    '2 ranks on the node of rank 2 share 1 GPU; cuBLAS'
+    """
+    gpus: dict[int, list[str]] = {}  # node -> the GPU each of its ranks would drive
+    for node, local_rank, views in nodes:
+        view = dict(views).get("nvmath")
+        if view is None:  # a rank without a GPU: its own probe refuses the backend
+            continue
+        visible, count = view
+        index = local_rank % count  # the engine's choice (_engine.context)
+        names = [] if visible is None else [e.strip() for e in visible.split(",")][:count]
+        gpus.setdefault(node, []).append(names[index] if index < len(names) else f"#{index}")
+    mine = nodes[rank][0]
+    for node in sorted(gpus, key=lambda n: (n != mine, n)):  # this rank's node first
+        ranks, distinct = len(gpus[node]), len(set(gpus[node]))
+        if distinct < ranks:
+            where = "this node" if node == mine else f"the node of rank {node}"
+            return (f"{ranks} ranks on {where} share {distinct} GPU{'s' if distinct > 1 else ''}; cuBLASMp needs "
+                    f"one GPU per rank (NCCL refuses two ranks on one GPU): launch at most {distinct} "
+                    f"rank{'s' if distinct > 1 else ''} per node, or give each rank a GPU of its own "
+                    "(CUDA_VISIBLE_DEVICES)")
+    return None
+
+
+_verdict: tuple[Any, str | None] = ((), None)  # (the runtime's nodes, shared_gpus of them)
+
+
+def passed_over(runtime: Any) -> str | None:
+    """:func:`shared_gpus` for this runtime's ranks: the same on every rank,
+    reckoned once per runtime (``backend="auto"`` asks before every product)."""
+    global _verdict
+    nodes, why = _verdict
+    if nodes is not runtime.nodes:
+        why = shared_gpus(runtime.nodes, runtime.rank)
+        _verdict = (runtime.nodes, why)
+    return why
 
 
 def _whose() -> str:
