@@ -664,6 +664,8 @@ def _gelu(d):
 
 
 def _epilog(d, name, bias):
+    """cuBLASLt's epilogs (it has no SiLU): the bias one value per row of nvmath's result."""
+    assert name in ("RELU", "GELU", "BIAS", "RELU_BIAS", "GELU_BIAS"), f"no such epilog in cuBLASLt: {name}"
     if name.endswith("BIAS"):
         d = d + bias[:, None]
     if name.startswith("RELU"):
@@ -744,12 +746,14 @@ def in_order(x, order):
 
 
 def run_simulated(m, n, k, P, dists, ta, tb, *, orders=("C", "C", "C"), alpha=1.0, beta=0.0, use_c=False,
-                  epilog=None, dtype="float64", algorithm="auto", unfused=False):
+                  epilog=None, dtype="float64", algorithm="auto", unfused=False, bias_columns=False):
     rng = np.random.default_rng(m * 100 + n * 10 + k)
     a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
     b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
     c = random_matrix(rng, (m, n), dtype) if use_c else None
-    bias = rng.standard_normal(m) if epilog and epilog.endswith("bias") else None
+    bias = None
+    if epilog and epilog.endswith("bias"):
+        bias = rng.standard_normal((1, n) if bias_columns else m)
     da, db, dd = dists
     la = [in_order(x, orders[0]) for x in dm.split(a, da, P)]
     lb = [in_order(x, orders[1]) for x in dm.split(b, db, P)]
@@ -758,7 +762,7 @@ def run_simulated(m, n, k, P, dists, ta, tb, *, orders=("C", "C", "C"), alpha=1.
     agreed = (T.combine_orders([T.order_of(x) for x in la]), T.combine_orders([T.order_of(x) for x in lb]),
               T.combine_orders([T.order_of(x) for x in lc]) if use_c else None)
     tr = T.translate(problem(m, n, k, P, dists, ta, tb, agreed, use_c=use_c and beta != 0, epilog=epilog,
-                             algorithm=algorithm, dtype=dtype, alpha=alpha, beta=beta))
+                             algorithm=algorithm, dtype=dtype, alpha=alpha, beta=beta, bias_columns=bias_columns))
     if unfused:
         tr = tr.unfused()
     preps = [PL.prepare(tr, r, la[r], lb[r], lc[r], bias, np) for r in range(P)]
@@ -791,11 +795,31 @@ def test_pipeline_every_1d_triple(P, orders):
         run_simulated(16, 8, 12, P, dists, ta, tb, orders=orders, alpha=0.5, beta=2.0, use_c=True)
 
 
-@pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
+@pytest.mark.parametrize("epilog", ["relu", "gelu", "silu", "bias", "relu_bias", "gelu_bias", "silu_bias"])
 @pytest.mark.parametrize("unfused", [False, True])
 def test_pipeline_epilogs(epilog, unfused):
     for dists, (ta, tb) in itertools.product(TRIPLES, [(False, False), (True, True)]):
         run_simulated(13, 11, 7, 4, dists, ta, tb, alpha=0.5, beta=2.0, use_c=True, epilog=epilog, unfused=unfused)
+
+
+@pytest.mark.parametrize("epilog", ["bias", "relu_bias", "silu_bias"])
+@pytest.mark.parametrize("P", [1, 4])
+def test_pipeline_bias_per_column(epilog, P):
+    """A bias of shape (1, N): fused where nvmath's result is D.T (the swapped
+    frame), else applied by dmatmul with the activation; M and N uneven, every
+    memory order's frame."""
+    fused = set()
+    for dists, (ta, tb), orders in itertools.product(TRIPLES, [(False, False), (True, False)],
+                                                     [("C", "C", "C"), ("F", "F", "F")]):
+        tr = run_simulated(13, 11, 7, P, dists, ta, tb, orders=orders, alpha=0.5, beta=2.0, use_c=True,
+                           epilog=epilog, bias_columns=True)
+        if tr.fused_epilog not in (None, "ALLREDUCE"):
+            assert tr.swapped and tr.engine == "cublasmp" and tr.post_epilog is None, tr.describe()
+            fused.add(tr.path)
+        else:
+            assert tr.post_epilog == epilog
+    if epilog != "silu_bias":
+        assert fused, "a fast path fuses a bias per column in the swapped frame"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "complex64", "complex128"])
