@@ -1095,6 +1095,47 @@ def test_fake_backend_plans_around_what_cublasmp_refuses(fake_nvmath, dtype, epi
     assert_close(d, reference(a, b, c, beta=0.5, transpose_a=transpose_a, epilog=epilog, bias=bias), dtype)
 
 
+@pytest.mark.parametrize("epilog, bias_shape, fused", [
+    ("silu", None, None),
+    ("silu_bias", (6,), None),
+    ("silu_bias", (1, 4), None),
+    ("relu_bias", (1, 4), "RELU_BIAS"),
+    ("bias", (1, 4), "BIAS"),
+    ("relu_bias", (6,), "RELU_BIAS"),
+])
+def test_fake_backend_silu_and_a_bias_per_column(fake_nvmath, epilog, bias_shape, fused):
+    """cuBLASLt has no SiLU epilog (nor the fake): nvmath computes the product
+    alone and dmatmul applies the epilogue; a bias of shape (1, N) is fused in
+    the frame whose nvmath result is D.T. explain() says which."""
+    assert "SILU" not in fake_nvmath.MatmulEpilogue.__members__  # what real nvmath lacks, the fake lacks
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    bias = None if bias_shape is None else rng.standard_normal(bias_shape)
+    with dm.Matmul(a, b, epilog=epilog, bias=bias, backend="nvmath") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    assert [kw["epilog"] for name, kw in fake_nvmath.CALLS if name in ("plan", "host plan")] == [fused]
+    if fused is None:
+        assert f"epilog {epilog!r} not fused: cuBLASLt has no silu epilog" in text
+        assert f"applied by dmatmul on the local result block: {epilog}" in text
+    elif bias_shape == (1, 4):
+        assert "D.T = op(B).T" in text and "one value per result column (shape (1, N)): fused" in text
+    assert_close(d, reference(a, b, epilog=epilog, bias=bias), "float64")
+
+
+def test_fake_nvmath_refuses_a_bias_of_another_length_than_its_rows(fake_nvmath):
+    """A bias per column handed as nvmath's bias of a frame whose rows are D's
+    would be refused by nvmath: so by the fake."""
+    fake_nvmath.initialize(0, __import__("mpi4py.MPI").MPI.COMM_SELF, backends=["nccl"])
+    grid = fake_nvmath.ProcessGrid(shape=(1, 1), layout=fake_nvmath.GridLayout.ROW_MAJOR)
+    a, b = np.asfortranarray(np.ones((6, 5))), np.asfortranarray(np.ones((5, 4)))
+    mm = fake_nvmath.Matmul(a, b, distributions=[fake_nvmath.BlockCyclic(grid, (8, 8))] * 3)
+    with pytest.raises(ValueError, match="bias"):
+        mm.plan(epilog=fake_nvmath.MatmulEpilogue.BIAS, epilog_inputs={"bias": np.ones(4)})
+    with pytest.raises(ValueError, match="bias"):  # cuBLASLt's too
+        fake_nvmath.HostMatmul(a, b).plan(epilog=fake_nvmath.MatmulEpilogue.BIAS, epilog_inputs={"bias": np.ones(4)})
+
+
 def test_fake_nvmath_refuses_at_execute_what_cublasmp_refuses(fake_nvmath):
     """The fake is faithful: sent fused, these fail at execute, after a plan() that accepted them."""
     fake_nvmath.initialize(0, __import__("mpi4py.MPI").MPI.COMM_SELF, backends=["nccl"])
