@@ -357,6 +357,20 @@ def test_empty_products_follow_blas(here):
     assert d.shape == (0, 3) and d.dtype == np.float32
 
 
+@pytest.mark.parametrize("bias_shape", [(4,), (4, 1), (1, 3)])
+def test_an_empty_product_adds_the_bias_per_row_or_per_column(here, bias_shape):
+    """K = 0: ``epilog(beta*c + bias)``, the bias indexed by the result block's
+    rows, or its columns for a bias of shape (1, N), on a result split by rows
+    and by columns."""
+    p = max(here.nranks)
+    rng = np.random.default_rng(9)
+    c, bias = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(bias_shape).astype(np.float32)
+    for dist in (dm.Slab.X, dm.Slab.Y) if p > 1 else (None,):
+        d = dm.matmul(_ones(4, 0), _ones(0, 3), c, beta=2.0, epilog="silu_bias", bias=bias, backend=here.name,
+                      distribution=dist, **here.devices(p))
+        assert_close(d, reference(_ones(4, 0), _ones(0, 3), c, beta=2.0, epilog="silu_bias", bias=bias), "float32")
+
+
 def test_the_result_is_of_the_operands_family(here):
     for family in here.families:
         a, b = ck.rand((9, 5), "float32", family), ck.rand((5, 6), "float32", family)
