@@ -146,7 +146,8 @@ def reference_vjp(
     transposes: the vjp of a holomorphic function is its linear transpose, no
     conjugation), ``dC = beta dZ`` (zero where beta = 0: C is not read) and
     ``dbias`` the row sums of ``dZ`` (for a bias of shape (1, N): the column
-    sums) in bias's shape (their real part for a real bias of complex operands). Keys: "a", "b", "c" (where ``c`` is given)
+    sums) in bias's shape (their real part for a real bias of complex
+    operands). Keys: "a", "b", "c" (where ``c`` is given)
     and "bias" (where the epilog has one). relu has no derivative at 0: where
     Z is exactly 0 its ``act'`` is ``relu_at_zero`` (``jax.nn.relu`` takes 0,
     ``jnp.maximum(z, 0)`` 0.5; half-precision data meets exact zeros, as C and

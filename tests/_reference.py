@@ -12,5 +12,5 @@ from dmatmul._reference import (
     wide,
 )
 
-__all__ = ["TOLERANCE", "assert_close", "error_ratio", "gelu_tanh", "random_matrix", "reference", "reference_vjp", "silu",
-           "wide"]
+__all__ = ["TOLERANCE", "assert_close", "error_ratio", "gelu_tanh", "random_matrix", "reference", "reference_vjp",
+           "silu", "wide"]

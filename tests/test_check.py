@@ -193,8 +193,8 @@ def test_the_generator_covers_the_whole_layout_space():
     for name in ("a", "b", "c"):
         assert seen[f"layout of {name}"] == set(ck.LAYOUTS), name
     assert seen["layout of bias"] == set(ck.LAYOUTS) - {"F", ".T view"}
-    assert seen["bias"] == {(column, per_column, kind) for column, per_column in ((False, False), (True, False), (False, True))
-                            for kind in ck.BIAS_KINDS}
+    shapes = ((False, False), (True, False), (False, True))  # (M,), (M, 1), (1, N)
+    assert seen["bias"] == {(column, per_column, kind) for column, per_column in shapes for kind in ck.BIAS_KINDS}
     assert seen["bias dtype"] == {(d, cx) for d in (None, *dm.DTYPES) for cx in (False, True)}
     assert len(seen["families"]) == 6  # a, b, c each numpy or jax, not all alike
     devs = seen["devices list"]
