@@ -37,7 +37,7 @@ import numpy as np
 
 from . import _plan, _runtime
 from ._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab, split
-from ._epilogue import EPILOGS, EpilogName, has_bias
+from ._epilogue import EPILOGS, TABLE, EpilogName, has_bias
 from ._spec import (
     ALGORITHMS, DTYPES, PRECISIONS, AlgorithmName, BackendName, PrecisionName, family, normalize_precision,
 )
@@ -66,7 +66,7 @@ BIAS_KINDS = ("numpy", "jax", "list")
 _KINDS = ("Slab.X", "Slab.Y", "Replicated", "BlockNonCyclic", "BlockCyclic")
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")  # simplest first
 _REAL_EPILOGS = tuple(e for e in EPILOGS if e is not None)
-_COMPLEX_REFUSED = ("relu", "gelu", "relu_bias", "gelu_bias")
+_COMPLEX_REFUSED = tuple(name for name, e in TABLE.items() if not e.complex)
 _BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than most drawn dimensions
 _MAX_DIM = 40
 _LARGE_DIM = 180  # now and then a dimension of 41.._LARGE_DIM (many blocks per rank), kept rare: ~1 s a case
@@ -297,6 +297,7 @@ class Case:
     families: tuple[str, str, str] | None = None  # a, b, c each its own family (None: all ``family``)
     layouts: tuple[str, str, str, str] = ("C", "C", "C", "C")  # numpy a, b, c, bias in memory (:data:`LAYOUTS`)
     bias_column: bool = False  # bias of shape (M, 1), not (M,)
+    bias_per_column: bool = False  # bias of shape (1, N): one value per result column (``x @ W + b``)
     bias_dtype: str | None = None  # None: the operands'
     bias_kind: str = "numpy"  # one of BIAS_KINDS
     device_ids: tuple[int, ...] | None = None  # devices=[jax.devices()[i] for i in device_ids], not devices=nranks
@@ -317,6 +318,8 @@ class Case:
 
     @property
     def bias_shape(self) -> tuple[int, ...]:
+        if self.bias_per_column:
+            return (1, self.n)
         return (self.m, 1) if self.bias_column else (self.m,)
 
     @property
@@ -397,7 +400,7 @@ class Case:
                 required.append(Refusal((TypeError,), (rf"\b{name}=", "complex", re.escape(self.dtype)),
                                         f"{name}={value!r} on {self.dtype}"))
         if self.has_bias and (self.bias_dtype or self.dtype).startswith("complex") \
-                and not self.dtype.startswith("complex") and not (self.bias_kind == "list" and self.m == 0):
+                and not self.dtype.startswith("complex") and not (self.bias_kind == "list" and 0 in self.bias_shape):
             # (an empty list has no dtype: no complex number in it to refuse)
             required.append(Refusal((TypeError,), (r"\bbias\b", "complex", re.escape(self.dtype)),
                                     f"bias={self.bias_dtype} on {self.dtype}"))
@@ -708,13 +711,13 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     in 12 cases, M or N = 0 about once in 40; every dtype, transposes,
     alpha (0 and complex too; a complex alpha or beta on real operands one
     real case in 40: it must be refused), beta with or without C (C full of NaN where
-    beta = 0: it must not be read), every epilog (relu/gelu on complex rarely:
-    it must be refused), a bias of shape (M,) or (M, 1), of the operands'
-    dtype or another, numpy, jax or a list; "auto" or (one case in four) a named algorithm,
+    beta = 0: it must not be read), every epilog (relu/gelu/silu on complex rarely:
+    it must be refused), a bias of shape (M,), (M, 1) or (one in three)
+    (1, N), of the operands' dtype or another, numpy, jax or a list; "auto" or (one case in four) a named algorithm,
     mostly one that fits the layouts, numpy or jax operands (one case in
     eight, a, b and c each of its own family); numpy operands (one case in
     five) strided, Fortran-ordered, read-only... (:data:`LAYOUTS`). One real case
-    in eight (alpha != 0; no relu/gelu, whose NaN and -inf conventions differ
+    in eight (alpha != 0; no relu/gelu/silu, whose NaN and -inf conventions differ
     between libraries) has a few inf/NaN entries in a, b and a C that is read:
     the result must hold the same non-finite values where numpy's does, and
     padding must never meet them (0 * inf = NaN). One case in eight is
@@ -852,8 +855,12 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     matmul_precision = draw.choice(MATMUL_PRECISIONS) if has_jax and _rarely(draw, 8) else None
     if not is_complex and _rarely(draw, 40):  # a complex scalar on real operands: refused, naming it
         alpha, beta = (0.5 - 0.25j, beta) if draw.boolean() else (alpha, 0.5 + 1j)
+    # one bias in three of shape (1, N), one value per result column (drawn last: the draws above stay those
+    # of the cases before it was drawn)
+    per_column = case.has_bias and not case.bias_column and _rarely(draw, 3)
     return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
-                               transform=transform, matmul_precision=matmul_precision, alpha=alpha, beta=beta)
+                               transform=transform, matmul_precision=matmul_precision, alpha=alpha, beta=beta,
+                               bias_per_column=per_column)
 
 
 # --------------------------------------------------------------------------- #
@@ -898,7 +905,8 @@ def _global_operands(rng: np.random.Generator, case: Case, beta: complex) -> dic
         if beta == 0:
             c[...] = np.nan  # must not be read
     if case.has_bias:
-        ops["bias"] = random_matrix(rng, (case.m,), case.bias_dtype or case.dtype).reshape(case.bias_shape)
+        ops["bias"] = random_matrix(rng, (math.prod(case.bias_shape),), case.bias_dtype or case.dtype) \
+            .reshape(case.bias_shape)
     if case.specials:
         for name in ("a", "b") if ops["c"] is None or beta == 0 else ("a", "b", "c"):
             add_specials(rng, cast(np.ndarray, ops[name]))

@@ -81,10 +81,11 @@ class EmptyPlan:
         acc = xp.zeros((len(rows), len(cols)), dtype=work_dtype(numpy_dtype(spec.dtype)))
         bias = None
         if spec.has_bias:
-            bias = xp.asarray(operands.bias).reshape(-1)[xp.asarray(rows)] if len(rows) else xp.zeros((0,))
+            at = cols if spec.bias_columns else rows  # a bias of shape (1, N) holds one value per result column
+            bias = xp.asarray(operands.bias).reshape(-1)[xp.asarray(at)] if len(at) else xp.zeros((0,))
         return epilogue_apply(
             xp, acc, alpha=spec.alpha, beta=spec.beta, c=xp.asarray(operands.c) if spec.use_c else None,
-            bias=bias, epilog=spec.epilog, out_dtype=numpy_dtype(spec.dtype),
+            bias=bias, epilog=spec.epilog, out_dtype=numpy_dtype(spec.dtype), bias_columns=spec.bias_columns,
         )
 
     def explain(self) -> list[str]:

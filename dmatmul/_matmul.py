@@ -30,7 +30,7 @@ from . import _cost, _memory, _runtime
 from . import backends as _backends
 from ._distribution import Distribution, one_of
 from ._empty import EmptyProduct
-from ._epilogue import EPILOGS, Epilog, EpilogName, has_bias
+from ._epilogue import EPILOGS, TABLE, Epilog, EpilogName, has_bias
 from ._errors import DistributionError, PlanFreedError
 from ._lru import LRU
 from ._spec import (
@@ -159,14 +159,14 @@ class _Checked:
     precision: str | None
     devices: Any
     shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]  # a, b, c as given here
-    bias_length: int | None
+    bias_shape: tuple[int, ...] | None
 
     def call(self) -> tuple[tuple[str, Any], ...]:
         """The fields every rank's call must agree on (all but the local blocks), named
         as the user wrote them."""
         return _agreed_fields(self, self.backend) + (
             ("whether c is given", self.shapes[2] is not None),
-            ("the length of bias", self.bias_length),
+            ("the shape of bias", self.bias_shape),
         )
 
 
@@ -224,8 +224,9 @@ def _check_local(
     if not one_of(epilog, EPILOGS):
         raise ValueError(f"epilog must be one of {EPILOGS}, got {epilog!r}")
     epilog = Epilog.of(epilog)
-    if epilog is not None and epilog.activation is not None and dtype.startswith("complex"):
-        raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or 'bias'")
+    if epilog is not None and not epilog.info.complex and dtype.startswith("complex"):
+        usable = ", ".join(repr(name) for name, e in TABLE.items() if e.complex)
+        raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or {usable}")
     if ops.c is not None:
         ops.c = as_matrix(ops.c, "c")
         if dtype_name(ops.c.dtype) != dtype:
@@ -234,11 +235,15 @@ def _check_local(
                 f"c must have the dtype of a and b ({dtype}), got {got}" + _read_as(given, "c", got, "a.dtype")
             )
     if has_bias(epilog) and ops.bias is None:
-        raise ValueError(f"epilog={epilog!r} needs bias=<vector of length M>, got bias=None")
-    bias_length = None
+        raise ValueError(
+            f"epilog={epilog!r} needs bias=<vector of length M> (one value per result row, shape (M,) or (M, 1)) "
+            "or a bias of shape (1, N) (one value per result column), got bias=None"
+        )
+    bias_shape = None
     if ops.bias is not None:
         if not has_bias(epilog):
-            raise ValueError(f"bias is given but epilog={epilog!r}: use epilog='bias', 'relu_bias' or 'gelu_bias'")
+            with_bias = ", ".join(repr(name) for name, e in TABLE.items() if e.bias)
+            raise ValueError(f"bias is given but epilog={epilog!r}: use one of the epilogs with a bias ({with_bias})")
         refuse_unusable(ops.bias, "bias")
         if family(ops.bias) == "other":
             ops.bias = to_numpy(ops.bias, "bias")
@@ -250,11 +255,12 @@ def _check_local(
                 "part would be lost; pass a real bias, or complex a and b"
             )
         ops.bias = native_order(ops.bias)
-        bias_length = int(np.prod(ops.bias.shape))
-        if tuple(ops.bias.shape) not in ((bias_length,), (bias_length, 1)):  # per rank, before ranks compare
+        bias_shape = tuple(int(x) for x in ops.bias.shape)
+        length = int(np.prod(bias_shape))
+        if bias_shape not in ((length,), (length, 1), (1, length)):  # per rank, before ranks compare
             raise ValueError(
-                f"bias must be a vector of length M (one value per result row), shape (M,) or (M, 1), "
-                f"got shape {tuple(ops.bias.shape)}"
+                "bias must be a vector: one value per result row, shape (M,) or (M, 1), or one value per result "
+                f"column, shape (1, N); got shape {bias_shape}"
             )
     alpha_v = _scalar(alpha, "alpha", dtype)
     beta_v = _scalar(beta, "beta", dtype)
@@ -284,7 +290,7 @@ def _check_local(
         precision=precision,
         devices=devices,
         shapes=(shape(ops.a), shape(ops.b), None if ops.c is None else shape(ops.c)),
-        bias_length=bias_length,
+        bias_shape=bias_shape,
     )
 
 
@@ -305,10 +311,7 @@ def _check_global(
     n = b_shape[0] if tb else b_shape[1]
     if c_shape is not None and c_shape != (m, n):
         raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {c_shape}")
-    if ops.bias is not None and tuple(ops.bias.shape) not in ((m,), (m, 1)):
-        raise ValueError(
-            f"bias must be a vector of length M={m} (one value per result row), got shape {tuple(ops.bias.shape)}"
-        )
+    bias_columns = ops.bias is not None and _bias_columns(tuple(ops.bias.shape), m, n)
     return Spec(
         a_shape=a_shape,
         b_shape=b_shape,
@@ -325,6 +328,26 @@ def _check_global(
         devices=chk.devices,
         nprocs=nprocs,
         precision=chk.precision,
+        bias_columns=bias_columns,
+    )
+
+
+def _bias_columns(shape: tuple[int, ...], m: int, n: int) -> bool:
+    """Whether a bias of ``shape`` holds one value per result column (shape
+    (1, N)) rather than per row ((M,) or (M, 1), also where M = N); a
+    ValueError naming the fix for any other shape."""
+    if shape in ((m,), (m, 1)):
+        return False
+    if shape == (1, n):
+        return True
+    if shape == (n,):
+        raise ValueError(
+            f"bias of shape {shape}: a 1-D bias holds one value per result row, of length M={m}; one value per "
+            f"result column (N={n}, the `x @ W + b` of ML code) is passed as shape (1, N): bias.reshape(1, -1)"
+        )
+    raise ValueError(
+        f"bias must hold one value per result row, shape (M,) or (M, 1) = ({m},) or ({m}, 1), or one value per "
+        f"result column, shape (1, N) = (1, {n}); got shape {shape}"
     )
 
 
@@ -419,10 +442,12 @@ _DOCS = {
             operands (not arrays, nor traced values: they are compiled into
             the plan). transpose_a, transpose_b: ``op(x) = x.T``.
         epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
-            "bias", "relu_bias", "gelu_bias"; ``bias`` is a length-M vector
-            (shape ``(M,)`` or ``(M, 1)``) added to every column, of any of
-            the supported dtypes: converted to the product's (a complex bias
-            on real operands is refused: its imaginary part would be lost).
+            "silu" (``x * sigmoid(x)``), "bias", "relu_bias", "gelu_bias",
+            "silu_bias"; ``bias`` holds one value per result row (shape
+            ``(M,)`` or ``(M, 1)``, added to every column) or one per result
+            column (shape ``(1, N)``, added to every row: ``x @ W + b``), of
+            any of the supported dtypes: converted to the product's (a complex
+            bias on real operands is refused: its imaginary part would be lost).
         backend: "auto" (nvmath where it can run, else jax; in one process,
             jax for ``jax.Array`` operands, inside a JAX trace and for
             ``devices=`` of several or a list of JAX devices), "jax" or "nvmath". algorithm: "auto" or one of

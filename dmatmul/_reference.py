@@ -11,8 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from ._epilogue import TABLE
+
 __all__ = [
-    "TOLERANCE", "wide", "gelu_tanh", "gelu_tanh_grad", "reference", "reference_vjp", "reference_jvp", "error_ratio",
+    "TOLERANCE", "wide", "gelu_tanh", "gelu_tanh_grad", "silu", "silu_grad",
+    "reference", "reference_vjp", "reference_jvp", "error_ratio",
     "finite_scale", "assert_close", "random_matrix", "add_specials",
 ]
 
@@ -48,6 +51,45 @@ def gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * 0.044715 * x * x)
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """``1 / (1 + exp(-x))``, written so that no ``exp`` overflows."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(x)``."""
+    return x * _sigmoid(x)
+
+
+def silu_grad(x: np.ndarray) -> np.ndarray:
+    """The derivative of :func:`silu`.
+
+    >>> x = np.array([-30.0, -2.0, 0.0, 0.7, 3.0]); h = 1e-6
+    >>> bool(np.allclose(silu_grad(x), (silu(x + h) - silu(x - h)) / (2 * h), atol=1e-8))
+    True
+    """
+    s = _sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+def _bias_matrix(bias: Any) -> np.ndarray:
+    """The bias as a matrix that broadcasts over the result: (M, 1) for one
+    value per row (shape (M,) or (M, 1)), (1, N) for one per column."""
+    bias = wide(bias)
+    return bias if bias.ndim == 2 and bias.shape[0] == 1 and bias.shape[1] != 1 else bias.reshape(-1, 1)
+
+
+def _activation(epilog: str | None) -> str | None:
+    """The activation of ``epilog`` by the table of epilogues (which epilogue has which: the formulas here
+    are the reference's own, in float64, not the library's)."""
+    return None if epilog is None else TABLE[str(epilog)].activation
+
+
+def _has_bias(epilog: str | None) -> bool:
+    return epilog is not None and TABLE[str(epilog)].bias
+
+
 def _preactivation(
     a: Any, b: Any, c: Any, *, alpha: complex, beta: complex, transpose_a: bool, transpose_b: bool,
     epilog: str | None, bias: Any,
@@ -58,18 +100,21 @@ def _preactivation(
         z = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
         if c is not None and beta != 0:
             z = z + beta * wide(c)
-        if epilog and epilog.endswith("bias"):
-            z = z + wide(bias).reshape(-1, 1)
+        if _has_bias(epilog):
+            z = z + _bias_matrix(bias)
     return z
 
 
 def _activation_grad(z: np.ndarray, epilog: str | None, relu_at_zero: float) -> np.ndarray | float:
     """``act'(Z)``: relu's is 1 where Z > 0, 0 where Z < 0 and ``relu_at_zero`` where Z is exactly 0,
     gelu's the tanh approximation's derivative, 1 without an activation."""
-    if epilog in ("relu", "relu_bias"):
+    act = _activation(epilog)
+    if act == "relu":
         return np.where(z > 0, 1.0, np.where(z == 0, relu_at_zero, 0.0))
-    if epilog in ("gelu", "gelu_bias"):
+    if act == "gelu":
         return gelu_tanh_grad(z)
+    if act == "silu":
+        return silu_grad(z)
     return 1.0
 
 
@@ -81,10 +126,13 @@ def reference(
     d = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
                        epilog=epilog, bias=bias)
     with np.errstate(invalid="ignore"):
-        if epilog in ("relu", "relu_bias"):
+        act = _activation(epilog)
+        if act == "relu":
             d = np.maximum(d, 0)
-        elif epilog in ("gelu", "gelu_bias"):
+        elif act == "gelu":
             d = gelu_tanh(d)
+        elif act == "silu":
+            d = silu(d)
     return d
 
 
@@ -97,8 +145,9 @@ def reference_vjp(
     ``d op(A) = alpha dZ op(B)^T``, ``d op(B) = alpha op(A)^T dZ`` (plain
     transposes: the vjp of a holomorphic function is its linear transpose, no
     conjugation), ``dC = beta dZ`` (zero where beta = 0: C is not read) and
-    ``dbias`` the row sums of ``dZ`` in bias's shape (their real part for a
-    real bias of complex operands). Keys: "a", "b", "c" (where ``c`` is given)
+    ``dbias`` the row sums of ``dZ`` (for a bias of shape (1, N): the column
+    sums) in bias's shape (their real part for a real bias of complex
+    operands). Keys: "a", "b", "c" (where ``c`` is given)
     and "bias" (where the epilog has one). relu has no derivative at 0: where
     Z is exactly 0 its ``act'`` is ``relu_at_zero`` (``jax.nn.relu`` takes 0,
     ``jnp.maximum(z, 0)`` 0.5; half-precision data meets exact zeros, as C and
@@ -117,12 +166,14 @@ def reference_vjp(
     out = {"a": d_opa.T if transpose_a else d_opa, "b": d_opb.T if transpose_b else d_opb}
     if c is not None:
         out["c"] = beta * dz if beta != 0 else np.zeros_like(dz)
-    if epilog and epilog.endswith("bias"):
+    if _has_bias(epilog):
         bias = np.asarray(bias)
-        rows = dz.sum(axis=1)
+        # summed over the dimensions the bias is broadcast along (both for a (1, 1) bias)
+        along = tuple(i for i, extent in enumerate(_bias_matrix(bias).shape) if extent == 1)
+        sums = dz.sum(axis=along)
         if bias.dtype.kind != "c":
-            rows = rows.real
-        out["bias"] = rows.reshape(bias.shape)
+            sums = sums.real
+        out["bias"] = sums.reshape(bias.shape)
     return out
 
 
@@ -151,8 +202,8 @@ def reference_jvp(
         dz = dz + alpha * (op(a, transpose_a) @ op(tangents["b"], transpose_b))
     if "c" in tangents and beta != 0:
         dz = dz + beta * wide(tangents["c"])
-    if "bias" in tangents and epilog and epilog.endswith("bias"):
-        dz = dz + wide(tangents["bias"]).reshape(-1, 1)
+    if "bias" in tangents and _has_bias(epilog):
+        dz = dz + _bias_matrix(tangents["bias"])
     return _activation_grad(z, epilog, relu_at_zero) * dz
 
 

@@ -331,6 +331,7 @@ class Spec:
     devices: Any = None
     nprocs: int = 1  # > 1: several processes, operands are local blocks
     precision: str | None = None
+    bias_columns: bool = False  # the bias holds one value per result column (shape (1, N)), not per row
 
     @property
     def spmd(self) -> bool:

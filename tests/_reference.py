@@ -7,7 +7,10 @@ from dmatmul._reference import (
     gelu_tanh,
     random_matrix,
     reference,
+    reference_vjp,
+    silu,
     wide,
 )
 
-__all__ = ["TOLERANCE", "assert_close", "error_ratio", "gelu_tanh", "random_matrix", "reference", "wide"]
+__all__ = ["TOLERANCE", "assert_close", "error_ratio", "gelu_tanh", "random_matrix", "reference", "reference_vjp",
+           "silu", "wide"]

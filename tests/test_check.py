@@ -53,6 +53,7 @@ NEW_DIMENSIONS = {
     "dm.Matmul": lambda c: c.reset is not None,
     "numpy layouts": lambda c: c.layouts != ("C",) * 4,
     "bias (M, 1)": lambda c: c.has_bias and c.bias_column,
+    "bias (1, N)": lambda c: c.has_bias and c.bias_per_column,
     "bias of another dtype": lambda c: c.has_bias and c.bias_dtype is not None,
     "bias not numpy": lambda c: c.has_bias and c.bias_kind != "numpy",
     "mixed families": lambda c: c.families is not None,
@@ -113,7 +114,7 @@ def test_the_generator_covers_the_whole_layout_space():
             if layout != "C" and name != "bias":
                 assert case.family_of(name) == "numpy", case
         if case.has_bias:
-            seen["bias"].add((case.bias_column, case.bias_kind))
+            seen["bias"].add((case.bias_column, case.bias_per_column, case.bias_kind))
             seen["bias dtype"].add((case.bias_dtype, case.dtype.startswith("complex")))
         if case.families is not None:
             seen["families"].add(case.families)
@@ -141,6 +142,7 @@ def test_the_generator_covers_the_whole_layout_space():
             seen[f"{t.kind} over"].update(case.traced)
             if case.has_bias:
                 seen[f"{t.kind} with bias"].add((case.bias_column, case.bias_kind, case.bias_dtype is not None))
+                seen[f"{t.kind} with bias of shape"].add(case.bias_per_column)
             if t.kind == "vmap":
                 seen["vmap of"].add((t.batched, t.axis, t.size))
         for name, drawn in NEW_DIMENSIONS.items():
@@ -191,7 +193,8 @@ def test_the_generator_covers_the_whole_layout_space():
     for name in ("a", "b", "c"):
         assert seen[f"layout of {name}"] == set(ck.LAYOUTS), name
     assert seen["layout of bias"] == set(ck.LAYOUTS) - {"F", ".T view"}
-    assert seen["bias"] == {(column, kind) for column in (False, True) for kind in ck.BIAS_KINDS}
+    shapes = ((False, False), (True, False), (False, True))  # (M,), (M, 1), (1, N)
+    assert seen["bias"] == {(column, per_column, kind) for column, per_column in shapes for kind in ck.BIAS_KINDS}
     assert seen["bias dtype"] == {(d, cx) for d in (None, *dm.DTYPES) for cx in (False, True)}
     assert len(seen["families"]) == 6  # a, b, c each numpy or jax, not all alike
     devs = seen["devices list"]
@@ -210,6 +213,7 @@ def test_the_generator_covers_the_whole_layout_space():
         assert seen[f"{kind} over"] == {"a", "b", "c", "bias"}, kind
         assert {(column, many) for column, _, many in seen[f"{kind} with bias"]} == {
             (column, many) for column in (False, True) for many in (False, True)}, kind
+        assert seen[f"{kind} with bias of shape"] == {False, True}, kind  # (1, N) too: its gradient
     assert seen["vmap of"] == {(x, axis, size) for x in "ab" for axis in (0, 2) for size in (2, 3)}
     for name in NEW_DIMENSIONS:  # drawn with the rest of the space, not in one fixed combination
         assert seen[f"{name} with dtype"] == set(dm.DTYPES), name

@@ -235,7 +235,15 @@ BAD_CALLS = [
     (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="relux"), ValueError, ["epilog must be one of", "relux"]),
     (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="bias"), ValueError, ["bias=<vector of length M>"]),
     (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="bias", bias=np.ones(5, np.float32)), ValueError,
-     ["bias must be a vector of length M=4", "(5,)"]),
+     ["bias of shape (5,)", "length M=4", "one value per result column", "shape (1, N)", "bias.reshape(1, -1)"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="bias", bias=np.ones((1, 4), np.float32)), ValueError,
+     ["bias must hold one value per result row", "(1, 5)", "(1, 4)"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="bias", bias=np.ones((5, 1), np.float32)), ValueError,
+     ["(4,) or (4, 1)", "(1, 5)", "(5, 1)"]),
+    (dict(a=_ones(4, 3), b=_ones(3, 5), epilog="silu_bias", bias=np.ones((2, 2), np.float32)), ValueError,
+     ["bias must be a vector", "(2, 2)"]),
+    (dict(a=_ones(4, 3, dtype=np.complex64), b=_ones(3, 5, dtype=np.complex64), epilog="silu"), TypeError,
+     ["epilog='silu'", "complex64", "'bias'"]),
     (dict(a=_ones(4, 3), b=_ones(3, 5), algorithm="cannon"), ValueError, ["algorithm must be", "cannon"]),
     (dict(a=_ones(4, 3), b=_ones(3, 5), precision="fast"), ValueError, ["precision must be one of", "fast"]),
     (dict(a=_ones(4, 3, 2), b=_ones(3, 5)), ValueError, ["a must be a 2-D matrix", "3-D"]),
@@ -347,6 +355,20 @@ def test_empty_products_follow_blas(here):
     np.testing.assert_array_equal(d, np.maximum(2.0 * c, 0))
     d = dm.matmul(_ones(0, 5), _ones(5, 3), backend=here.name, **here.devices(p))
     assert d.shape == (0, 3) and d.dtype == np.float32
+
+
+@pytest.mark.parametrize("bias_shape", [(4,), (4, 1), (1, 3)])
+def test_an_empty_product_adds_the_bias_per_row_or_per_column(here, bias_shape):
+    """K = 0: ``epilog(beta*c + bias)``, the bias indexed by the result block's
+    rows, or its columns for a bias of shape (1, N), on a result split by rows
+    and by columns."""
+    p = max(here.nranks)
+    rng = np.random.default_rng(9)
+    c, bias = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(bias_shape).astype(np.float32)
+    for dist in (dm.Slab.X, dm.Slab.Y) if p > 1 else (None,):
+        d = dm.matmul(_ones(4, 0), _ones(0, 3), c, beta=2.0, epilog="silu_bias", bias=bias, backend=here.name,
+                      distribution=dist, **here.devices(p))
+        assert_close(d, reference(_ones(4, 0), _ones(0, 3), c, beta=2.0, epilog="silu_bias", bias=bias), "float32")
 
 
 def test_the_result_is_of_the_operands_family(here):

@@ -113,7 +113,7 @@ def test_scalars_of_the_operands_dtype():
         dm.matmul(a, b, alpha=ml_dtypes.float8_e4m3fn(1), backend="jax", devices=4)
 
 
-@pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
+@pytest.mark.parametrize("epilog", ["relu", "gelu", "silu", "bias", "relu_bias", "gelu_bias", "silu_bias"])
 @pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (Y, X, R), (Y, Y, X)], ids=repr)
 def test_epilogues(epilog, dists):
     rng = np.random.default_rng(3)
@@ -122,20 +122,70 @@ def test_epilogues(epilog, dists):
     check(a, b, c, distribution=dists, epilog=epilog, bias=bias, alpha=1.5, beta=0.5, devices=8)
 
 
+@pytest.mark.parametrize("epilog", ["bias", "relu_bias", "gelu_bias", "silu_bias"])
+@pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (Y, X, R), (Y, Y, X), (R, Y, Y)], ids=repr)
+def test_a_bias_of_shape_1_n_holds_one_value_per_column(epilog, dists):
+    """``x @ W + b``: a bias of shape (1, N) is added to every row, on results
+    split by rows, by columns (the bias split along them) or replicated; N
+    uneven over the 8 devices. A square product with a bias of shape (M,) still
+    adds it per row."""
+    rng = np.random.default_rng(4)
+    a, b, c = operands(rng, 9, 13, 6, False, False, c=True)
+    bias = rng.standard_normal((1, 13)).astype(np.float32)
+    check(a, b, c, distribution=dists, epilog=epilog, bias=bias, alpha=1.5, beta=0.5, devices=8)
+    a, b, _ = operands(rng, 11, 11, 5, False, False)
+    for shape in ((11,), (11, 1), (1, 11)):
+        check(a, b, distribution=dists, epilog=epilog, bias=rng.standard_normal(shape).astype(np.float32), devices=8)
+
+
+@pytest.mark.parametrize("epilog, bias_shape", [("silu", None), *itertools.product(
+    ("silu_bias", "relu_bias", "gelu_bias"), ("M", "1,N"))])
+def test_gradients_of_the_epilogues_and_of_a_bias_per_row_or_column(epilog, bias_shape):
+    """jax.vjp through dm.matmul: the gradients of a, b and bias against numpy's
+    (reference_vjp); the bias's comes back in its own shape and dtype (a float64
+    bias of float32 operands, x64 on)."""
+    from _reference import reference_vjp
+
+    rng = np.random.default_rng(6)
+    m, n, k = 10, 7, 5
+    a, b, _ = operands(rng, m, n, k, False, False)
+    g = rng.standard_normal((m, n)).astype(np.float32)
+    bias = None
+    if bias_shape is not None:
+        bias = rng.standard_normal((m,) if bias_shape == "M" else (1, n))
+    with jax.enable_x64(True):
+        args = tuple(jnp.asarray(x) for x in (a, b, bias) if x is not None)
+
+        def f(*xs):
+            return dm.matmul(xs[0], xs[1], epilog=epilog, bias=xs[2] if len(xs) > 2 else None,
+                             distribution=(X, Y, Y), devices=8)
+
+        out, pull = jax.vjp(f, *args)
+        grads = pull(jnp.asarray(g))
+    assert_close(np.asarray(out), reference(a, b, epilog=epilog, bias=bias), "float32")
+    want = reference_vjp(a, b, None, g, epilog=epilog, bias=bias)
+    for name, got, given in zip(("a", "b", "bias"), grads, args):
+        assert (got.shape, got.dtype) == (given.shape, given.dtype), name
+        assert_close(np.asarray(got), want[name], "float32")
+
+
 @given(
     m=st.integers(1, 20), n=st.integers(1, 20), k=st.integers(1, 20),
     ndev=st.sampled_from([1, 2, 3, 5, 8]),
     da=st.sampled_from(ONE_D), db=st.sampled_from(ONE_D), dd=st.sampled_from(ONE_D),
     ta=st.booleans(), tb=st.booleans(),
     alpha=st.floats(-2, 2), beta=st.sampled_from([0.0, 1.0, -0.5]),
-    epilog=st.sampled_from([None, "relu", "bias", "gelu_bias"]),
+    epilog=st.sampled_from([None, "relu", "bias", "gelu_bias", "silu_bias"]),
+    per_column=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=40, deadline=None)
-def test_generated_products(m, n, k, ndev, da, db, dd, ta, tb, alpha, beta, epilog, seed):
+def test_generated_products(m, n, k, ndev, da, db, dd, ta, tb, alpha, beta, epilog, per_column, seed):
     rng = np.random.default_rng(seed)
     a, b, c = operands(rng, m, n, k, ta, tb, c=True)
-    bias = rng.standard_normal(m).astype(np.float32) if epilog and epilog.endswith("bias") else None
+    bias = None
+    if epilog and epilog.endswith("bias"):
+        bias = rng.standard_normal((1, n) if per_column else (m,)).astype(np.float32)
     check(a, b, c, distribution=(da, db, dd), transpose_a=ta, transpose_b=tb, alpha=alpha, beta=beta,
           epilog=epilog, bias=bias, devices=ndev)
 

@@ -664,6 +664,8 @@ def _gelu(d):
 
 
 def _epilog(d, name, bias):
+    """cuBLASLt's epilogs (it has no SiLU): the bias one value per row of nvmath's result."""
+    assert name in ("RELU", "GELU", "BIAS", "RELU_BIAS", "GELU_BIAS"), f"no such epilog in cuBLASLt: {name}"
     if name.endswith("BIAS"):
         d = d + bias[:, None]
     if name.startswith("RELU"):
@@ -744,12 +746,14 @@ def in_order(x, order):
 
 
 def run_simulated(m, n, k, P, dists, ta, tb, *, orders=("C", "C", "C"), alpha=1.0, beta=0.0, use_c=False,
-                  epilog=None, dtype="float64", algorithm="auto", unfused=False):
+                  epilog=None, dtype="float64", algorithm="auto", unfused=False, bias_columns=False):
     rng = np.random.default_rng(m * 100 + n * 10 + k)
     a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
     b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
     c = random_matrix(rng, (m, n), dtype) if use_c else None
-    bias = rng.standard_normal(m) if epilog and epilog.endswith("bias") else None
+    bias = None
+    if epilog and epilog.endswith("bias"):
+        bias = rng.standard_normal((1, n) if bias_columns else m)
     da, db, dd = dists
     la = [in_order(x, orders[0]) for x in dm.split(a, da, P)]
     lb = [in_order(x, orders[1]) for x in dm.split(b, db, P)]
@@ -758,7 +762,7 @@ def run_simulated(m, n, k, P, dists, ta, tb, *, orders=("C", "C", "C"), alpha=1.
     agreed = (T.combine_orders([T.order_of(x) for x in la]), T.combine_orders([T.order_of(x) for x in lb]),
               T.combine_orders([T.order_of(x) for x in lc]) if use_c else None)
     tr = T.translate(problem(m, n, k, P, dists, ta, tb, agreed, use_c=use_c and beta != 0, epilog=epilog,
-                             algorithm=algorithm, dtype=dtype, alpha=alpha, beta=beta))
+                             algorithm=algorithm, dtype=dtype, alpha=alpha, beta=beta, bias_columns=bias_columns))
     if unfused:
         tr = tr.unfused()
     preps = [PL.prepare(tr, r, la[r], lb[r], lc[r], bias, np) for r in range(P)]
@@ -791,11 +795,31 @@ def test_pipeline_every_1d_triple(P, orders):
         run_simulated(16, 8, 12, P, dists, ta, tb, orders=orders, alpha=0.5, beta=2.0, use_c=True)
 
 
-@pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
+@pytest.mark.parametrize("epilog", ["relu", "gelu", "silu", "bias", "relu_bias", "gelu_bias", "silu_bias"])
 @pytest.mark.parametrize("unfused", [False, True])
 def test_pipeline_epilogs(epilog, unfused):
     for dists, (ta, tb) in itertools.product(TRIPLES, [(False, False), (True, True)]):
         run_simulated(13, 11, 7, 4, dists, ta, tb, alpha=0.5, beta=2.0, use_c=True, epilog=epilog, unfused=unfused)
+
+
+@pytest.mark.parametrize("epilog", ["bias", "relu_bias", "silu_bias"])
+@pytest.mark.parametrize("P", [1, 4])
+def test_pipeline_bias_per_column(epilog, P):
+    """A bias of shape (1, N): fused where nvmath's result is D.T (the swapped
+    frame), else applied by dmatmul with the activation; M and N uneven, every
+    memory order's frame."""
+    fused = set()
+    for dists, (ta, tb), orders in itertools.product(TRIPLES, [(False, False), (True, False)],
+                                                     [("C", "C", "C"), ("F", "F", "F")]):
+        tr = run_simulated(13, 11, 7, P, dists, ta, tb, orders=orders, alpha=0.5, beta=2.0, use_c=True,
+                           epilog=epilog, bias_columns=True)
+        if tr.fused_epilog not in (None, "ALLREDUCE"):
+            assert tr.swapped and tr.engine == "cublasmp" and tr.post_epilog is None, tr.describe()
+            fused.add(tr.path)
+        else:
+            assert tr.post_epilog == epilog
+    if epilog != "silu_bias":
+        assert fused, "a fast path fuses a bias per column in the swapped frame"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "complex64", "complex128"])
@@ -1069,6 +1093,47 @@ def test_fake_backend_plans_around_what_cublasmp_refuses(fake_nvmath, dtype, epi
     assert "fused into cuBLASMp" not in text and "applied by dmatmul on the local result block" in text
     assert all(kw["epilog"] is None for name, kw in fake_nvmath.CALLS if name in ("plan", "host plan"))
     assert_close(d, reference(a, b, c, beta=0.5, transpose_a=transpose_a, epilog=epilog, bias=bias), dtype)
+
+
+@pytest.mark.parametrize("epilog, bias_shape, fused", [
+    ("silu", None, None),
+    ("silu_bias", (6,), None),
+    ("silu_bias", (1, 4), None),
+    ("relu_bias", (1, 4), "RELU_BIAS"),
+    ("bias", (1, 4), "BIAS"),
+    ("relu_bias", (6,), "RELU_BIAS"),
+])
+def test_fake_backend_silu_and_a_bias_per_column(fake_nvmath, epilog, bias_shape, fused):
+    """cuBLASLt has no SiLU epilog (nor the fake): nvmath computes the product
+    alone and dmatmul applies the epilogue; a bias of shape (1, N) is fused in
+    the frame whose nvmath result is D.T. explain() says which."""
+    assert "SILU" not in fake_nvmath.MatmulEpilogue.__members__  # what real nvmath lacks, the fake lacks
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    bias = None if bias_shape is None else rng.standard_normal(bias_shape)
+    with dm.Matmul(a, b, epilog=epilog, bias=bias, backend="nvmath") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    assert [kw["epilog"] for name, kw in fake_nvmath.CALLS if name in ("plan", "host plan")] == [fused]
+    if fused is None:
+        assert f"epilog {epilog!r} not fused: cuBLASLt has no silu epilog" in text
+        assert f"applied by dmatmul on the local result block: {epilog}" in text
+    elif bias_shape == (1, 4):
+        assert "D.T = op(B).T" in text and "one value per result column (shape (1, N)): fused" in text
+    assert_close(d, reference(a, b, epilog=epilog, bias=bias), "float64")
+
+
+def test_fake_nvmath_refuses_a_bias_of_another_length_than_its_rows(fake_nvmath):
+    """A bias per column handed as nvmath's bias of a frame whose rows are D's
+    would be refused by nvmath: so by the fake."""
+    fake_nvmath.initialize(0, __import__("mpi4py.MPI").MPI.COMM_SELF, backends=["nccl"])
+    grid = fake_nvmath.ProcessGrid(shape=(1, 1), layout=fake_nvmath.GridLayout.ROW_MAJOR)
+    a, b = np.asfortranarray(np.ones((6, 5))), np.asfortranarray(np.ones((5, 4)))
+    mm = fake_nvmath.Matmul(a, b, distributions=[fake_nvmath.BlockCyclic(grid, (8, 8))] * 3)
+    with pytest.raises(ValueError, match="bias"):
+        mm.plan(epilog=fake_nvmath.MatmulEpilogue.BIAS, epilog_inputs={"bias": np.ones(4)})
+    with pytest.raises(ValueError, match="bias"):  # cuBLASLt's too
+        fake_nvmath.HostMatmul(a, b).plan(epilog=fake_nvmath.MatmulEpilogue.BIAS, epilog_inputs={"bias": np.ones(4)})
 
 
 def test_fake_nvmath_refuses_at_execute_what_cublasmp_refuses(fake_nvmath):

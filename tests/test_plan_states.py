@@ -148,7 +148,7 @@ class PlanStates(RuleBasedStateMachine):
     def _shapes(self, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         m, n, k = cfg["m"], cfg["n"], cfg["k"]
         return {"a": (k, m) if cfg["ta"] else (m, k), "b": (n, k) if cfg["tb"] else (k, n), "c": (m, n),
-                "bias": (m, 1) if cfg["bias_column"] else (m,)}
+                "bias": {"M": (m,), "M,1": (m, 1), "1,N": (1, n)}[cfg["bias_shape"]]}
 
     def _kind(self, data: st.DataObject, cfg: dict[str, Any], name: str, fam: str) -> tuple[str, str]:
         if fam == "jax":
@@ -193,7 +193,8 @@ class PlanStates(RuleBasedStateMachine):
             alpha=data.draw(st.sampled_from(_alphas(dtype)), label="alpha"),
             beta=data.draw(st.sampled_from(_betas(dtype)), label="beta"),
             use_c=data.draw(st.booleans(), label="use_c"), epilog=epilog, bias_dtype=bias_dtype,
-            bias_column=data.draw(st.booleans()), algorithm=algorithm, fams=fams, mesh_shape=mesh_shape,
+            bias_shape=data.draw(st.sampled_from(("M", "M,1", "1,N"))), algorithm=algorithm, fams=fams,
+            mesh_shape=mesh_shape,
             mesh_reversed=data.draw(st.booleans()),
             precision=data.draw(st.sampled_from((None, "default", "highest")), label="precision"),
             devices_given=mesh_shape is None or data.draw(st.booleans()),

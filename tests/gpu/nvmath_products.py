@@ -56,7 +56,7 @@ rt = dm.init(start=("jax",) if args.compare_jax else ()) if launched > 1 else No
 P = 1 if rt is None else rt.size
 RANK = 0 if rt is None else rt.rank
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
-EPILOGS = (None, "relu", "gelu", "bias", "relu_bias", "gelu_bias")
+EPILOGS = (None, "relu", "gelu", "silu", "bias", "relu_bias", "gelu_bias", "silu_bias")
 
 families = [f for f in args.families.split(",") if f]
 if "cupy" in families:
@@ -89,13 +89,16 @@ def path_line(explained):
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             family="numpy", reuse=1, jax=False, matrix=False):
-    """``matrix``: the blocks are np.matrix, whose ``*`` and ``**`` are matrix products (numpy in all the same)."""
+             family="numpy", reuse=1, jax=False, matrix=False, bias_columns=False):
+    """``matrix``: the blocks are np.matrix, whose ``*`` and ``**`` are matrix products (numpy in all the same);
+    ``bias_columns``: a bias of shape (1, N), one value per result column."""
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
     b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
     c = random_matrix(rng, (m, n), dtype) if use_c else None
-    bias = rng.standard_normal(m).astype(np.float32) if epilog and epilog.endswith("bias") else None
+    bias = None
+    if epilog and epilog.endswith("bias"):
+        bias = rng.standard_normal((1, n) if bias_columns else m).astype(np.float32)
     da, db, dd = dists
     if P == 1:
         la, lb, lc = a, b, c
@@ -163,6 +166,11 @@ def cases():
         out.append(dict(m=17, n=9, k=12, dists=(Y, X, R), ta=False, tb=False, family=fam, reuse=3, use_c=True,
                         beta=1.0, epilog="relu_bias"))
     out.append(dict(m=1, n=1, k=1, dists=(X, Y, X), ta=False, tb=False))
+    # a bias per result column (shape (1, N)): fused in the swapped frame of the fast paths, else dmatmul's
+    for dists, ep in itertools.product([(X, Y, X), (X, Y, Y), (Y, X, Y), (Y, X, X), (X, R, X), (R, Y, Y), (Y, X, R),
+                                        (R, R, R)], ("bias", "relu_bias", "silu_bias")):
+        out.append(dict(m=13, n=11, k=7, dists=dists, ta=False, tb=ep == "relu_bias", use_c=True, beta=0.5,
+                        epilog=ep, bias_columns=True))
     # fewer rows/columns than ranks: some ranks hold empty blocks (padded for cuBLASMp, skipped for cuBLASLt)
     for dists in [(X, R, X), (R, Y, Y), (X, R, R), (X, Y, X), (Y, X, Y), (Y, X, R)]:
         out.append(dict(m=3, n=2, k=5, dists=dists, ta=False, tb=False, use_c=True, beta=1.0, epilog="relu"))

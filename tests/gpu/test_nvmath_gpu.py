@@ -85,11 +85,12 @@ def test_one_rank_matches_numpy_and_jax(ta, tb, dtype):
         assert_close(d, np.asarray(j).astype(np.complex128 if dtype.startswith("complex") else np.float64), dtype)
 
 
-@pytest.mark.parametrize("epilog", ["relu", "gelu", "bias", "relu_bias", "gelu_bias"])
-def test_one_rank_epilogs(epilog):
+@pytest.mark.parametrize("epilog", ["relu", "gelu", "silu", "bias", "relu_bias", "gelu_bias", "silu_bias"])
+@pytest.mark.parametrize("bias_shape", [(40,), (1, 16)])
+def test_one_rank_epilogs(epilog, bias_shape):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 16)).astype(np.float32)
-    bias = rng.standard_normal(40).astype(np.float32)
+    bias = rng.standard_normal(bias_shape).astype(np.float32)
     kw = dict(bias=bias) if epilog.endswith("bias") else {}
     d = dm.matmul(a, b, epilog=epilog, backend="nvmath", **kw)
     assert_close(d, reference(a, b, epilog=epilog, bias=bias if kw else None), "float32")

@@ -26,12 +26,14 @@ quick = "--quick" in sys.argv
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             algorithm="auto", family="numpy", reuse=1, asker=-1):
+             algorithm="auto", family="numpy", reuse=1, asker=-1, bias_columns=False):
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
     c = rng.standard_normal((m, n)).astype(dtype) if use_c else None
-    bias = rng.standard_normal(m).astype(dtype) if epilog and epilog.endswith("bias") else None
+    bias = None
+    if epilog and epilog.endswith("bias"):  # one value per result row, or per column: shape (1, N)
+        bias = rng.standard_normal((1, n) if bias_columns else m).astype(dtype)
     da, db, dd = dists
     la, lb = dm.split(a, da)[rt.rank], dm.split(b, db)[rt.rank]
     lc = None if c is None else dm.split(c, dd)[rt.rank]
@@ -78,6 +80,11 @@ if not quick:
         dict(m=17, n=9, k=12, dists=(Y, X, R), ta=False, tb=False, algorithm="allreduce", dtype="float64"),
         dict(m=16, n=8, k=12, dists=(X, Y, X), ta=False, tb=True, family="jax", reuse=3),
         dict(m=1, n=1, k=1, dists=(X, Y, X), ta=False, tb=False),
+        dict(m=17, n=9, k=12, dists=(X, Y, Y), ta=False, tb=False, beta=0.5, use_c=True, epilog="silu_bias",
+             bias_columns=True),
+        dict(m=17, n=9, k=12, dists=(X, X, X), ta=True, tb=False, epilog="relu_bias", bias_columns=True,
+             algorithm="reduce_scatter"),
+        dict(m=9, n=9, k=5, dists=(X, R, Y), ta=False, tb=False, epilog="silu"),
     ]
 
 failed = 0

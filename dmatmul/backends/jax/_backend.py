@@ -736,7 +736,9 @@ class JaxPlan:
                 op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in _plan.OPERANDS
             }
             schedule = None
-        d_rows = self.kernel["d"]
+        # the bias runs along the result's rows, or its columns (a bias of shape (1, N))
+        along = 1 if spec.bias_columns else 0
+        d_kernel = self.kernel["d"]
         self.local = _kernels.LocalProblem(
             kernel=kern,
             nranks=p,
@@ -747,8 +749,8 @@ class JaxPlan:
                    for (dim, m), size in zip(shared.items(), (spec.m, spec.k, spec.n))},
             acc_dtype=acc_dtype,
             precision=_PRECISIONS[spec.precision],
-            bias_axis=d_rows.axes[0],
-            bias_block=d_rows.maps[0].block,
+            bias_axis=d_kernel.axes[along],
+            bias_block=d_kernel.maps[along].block,
             summa=schedule,
             overlap=self.devices[0].platform != "cpu",
         )
@@ -759,6 +761,7 @@ class JaxPlan:
             use_c=spec.use_c,
             has_bias=spec.has_bias,
             out_dtype=jnp.dtype(spec.dtype),
+            bias_columns=spec.bias_columns,
         )
         if kern.algorithm == "summa" and p > 1:
             self.plan = self._summa_cost(self.plan)
@@ -1068,8 +1071,9 @@ class JaxPlan:
         return core
 
     def _padded_bias(self, bias: Any) -> Any:
-        """The bias in the result's padded row space."""
-        m = self.given["d"].maps[0]
+        """The bias as a vector in the result's padded row space (its padded
+        column space for a bias of shape (1, N))."""
+        m = self.given["d"].maps[1 if self.spec.bias_columns else 0]
         bias = bias.reshape(-1)
         if m.identity:
             return bias

@@ -90,13 +90,14 @@ class Epilogue:
     use_c: bool
     has_bias: bool
     out_dtype: Any
+    bias_columns: bool = False  # one bias value per result column (a bias of shape (1, N)), not per row
 
 
 def finish(ep: Epilogue, acc: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
     """Apply the epilogue to an accumulator (a local block or a global matrix)."""
     return _epilogue.apply(
         jnp, acc, alpha=ep.alpha, beta=ep.beta, c=c if ep.use_c else None, bias=bias if ep.has_bias else None,
-        epilog=ep.epilog, out_dtype=ep.out_dtype,
+        epilog=ep.epilog, out_dtype=ep.out_dtype, bias_columns=ep.bias_columns,
     )
 
 
@@ -145,7 +146,7 @@ class LocalProblem:
     block: dict[str, int]  # padded block length of each split logical dim ("M", "K", "N")
     acc_dtype: Any
     precision: Any
-    bias_axis: Any = None  # the mesh axis splitting the result's rows (bias is sliced along it)
+    bias_axis: Any = None  # the mesh axis splitting the result's dimension the bias runs along (sliced along it)
     bias_block: int = 0
     summa: SummaSchedule | None = None
     # whether a ring's next transfer may be issued beside the GEMM it does not feed (GPU, TPU:

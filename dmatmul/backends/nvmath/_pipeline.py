@@ -137,19 +137,35 @@ class Prepared:
     copied: dict[str, bool] = dataclasses.field(default_factory=dict)
 
 
+def _fused_bias_sources(tr: Translation, rank: int) -> np.ndarray:
+    """For each local row of nvmath's result, the index in the user's bias of
+    its value (-1: a padded row). nvmath's result is D, or D.T in the swapped
+    frame, whose rows are D's columns: a bias per column of D (shape (1, N))
+    is fused only there (:func:`._translate._epilog.epilogs`)."""
+    p = tr.problem
+    if tr.engine == "cublaslt":
+        assert not p.bias_columns
+        rows, _ = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
+        return np.asarray(rows)
+    assert tr.result is not None and tr.swapped == p.bias_columns
+    dim = tr.dim("N" if tr.swapped else "M")
+    padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)
+    return dim.sources[padded_rows] if dim.padding else padded_rows
+
+
+def _post_bias(tr: Translation, rows: np.ndarray, cols: np.ndarray) -> Any:
+    """Where this rank's post-epilogue bias values are in the user's bias: at
+    its result block's rows, or columns for a bias per column."""
+    return _selection(cols if tr.problem.bias_columns else rows)
+
+
 def fused_bias(tr: Translation, rank: int, bias: Any, xp: Any, dtype: Any) -> Any:
     """The bias vector of the fused epilog on this rank: one value per local
     row of nvmath's result (cuBLASMp's bias is local), zero on padded rows."""
-    p = tr.problem
     bias = xp.asarray(bias).reshape(-1)
+    real = _fused_bias_sources(tr, rank)
     if tr.engine == "cublaslt":
-        rows, _ = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
-        sel = _selection(rows)
-        return xp.ascontiguousarray(bias[_index(xp, sel)].astype(dtype))
-    assert tr.result is not None and not tr.swapped
-    dm = tr.dim("M")
-    padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)
-    real = dm.sources[padded_rows] if dm.padding else padded_rows
+        return xp.ascontiguousarray(bias[_index(xp, _selection(real))].astype(dtype))
     keep = np.nonzero(real >= 0)[0]
     if len(keep) == len(real) and isinstance(_selection(real), slice):
         return xp.ascontiguousarray(bias[_index(xp, _selection(real))].astype(dtype))
@@ -174,10 +190,11 @@ def prepare(tr: Translation, rank: int, a: Any, b: Any, c: Any, bias: Any, xp: A
 
 
 def post_epilogue(
-    xp: Any, d: Any, *, beta: complex, c: Any, bias: Any, epilog: str | None, dtype: Any
+    xp: Any, d: Any, *, beta: complex, c: Any, bias: Any, epilog: str | None, dtype: Any, bias_columns: bool = False
 ) -> Any:
-    """``epilog(d + beta*c + bias)`` on a local block (half precisions in float32)."""
-    return _epilogue.apply(xp, d, beta=beta, c=c, bias=bias, epilog=epilog, out_dtype=dtype)
+    """``epilog(d + beta*c + bias)`` on a local block (half precisions in float32); ``bias`` one value per row,
+    or per column with ``bias_columns``."""
+    return _epilogue.apply(xp, d, beta=beta, c=c, bias=bias, epilog=epilog, out_dtype=dtype, bias_columns=bias_columns)
 
 
 def _handover_maps(tr: Translation, h: Handover, rank: int) -> tuple[Any, Any, Any]:
@@ -239,8 +256,9 @@ def finish(tr: Translation, rank: int, d_nv: Any, c: Any, bias: Any, xp: Any) ->
             c_block = _take(xp, c, _selection(_locate(crows, rows, "c")), _selection(_locate(ccols, cols, "c")))
         b_block = None
         if has_bias(tr.post_epilog):
-            b_block = xp.asarray(bias).reshape(-1)[_index(xp, _selection(rows))]
-        d = post_epilogue(xp, d, beta=p.beta, c=c_block, bias=b_block, epilog=tr.post_epilog, dtype=d.dtype)
+            b_block = xp.asarray(bias).reshape(-1)[_index(xp, _post_bias(tr, rows, cols))]
+        d = post_epilogue(xp, d, beta=p.beta, c=c_block, bias=b_block, epilog=tr.post_epilog, dtype=d.dtype,
+                          bias_columns=p.bias_columns)
     return d
 
 
@@ -321,13 +339,7 @@ class Program:
         # the fused epilog's bias: a buffer allocated once, filled each call
         self.bias_buf: Any = None
         if tr.fused_epilog not in (None, "ALLREDUCE") and has_bias(p.epilog):
-            if tr.engine == "cublaslt":
-                rows, _ = tr.computed.global_indices(rank, (p.m, p.n), p.nranks)
-                real = rows
-            else:
-                dm = tr.dim("M")
-                padded_rows, _ = tr.result.as_dmatmul().global_indices(rank, tr.result_shape)  # type: ignore[union-attr]
-                real = dm.sources[padded_rows] if dm.padding else padded_rows
+            real = _fused_bias_sources(tr, rank)
             keep = np.nonzero(real >= 0)[0]
             self.bias_buf = xp.zeros(len(real), dtype=a.dtype)
             if len(keep) == len(real):
@@ -345,9 +357,9 @@ class Program:
         if tr.post_beta_c and p.use_c:
             crows, ccols = p.distributions[2].global_indices(rank, (p.m, p.n), p.nranks)
             self.c_sel = _ix(xp, _selection(_locate(crows, rows, "c")), _selection(_locate(ccols, cols, "c")))
-        self.bias_rows: Any = None
+        self.bias_rows: Any = None  # (its columns, for a bias per column)
         if has_bias(tr.post_epilog):
-            self.bias_rows = _index(xp, _selection(rows))
+            self.bias_rows = _index(xp, _post_bias(tr, rows, cols))
 
     def placement(self, slot: str) -> str | None:
         """Where nvmath's operand ``slot`` lives: ``"user"`` (the caller's
@@ -381,7 +393,7 @@ class Program:
             c_block = c[self.c_sel] if self.c_sel is not None and c is not None else None
             b_block = self.xp.asarray(bias).reshape(-1)[self.bias_rows] if self.bias_rows is not None else None
             d = post_epilogue(self.xp, d, beta=tr.problem.beta, c=c_block, bias=b_block, epilog=tr.post_epilog,
-                              dtype=d.dtype)
+                              dtype=d.dtype, bias_columns=tr.problem.bias_columns)
         return d
 
 

@@ -4,6 +4,13 @@ into its epilog and what dmatmul applies after nvmath's call
 it allows (:func:`pick`: fewer copies, then a fusable bias, then a C-order
 result), nvmath's options, and the :class:`~._types.Translation` built from
 the chosen frame (:func:`finish`).
+
+What nvmath can fuse is :data:`dmatmul._epilogue.TABLE`'s ``nvmath`` name
+(None: cuBLASLt has no such epilog, SiLU, and dmatmul applies the whole
+epilogue to the local result block). nvmath's bias is one value per row of
+its result: a bias per row of D fuses in the frame ``D = op(A) op(B)``, a bias
+per column of D (shape (1, N)) in the swapped frame, whose result is D.T; in
+the other frame the bias, and the activation after it, are dmatmul's.
 """
 
 from __future__ import annotations
@@ -12,15 +19,12 @@ from typing import Any
 
 from .... import _plan
 from ...._distribution import Distribution
-from ...._epilogue import activation, has_bias
+from ...._epilogue import TABLE, activation, has_bias
 from .._precision import compute_type
 from ._orient import Frame
 from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
 
 __all__ = ["refused_epilog", "epilogs", "pick", "finish", "options"]
-
-_EPILOG_NAMES = {"relu": "RELU", "gelu": "GELU", "bias": "BIAS", "relu_bias": "RELU_BIAS", "gelu_bias": "GELU_BIAS"}
-
 
 def refused_epilog(p: Problem) -> str | None:
     """Why cuBLASMp/cuBLASLt cannot be given ``p``'s epilog fused (None: it can).
@@ -59,12 +63,17 @@ def epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | N
         return None, None, False
     if refused_epilog(p) is not None:
         return None, ep, False  # known refused (or wrong) when fused: dmatmul's epilogue from the start
+    fused = TABLE[str(ep)].nvmath
+    if fused is None:
+        return None, ep, False  # no such epilog in cuBLASLt: nvmath computes the product alone
     if engine == "cublaslt":
-        return _EPILOG_NAMES[ep], None, False
+        if has_bias(ep) and p.bias_columns:
+            return None, ep, False  # cuBLASLt's result is D itself: a bias per column of D is none of its epilogs
+        return fused, None, False
     if path in ("AG+GEMM", "GEMM+RS", "local GEMM"):
-        if has_bias(ep) and swapped:
-            return None, ep, False  # a bias per row of D is per column of D.T: not an epilog of nvmath's product
-        return _EPILOG_NAMES[ep], None, False
+        if has_bias(ep) and swapped != p.bias_columns:
+            return None, ep, False  # nvmath's bias is per row of its result (D, or D.T when swapped)
+        return fused, None, False
     # general and SUMMA paths: dmatmul's epilogue (nvmath 0.7 and 0.8 refused a fused RELU on cuBLASMp's
     # naive path; 0.9 and 1.0 no longer check)
     return None, ep, False
@@ -96,9 +105,7 @@ def finish(
     cost: _plan.Plan | None,
 ) -> Translation:
     fused, post, post_c = epilogs(p, path, frame.swapped, engine)
-    why = refused_epilog(p)
-    if why is not None and post is not None:
-        notes = notes + (f"epilog {p.epilog!r} not fused: {why}; dmatmul applies it after nvmath's call",)
+    notes = notes + _epilog_notes(p, path, frame.swapped, fused, post)
     by_slot = {h.slot: h for h in frame.handovers}
     qualifiers = (by_slot["A"].is_transpose, by_slot["B"].is_transpose, False)
     return Translation(
@@ -123,6 +130,32 @@ def finish(
         notes=notes,
         cost=cost,
     )
+
+
+def _epilog_notes(p: Problem, path: Path, swapped: bool, fused: str | None, post: str | None) -> tuple[str, ...]:
+    """explain()'s word on where the epilogue runs, where it is not the plain fused one."""
+    ep = p.epilog
+    if ep is None or path == "GEMM+AR":
+        return ()
+    columns = "the bias holds one value per result column (shape (1, N))"
+    if fused is not None:
+        return (f"{columns}: fused as nvmath's bias per row of its result D.T (swapped frame)",) \
+            if has_bias(ep) and p.bias_columns else ()
+    if post is None:
+        return ()
+    why = refused_epilog(p)
+    if why is None and TABLE[str(ep)].nvmath is None:
+        why = f"cuBLASLt has no {activation(ep)} epilog"
+    if why is None and has_bias(ep) and path in ("AG+GEMM", "GEMM+RS", "local GEMM"):
+        if p.bias_columns:
+            why = f"{columns}, nvmath's bias one per row of its result D"
+        else:
+            why = "the bias holds one value per result row, nvmath's bias one per row of its result D.T (swapped frame)"
+    if why is None:
+        return ()
+    then = " (bias, then activation)" if has_bias(ep) and activation(ep) is not None else ""
+    return (f"epilog {p.epilog!r} not fused: {why}; dmatmul applies it{then} to the local result block after "
+            "nvmath's call",)
 
 
 def options(p: Problem) -> tuple[tuple[str, Any], ...]:

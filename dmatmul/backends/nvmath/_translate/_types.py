@@ -83,6 +83,7 @@ class Problem:
     beta: complex = 0.0
     precision: str | None = None
     chosen: bool = False  # the distributions are the planner's choice (the call gave none)
+    bias_columns: bool = False  # the bias holds one value per result column (shape (1, N)), not per row
 
     @classmethod
     def from_spec(cls, spec: Any, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
@@ -101,6 +102,7 @@ class Problem:
             transpose_b=spec.transpose_b, distributions=tuple(dists), orders=orders, use_c=spec.use_c,
             epilog=spec.epilog, algorithm=spec.algorithm, dtype=spec.dtype, alpha=spec.alpha, beta=spec.beta,
             precision=getattr(spec, "precision", None), chosen=chosen,
+            bias_columns=getattr(spec, "bias_columns", False),
         )
 
     @property
