@@ -65,7 +65,6 @@ BIAS_KINDS = ("numpy", "jax", "list")
 
 _KINDS = ("Slab.X", "Slab.Y", "Replicated", "BlockNonCyclic", "BlockCyclic")
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")  # simplest first
-_REAL_EPILOGS = tuple(e for e in EPILOGS if e is not None)
 _COMPLEX_REFUSED = tuple(name for name, e in TABLE.items() if not e.complex)
 _BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than most drawn dimensions
 _MAX_DIM = 40

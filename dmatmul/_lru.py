@@ -1,5 +1,5 @@
-"""A small thread-safe cache that forgets what was unused longest: the JAX
-backend's plans and ``dm.matmul``'s recent runners.
+"""A small thread-safe cache that forgets what was unused longest: the
+backends' plans and ``dm.matmul``'s recent runners.
 
 >>> cache = LRU()
 >>> cache.add("a", 1, bound=2), cache.add("b", 2, bound=2), cache.get("a")
@@ -12,6 +12,13 @@ backend's plans and ``dm.matmul``'s recent runners.
 1
 >>> cache.keep_only(lambda v: v > 1); cache.keys(), len(cache)
 (['c'], 1)
+
+Values that hold resources are handed to ``on_evict`` as they go (after
+the lock is let go), so their owner can free them:
+
+>>> gone = []
+>>> cache.add("d", 4, bound=1, on_evict=gone.append), gone, cache.values()
+(4, [3], [4])
 """
 
 from __future__ import annotations
@@ -45,18 +52,24 @@ class LRU(Generic[V]):
                 self._items.move_to_end(key)
             return value
 
-    def add(self, key: Hashable, value: V, *, bound: int) -> V:
+    def add(self, key: Hashable, value: V, *, bound: int, on_evict: Callable[[V], object] | None = None) -> V:
         """The value held for ``key``: one already there, else ``value``, added
-        after the values unused longest went to make room (at least one stays)."""
+        after the values unused longest went to make room (at least one stays);
+        each that went is then passed to ``on_evict`` (outside the lock, which
+        ``on_evict`` may need: it may use this cache)."""
+        gone: list[V] = []
         with self._lock:
             held = self._items.get(key)
             if held is not None:
                 self._items.move_to_end(key)
                 return held
             while len(self._items) >= max(bound, 1):
-                self._items.popitem(last=False)
+                gone.append(self._items.popitem(last=False)[1])
             self._items[key] = value
-            return value
+        if on_evict is not None:
+            for old in gone:
+                on_evict(old)
+        return value
 
     def keep_only(self, keep: Callable[[V], bool]) -> None:
         """Forget the values ``keep`` refuses."""
@@ -70,6 +83,11 @@ class LRU(Generic[V]):
     def keys(self) -> list[Hashable]:
         with self._lock:
             return list(self._items)
+
+    def values(self) -> list[V]:
+        """The values, the one unused longest first."""
+        with self._lock:
+            return list(self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)

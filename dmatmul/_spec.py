@@ -31,7 +31,7 @@ from ._epilogue import Epilog, has_bias
 from ._errors import DistributionError
 
 __all__ = [
-    "DTYPES", "ALGORITHMS", "BACKEND_NAMES", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
+    "DTYPES", "ALGORITHMS", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
     "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
     "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
     "family", "dtype_name", "as_matrix", "native_order", "Operands", "Spec", "check_distribution", "check_fit",
@@ -47,7 +47,6 @@ Family = Literal["numpy", "jax", "cupy", "other"]
 
 DTYPES: tuple[str, ...] = get_args(DtypeName)
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
-BACKEND_NAMES: tuple[str, ...] = get_args(BackendName)
 #: ``precision=``: None follows the framework's default; the others mean what they mean for ``jnp.dot``
 PRECISIONS: tuple[str | None, ...] = (None, *get_args(PrecisionName))
 #: the other names ``jax.lax.Precision`` takes, each for one of :data:`PRECISIONS`

@@ -666,7 +666,7 @@ class JaxPlan:
         }
         # an operand on another grid that splits as a Slab does (a BlockNonCyclic on a (P, 1) or (1, P) grid)
         # is that Slab, whose blocks are the same on any mesh: taken as it, with nothing to re-lay (re-laid as
-        # Slab.X it lost its role, and a named algorithm that fits it was refused)
+        # Slab.X it would lose its role, and a named algorithm that fits it would be refused)
         as_slab: dict[str, Distribution] = {}
         for op in _plan.OPERANDS:
             role = _plan.role_of(self.foreign[op], op, spec.transposes[op], p) if op in self.foreign else None
@@ -694,8 +694,8 @@ class JaxPlan:
 
         # the operands laid out on the product's grid, which SUMMA takes as they are. A named SUMMA takes
         # also those a 1-D role describes for the other kernels (BlockNonCyclic on a (P, 1) or (1, P) grid
-        # splits as a Slab does); "auto" costs SUMMA's candidate on those roles, as it always has, so that
-        # its choices stay what they were (the 1-D kernels, for such operands)
+        # splits as a Slab does); "auto" costs SUMMA's candidate as moving those, so that for such operands it
+        # favours the 1-D kernels, which take that split as it is
         named = spec.algorithm == "summa"
         on_grid = self._on_grid(self.planned, grid, roles, named)
         summa = self._summa_placements(on_grid, roles, shapes) if grid is not None else None

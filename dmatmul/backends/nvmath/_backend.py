@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import numbers
 import sys
 import threading
@@ -12,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ... import _runtime
+from ..._lru import LRU
 from ..._spec import Operands, Spec, family
 from . import _engine, _pipeline
 from ._translate import Problem, Translation, as_dense, combine_orders, order_of, overlap, translate
@@ -291,7 +291,7 @@ class NvmathBackend:
     cache_size = 16
 
     def __init__(self) -> None:
-        self._plans: collections.OrderedDict[Any, NvmathPlan] = collections.OrderedDict()
+        self._plans: LRU[NvmathPlan] = LRU()  # (used under self._lock: a lookup, its make and evictions are one step)
         self._lock = threading.RLock()
         self._evicted: list[NvmathPlan] = []
         self._exit_hook = False
@@ -336,7 +336,6 @@ class NvmathBackend:
                     done.free()
         plan = self._plans.get(key)
         if plan is not None:
-            self._plans.move_to_end(key)
             return _Borrowed(plan, self)
         if not self._exit_hook:
             # nvmath.distributed registers its finalize (which destroys cuBLASMp's grids and the NCCL
@@ -353,9 +352,7 @@ class NvmathBackend:
         if self.cache_size <= 0:  # no cache: the plan is retired at once, freed when its borrow returns (see _release)
             self._evicted.append(plan)
             return _Borrowed(plan, self)
-        while len(self._plans) >= self.cache_size:
-            self._retire(self._plans.popitem(last=False)[1], idle)
-        self._plans[key] = plan
+        self._plans.add(key, plan, bound=self.cache_size, on_evict=lambda old: self._retire(old, idle))
         return _Borrowed(plan, self)
 
     def _idle(self) -> list[int]:

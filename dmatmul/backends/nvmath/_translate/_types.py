@@ -274,11 +274,6 @@ class Handover:
     dims: tuple[str, str]
     copy: str | None = None
 
-    @property
-    def nv_dims(self) -> tuple[str, str]:
-        """Logical dimensions of the rows/cols nvmath sees."""
-        return (self.dims[1], self.dims[0]) if self.transposed else self.dims
-
     def target_padded(self) -> NvDistribution | None:
         """The nvmath distribution in the user's orientation (over the padded extents)."""
         if self.distribution is None:
