@@ -56,7 +56,8 @@ def test_an_error_on_one_rank_raises_on_every_rank(n):
     proc = launch(n, "tests/mpi/errors.py", timeout=240)
     assert proc.returncode == 0, output(proc)
     for scenario in ("bad-shape-on-one-rank", "bad-dtype-on-one-rank", "missing-distribution",
-                     "algorithm-does-not-fit", "redistribute-src-grid-does-not-fit", "still-in-step"):
+                     "algorithm-does-not-fit", "redistribute-src-grid-does-not-fit", "beta-without-c",
+                     "beta-without-c-on-one-rank", "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)
 
 

@@ -63,7 +63,14 @@ expect(
     lambda: dm.redistribute(la, dm.BlockNonCyclic(dm.ProcessGrid((P + 1, 1))), Y),
 )
 
-# 6. after all that, the ranks still work together
+# 6. beta != 0 without c: every rank raises naming c; where one rank alone gives it, the others name that rank
+expect("beta-without-c", ValueError, lambda r: ["beta=1.0 needs c", "pass c"],
+       lambda: dm.matmul(la, lb, distribution=(X, Y, X), beta=1.0))
+expect("beta-without-c-on-one-rank", ValueError,
+       lambda r: ["beta=2.0 needs c"] + ([] if r == 1 else ["rank 1", f"this is rank {r}"]),
+       lambda: dm.matmul(la, lb, distribution=(X, Y, X), beta=2.0 if me == 1 else 0.0))
+
+# 7. after all that, the ranks still work together
 d = dm.matmul(la, lb, distribution=(X, Y, X))
 if not np.allclose(d, dm.split(a @ b, X)[me]):
     problems.append(f"rank {me}: wrong result after the errors")
