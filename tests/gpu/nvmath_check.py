@@ -1,7 +1,6 @@
 """The differential matrix (``dmatmul check``) on the nvmath backend: run as a script.
 
     python tests/gpu/nvmath_check.py --cases 2000 --seed 0           # one GPU (about 30 s on an H200)
-    mpiexec -n 4 python tests/gpu/nvmath_check.py --cases 200        # four GPUs, one process each
     python tests/gpu/nvmath_check.py --fake --cases 30               # no GPU: tests/gpu/_fake_nvmath.py
 
 Exactly ``dmatmul check --backend nvmath --cases N --seed S``: seeded random
@@ -9,7 +8,10 @@ products over every layout, dtype and option (alpha = 0 with inf/NaN in a
 and b, BLAS's quick return on one-row and one-column results...), each
 checked against numpy; prints the table, exit status 1 on any failure.
 ``--fake`` replaces nvmath-python and CuPy by the CPU fake first, so the
-same path runs in the CPU suite (tests/test_conformance.py).
+same path runs in the CPU suite (tests/test_conformance.py). One process (one
+GPU): under mpiexec the checker does not yet know which 2-D layouts the
+nvmath backend refuses (NotImplementedError for uneven splits next to a
+grid), and counts those refusals as failures.
 """
 
 from __future__ import annotations
