@@ -378,6 +378,8 @@ class Case:
         * a complex bias on real operands: TypeError naming bias (its
           imaginary part would be lost); so is a complex alpha or beta,
           naming it;
+        * a beta that is not 0 (given, or in a reset) without c: ValueError
+          saying that beta needs c;
         * a grid whose size is not the number of ranks: ValueError (or
           DistributionError) naming the grid's shape, its size and the rank count;
         * with ``distribution=None``, a, b or (where it is read) c placed on a
@@ -398,6 +400,10 @@ class Case:
             if isinstance(value, complex) and not self.dtype.startswith("complex"):
                 required.append(Refusal((TypeError,), (rf"\b{name}=", "complex", re.escape(self.dtype)),
                                         f"{name}={value!r} on {self.dtype}"))
+        for beta in (self.beta, None if self.reset is None else self.reset.beta):
+            if not self.use_c and beta not in (None, 0):
+                required.append(Refusal((ValueError,), (r"\bbeta=", r"needs c\b"), f"beta={beta!r} without c"))
+                break
         if self.has_bias and (self.bias_dtype or self.dtype).startswith("complex") \
                 and not self.dtype.startswith("complex") and not (self.bias_kind == "list" and 0 in self.bias_shape):
             # (an empty list has no dtype: no complex number in it to refuse)
@@ -683,9 +689,9 @@ def _draw_reset(draw: Chooser, case: Case, alphas: Sequence[complex], betas: Seq
     plan = draw.boolean()
     given = ("a", "b") + ("c",) * case.use_c + ("bias",) * case.has_bias
     operands = [name for name in given if draw.boolean()]
-    # specials: alpha != 0 (BLAS skips A @ B where alpha = 0)
-    alpha = draw.choice([x for x in alphas if x != 0 or not case.specials]) if _rarely(draw, 3) else None
-    beta = draw.choice(betas) if _rarely(draw, 3) else None
+    alpha = draw.choice(alphas) if _rarely(draw, 3) else None
+    # without c, a beta that is not 0 is refused (one such reset in four)
+    beta = draw.choice(betas if case.use_c or _rarely(draw, 4) else (0.0,)) if _rarely(draw, 3) else None
     if case.use_c and case.beta == 0 and beta not in (None, 0) and "c" not in operands:
         operands.append("c")  # the planned c is NaN (it was not to be read): one that now is read
     told = draw.integer(-1, case.nranks - 1) if mpi else -1  # (drawn last: one-process draws are unchanged)
@@ -710,16 +716,22 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     in 12 cases, M or N = 0 about once in 40; every dtype, transposes,
     alpha (0 and complex too; a complex alpha or beta on real operands one
     real case in 40: it must be refused), beta with or without C (C full of NaN where
-    beta = 0: it must not be read), every epilog (relu/gelu/silu on complex rarely:
-    it must be refused), a bias of shape (M,), (M, 1) or (one in three)
-    (1, N), of the operands' dtype or another, numpy, jax or a list; "auto" or (one case in four) a named algorithm,
+    beta = 0: it must not be read; a beta that is not 0 without C one case in
+    20 of those without C: it must be refused). One case in ten is BLAS's
+    quick return, alpha = 0 and beta = 1 with C, on a result of one row or
+    one column (cuBLASMp left such a D unwritten), A and B not to be read
+    (half of the real cases with alpha = 0 have inf/NaN in them). Every epilog
+    (relu/gelu/silu on complex rarely: it must be refused), a bias of shape
+    (M,), (M, 1) or (one in three) (1, N), of the operands' dtype or another,
+    numpy, jax or a list; "auto" or (one case in four) a named algorithm,
     mostly one that fits the layouts, numpy or jax operands (one case in
     eight, a, b and c each of its own family); numpy operands (one case in
     five) strided, Fortran-ordered, read-only... (:data:`LAYOUTS`). One real case
-    in eight (alpha != 0; no relu/gelu/silu, whose NaN and -inf conventions differ
-    between libraries) has a few inf/NaN entries in a, b and a C that is read:
-    the result must hold the same non-finite values where numpy's does, and
-    padding must never meet them (0 * inf = NaN). One case in eight is
+    in eight (one in two where alpha = 0; no relu/gelu/silu, whose NaN and -inf
+    conventions differ between libraries) has a few inf/NaN entries in a, b
+    and a C that is read: the result must hold the same non-finite values
+    where numpy's does (none from A and B where alpha = 0), and padding must
+    never meet them (0 * inf = NaN). One case in eight is
     the stateful form (:class:`Reset`). In one process (not ``mpi``): one case
     in six passes ``devices=`` a list (some of the ``ndevices`` devices, in
     any order), one plain jax case in four calls ``dm.matmul`` inside
@@ -766,8 +778,13 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())
     alpha, beta = draw.choice(alphas), draw.choice(betas)
     use_c = draw.boolean()
-    # complex inf arithmetic is the library's own (C99 Annex G or not); BLAS skips A @ B when alpha = 0
-    specials = not is_complex and alpha != 0 and _rarely(draw, 8)
+    if not use_c and beta != 0 and not _rarely(draw, 20):  # (the rest must be refused: beta needs c)
+        beta = 0.0
+    if _rarely(draw, 10):  # BLAS's quick return (alpha = 0, beta = 1) on a result of one row or one column
+        alpha, beta, use_c = 0.0, 1.0, True
+        m, n = (1, n) if draw.boolean() else (m, 1)
+    # complex inf arithmetic is the library's own (C99 Annex G or not); where alpha = 0, A and B are not read
+    specials = not is_complex and _rarely(draw, 8 if alpha != 0 else 2)
     if specials or (is_complex and not _rarely(draw, 8)):
         epilog = draw.choice((None, "bias"))
     else:
@@ -1041,10 +1058,10 @@ class _TransformData:
         else:
             tangents = {n: random_matrix(rng, shapes[n], dtypes[n]) for n in self.names}
             self.inputs.update({f"tangent of {n}": passed(x, n) for n, x in tangents.items()})
-        # where no traced operand reaches the result (an empty one; or K = 0, C not read or not traced, bias not
-        # traced), JAX makes its tangent a zero of its own, on its default device: its placement is not checked
-        reached = case.m * case.n > 0 and (case.k > 0 or ("c" in self.names and case.beta != 0)
-                                           or "bias" in self.names)
+        # where no traced operand reaches the result (an empty one; or K = 0 or alpha = 0, C not read or not
+        # traced, bias not traced), JAX makes its tangent a zero of its own, on its default device: its placement is not checked
+        reached = case.m * case.n > 0 and ((case.k > 0 and case.alpha != 0)
+                                           or ("c" in self.names and case.beta != 0) or "bias" in self.names)
         # each alternative: the outputs, each with its reference. relu has no derivative at an exact 0 of its
         # input (half-precision data meets some, as C and bias cancel): dmatmul may take 0 (jax.nn.relu's),
         # 0.5 (jnp.maximum's) or 1 there, the same everywhere (the alternative that fits best is checked)

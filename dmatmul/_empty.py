@@ -1,7 +1,9 @@
-"""Empty products (K, M or N = 0): no communication, no GEMM, on any backend.
+"""Products that read no A nor B: no communication, no GEMM, on any backend.
 
-K = 0: every rank's result block is ``epilog(beta*C [+ bias])`` (zeros
-without C), computed where C lies; M = 0 or N = 0: an empty block. The
+K = 0, or ``alpha == 0`` (BLAS: A and B are not read, so NaN or Inf in them
+does not reach the result): every rank's result block is
+``epilog(beta*C [+ bias])`` (zeros without C), computed where C lies;
+M = 0 or N = 0: an empty block. The
 front end plans these here instead of on a backend; the backend the product
 would run on still says how many ranks there are, so a grid that does not fit
 is refused exactly as it would be there.
@@ -25,7 +27,8 @@ __all__ = ["EmptyProduct", "EmptyPlan"]
 
 
 class EmptyProduct:
-    """The "backend" of an empty product, standing in for ``backend``."""
+    """The "backend" of a product that reads no A nor B (:attr:`Spec.reads_ab`),
+    standing in for ``backend``."""
 
     name = "none (empty product)"
 
@@ -90,7 +93,12 @@ class EmptyPlan:
 
     def explain(self) -> list[str]:
         s = self.spec
-        what = "K = 0: the result is epilog(beta*C [+ bias])" if s.k == 0 else "M or N = 0: an empty result"
+        if 0 in (s.m, s.n):
+            what = "M or N = 0: an empty result"
+        elif s.k == 0:
+            what = "K = 0: the result is epilog(beta*C [+ bias])"
+        else:
+            what = "alpha = 0: A and B are not read (BLAS); the result is epilog(beta*C [+ bias])"
         return [f"kernel:     none: {what}; nothing moves"]
 
     def free(self) -> None:

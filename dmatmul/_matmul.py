@@ -123,6 +123,11 @@ def _scalar(x: Any, name: str, dtype: str) -> complex:
         raise ValueError(f"{name}={x!r} has no floating-point value: {e}") from None
 
 
+def _beta_needs_c(beta: Any, fix: str) -> str:
+    """The message for a ``beta`` that is not 0 where no c is given (c would be read)."""
+    return f"beta={beta!r} needs c: the result is alpha*op(a)@op(b) + beta*c, and no c was given: {fix}"
+
+
 def _distributions(distribution: Any) -> tuple[Distribution, Distribution, Distribution] | None:
     if distribution is None:
         return None
@@ -264,6 +269,8 @@ def _check_local(
             )
     alpha_v = _scalar(alpha, "alpha", dtype)
     beta_v = _scalar(beta, "beta", dtype)
+    if beta_v != 0 and ops.c is None:
+        raise ValueError(_beta_needs_c(beta, "pass c (an array of the result's shape), or leave beta=0"))
     dists = _distributions(distribution)
     if spmd and dists is None:
         raise ValueError(
@@ -460,7 +467,9 @@ _DOCS = {
             (one process; default: all local devices).""",
     "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
     sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
-    c), M = 0 or N = 0 an empty result.""",
+    c), M = 0 or N = 0 an empty result. So does ``alpha == 0``: a and b are
+    not read (NaN or Inf in them does not reach the result), on every backend.
+    ``beta != 0`` needs ``c``.""",
 }
 
 
@@ -534,22 +543,28 @@ class Matmul:
         self._spec, runs_on = _validate(self._operands, _MAKER.get(), alpha=alpha, beta=beta, **self._options)
         self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
         # several processes: the backend every rank agreed it finds (resolved once, inside the agreement)
-        self._backend: Any = _backends.resolve(backend, self._spec) if runs_on is None else _backends.get(runs_on)
+        self._runs_on: Any = _backends.resolve(backend, self._spec) if runs_on is None else _backends.get(runs_on)
         if self._spec.spmd:
             # every rank is here (it just agreed on the call): the backend's process group starts now, not
             # in the first plan, which one rank may make alone (mm.explain()) while the others are not in
             # the start's collectives
-            _runtime.ensure(self._backend.name)
+            _runtime.ensure(self._runs_on.name)
         # what backend="auto" passed over on its way to this backend (ranks that would share a GPU), for explain()
-        self._passed_over = _passed_over(backend, self._backend.name)
-        if self._spec.degenerate:
-            self._backend = EmptyProduct(self._backend)
+        self._passed_over = _passed_over(backend, self._runs_on.name)
+        self._backend = self._routed()
         self._plan: _backends.BackendPlan | None = None
         self._agreed = False  # several processes: every rank has made this spec's plan and agreed on it
         self._fits: Spec | None = None  # the spec judged to fit in memory (:meth:`_planned`)
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
         self._hold(self._operands, swapped)
+
+    def _routed(self) -> Any:
+        """The backend that plans the current spec: the product's, or (where A and
+        B are not read: an empty product, alpha == 0) :class:`EmptyProduct`, the one
+        place that computes ``epilog(beta*C [+ bias])``. No backend is given alpha == 0
+        (cuBLASMp's quick return for it leaves a vector result unwritten)."""
+        return self._runs_on if self._spec.reads_ab else EmptyProduct(self._runs_on)
 
     def _hold(self, ops: Operands, swapped: dict[str, np.ndarray]) -> None:
         """Take ``ops`` (validated: native byte order) as the plan's operands;
@@ -754,6 +769,7 @@ class Matmul:
                 self._told = self._told_now()  # what it was, should none follow
                 self._plan.free()
             self._spec, self._plan, self._agreed = spec, None, False  # scalars are compiled in: re-plan
+            self._backend = self._routed()  # (alpha == 0, or no longer)
 
     def _reset(
         self, a: Any, b: Any, c: Any, bias: Any, alpha: complex | None, beta: complex | None
@@ -805,6 +821,9 @@ class Matmul:
                 alpha=spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
                 beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
             )
+            if spec.beta != 0 and new.c is None:
+                raise ValueError("reset_operands: " + _beta_needs_c(
+                    beta, "the plan was made without c; make a new Matmul with c, or leave beta=0"))
             spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
         return new, swapped, spec
 

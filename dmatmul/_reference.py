@@ -94,10 +94,12 @@ def _preactivation(
     a: Any, b: Any, c: Any, *, alpha: complex, beta: complex, transpose_a: bool, transpose_b: bool,
     epilog: str | None, bias: Any,
 ) -> np.ndarray:
-    """``Z = alpha * op(a) @ op(b) + beta * c + bias`` in float64/complex128 (C not read where beta = 0)."""
+    """``Z = alpha * op(a) @ op(b) + beta * c + bias`` in float64/complex128 (C not read where beta = 0;
+    A and B not read where alpha = 0, as BLAS has it: NaN or Inf in them does not reach Z)."""
     a, b = wide(a), wide(b)
+    opa, opb = (a.T if transpose_a else a), (b.T if transpose_b else b)
     with np.errstate(invalid="ignore"):  # inf - inf, 0 * inf in operands with inf/NaN: NaN, as it should
-        z = alpha * ((a.T if transpose_a else a) @ (b.T if transpose_b else b))
+        z = alpha * (opa @ opb) if alpha != 0 else np.zeros((opa.shape[0], opb.shape[1]), dtype=opa.dtype)
         if c is not None and beta != 0:
             z = z + beta * wide(c)
         if _has_bias(epilog):
@@ -144,10 +146,10 @@ def reference_vjp(
     (float64/complex128), as ``jax.vjp`` defines them: ``dZ = g * act'(Z)``,
     ``d op(A) = alpha dZ op(B)^T``, ``d op(B) = alpha op(A)^T dZ`` (plain
     transposes: the vjp of a holomorphic function is its linear transpose, no
-    conjugation), ``dC = beta dZ`` (zero where beta = 0: C is not read) and
-    ``dbias`` the row sums of ``dZ`` (for a bias of shape (1, N): the column
-    sums) in bias's shape (their real part for a real bias of complex
-    operands). Keys: "a", "b", "c" (where ``c`` is given)
+    conjugation; zero where alpha = 0: A and B are not read), ``dC = beta dZ``
+    (zero where beta = 0: C is not read) and ``dbias`` the row sums of ``dZ``
+    (for a bias of shape (1, N): the column sums) in bias's shape (their real
+    part for a real bias of complex operands). Keys: "a", "b", "c" (where ``c`` is given)
     and "bias" (where the epilog has one). relu has no derivative at 0: where
     Z is exactly 0 its ``act'`` is ``relu_at_zero`` (``jax.nn.relu`` takes 0,
     ``jnp.maximum(z, 0)`` 0.5; half-precision data meets exact zeros, as C and
@@ -162,7 +164,10 @@ def reference_vjp(
                        epilog=epilog, bias=bias)
     dz = wide(g) * _activation_grad(z, epilog, relu_at_zero)
     opa, opb = (wide(a).T if transpose_a else wide(a)), (wide(b).T if transpose_b else wide(b))
-    d_opa, d_opb = alpha * (dz @ opb.T), alpha * (opa.T @ dz)
+    if alpha != 0:
+        d_opa, d_opb = alpha * (dz @ opb.T), alpha * (opa.T @ dz)
+    else:  # A and B are not read: they do not reach the result
+        d_opa, d_opb = np.zeros((dz.shape[0], opb.shape[0]), dz.dtype), np.zeros((opa.shape[1], dz.shape[1]), dz.dtype)
     out = {"a": d_opa.T if transpose_a else d_opa, "b": d_opb.T if transpose_b else d_opb}
     if c is not None:
         out["c"] = beta * dz if beta != 0 else np.zeros_like(dz)
@@ -185,7 +190,7 @@ def reference_jvp(
     """The tangent of :func:`reference`'s product for ``tangents`` of some of
     "a", "b", "c", "bias" (the others' tangents are zero), float64/complex128:
     ``act'(Z) * (alpha (op(dA) op(B) + op(A) op(dB)) + beta dC + dbias)``
-    (dC not read where beta = 0; relu's ``act'`` at an exact 0 of Z as in
+    (dC not read where beta = 0, dA and dB where alpha = 0; relu's ``act'`` at an exact 0 of Z as in
     :func:`reference_vjp`).
 
     >>> a, b = np.arange(6.0).reshape(2, 3), np.ones((3, 2))
@@ -196,9 +201,9 @@ def reference_jvp(
                        epilog=epilog, bias=bias)
     op = lambda x, t: wide(x).T if t else wide(x)  # noqa: E731
     dz = np.zeros_like(z)
-    if "a" in tangents:
+    if "a" in tangents and alpha != 0:  # (A and B are not read where alpha = 0)
         dz = dz + alpha * (op(tangents["a"], transpose_a) @ op(b, transpose_b))
-    if "b" in tangents:
+    if "b" in tangents and alpha != 0:
         dz = dz + alpha * (op(a, transpose_a) @ op(tangents["b"], transpose_b))
     if "c" in tangents and beta != 0:
         dz = dz + beta * wide(tangents["c"])

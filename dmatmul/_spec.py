@@ -365,6 +365,13 @@ class Spec:
         return 0 in (self.m, self.n, self.k)
 
     @property
+    def reads_ab(self) -> bool:
+        """Whether A and B are read: not where the product is empty, nor where
+        ``alpha == 0`` (BLAS: the result is then ``epilog(beta*C [+ bias])``,
+        NaN or Inf in A and B do not reach it)."""
+        return not self.degenerate and self.alpha != 0
+
+    @property
     def shapes(self) -> dict[str, tuple[int, int]]:
         """The stored global shapes of "a", "b" and the result "d"."""
         return {"a": self.a_shape, "b": self.b_shape, "d": (self.m, self.n)}

@@ -89,6 +89,8 @@ def test_the_generator_covers_the_whole_layout_space():
         seen["transposes"].add((case.transpose_a, case.transpose_b))
         seen["alpha"].add("zero" if case.alpha == 0 else "complex" if isinstance(case.alpha, complex) else "real")
         seen["beta, c"].add((case.beta != 0, case.use_c))
+        if case.alpha == 0:  # BLAS: A and B not read; its quick return (beta = 1) on one row or one column
+            seen["alpha = 0"].add((case.specials, case.beta == 1 and case.use_c and 1 in (case.m, case.n)))
         seen["algorithm"].add(case.algorithm)
         seen["array family"].add(case.family)
         seen["precision"].add(case.precision)
@@ -168,6 +170,7 @@ def test_the_generator_covers_the_whole_layout_space():
     assert len(seen["transposes"]) == 4
     assert seen["alpha"] == {"zero", "complex", "real"}
     assert seen["beta, c"] == {(False, False), (False, True), (True, False), (True, True)}
+    assert seen["alpha = 0"] == {(False, False), (False, True), (True, False), (True, True)}
     assert seen["algorithm"] == {"auto", *dm.ALGORITHMS}
     assert seen["array family"] == {"numpy", "jax"}
     assert seen["precision"] == {None, "default", "high", "highest"}
@@ -450,16 +453,50 @@ def test_expected_refusals():
     assert _case(epilog="bias", bias_dtype="float64").refusals() == ([], [])
     assert _case(epilog="bias", bias_dtype="float32", dtype="complex128").refusals() == ([], [])
     for name in ("alpha", "beta"):  # a complex scalar on real operands
-        required, _ = _case(**{name: 0.5 + 1j}).refusals()
+        required, _ = _case(**{name: 0.5 + 1j}, use_c=True).refusals()
         assert len(required) == 1 and required[0].matches(TypeError(
             f"{name}=(0.5+1j) is complex but the operands are float32: use a real {name}"))
         assert not required[0].matches(ValueError(f"{name}=(0.5+1j) is complex but the operands are float32"))
-        assert _case(**{name: 0.5 + 1j}, dtype="complex64").refusals() == ([], [])
+        assert _case(**{name: 0.5 + 1j}, dtype="complex64", use_c=True).refusals() == ([], [])
         # drawn, and refused as the front end refuses it
         case = next(c for c in _draws(41, 3000)
                     if isinstance(getattr(c, name), complex) and not c.dtype.startswith("complex"))
         out = ck.run_case(case)
         assert out.status == "refused" and f"{name}=" in out.message, (out.message, case.describe())
+
+
+def test_alpha_0_is_drawn_often_and_reads_neither_a_nor_b():
+    """One case in ten or so is BLAS's quick return (alpha = 0, beta = 1, c)
+    on a result of one row or one column, half of the real ones with inf/NaN
+    in a and b: the reference reads neither, and the JAX backend passes."""
+    draws = list(_draws(47, 400))
+    quick = [c for c in draws if c.alpha == 0 and c.beta == 1 and c.use_c and 1 in (c.m, c.n)]
+    assert len(quick) >= 400 // 15, len(quick)
+    assert sum(c.specials for c in quick) >= len(quick) // 4
+    case = _case(m=35, n=1, k=7, alpha=0.0, beta=1.0, use_c=True, specials=True)
+    out = ck.run_case(case, rng_seed=3)
+    assert out.status == "passed", out.message
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((35, 7)), rng.standard_normal((7, 1)), rng.standard_normal((35, 1))
+    a[0, 0], b[1, 0] = np.nan, np.inf
+    np.testing.assert_array_equal(ck.reference(a, b, c, alpha=0.0, beta=1.0), c)
+
+
+def test_beta_without_c_is_expected_refused():
+    """beta != 0 without c (given, or in a reset) must raise a ValueError saying
+    that beta needs c; drawn, and refused as the front end refuses it."""
+    for case in (_case(beta=1.0), _case(reset=ck.Reset(plan=False, operands=(), beta=2.0))):
+        required, _ = case.refusals()
+        assert len(required) == 1 and required[0].matches(ValueError("beta=1.0 needs c: ..."))
+        assert not required[0].matches(TypeError("beta=1.0 needs c: ..."))
+    assert _case(beta=1.0, use_c=True).refusals() == ([], [])
+    assert _case(beta=0.0, reset=ck.Reset(plan=False, operands=(), alpha=2.0)).refusals() == ([], [])
+    draws = list(_draws(43, 3000))
+    for drawn in (lambda c: c.reset is None and c.beta != 0, lambda c: c.reset is not None and c.reset.beta):
+        case = next(c for c in draws if not c.use_c and drawn(c) and not c.refusals()[1]
+                    and len(c.refusals()[0]) == 1)
+        out = ck.run_case(case)
+        assert out.status == "refused" and "needs c" in out.message, (out.message, case.describe())
 
 
 def test_an_expected_refusal_counts_as_refused_and_a_missing_one_fails(monkeypatch):
@@ -575,7 +612,7 @@ def test_a_case_runs_in_its_default_matmul_precision(monkeypatch):
     checked at the accuracy it stands for: float32's under "highest" on any
     platform, not the slack an accelerator's bf16 default passes take."""
     jax = pytest.importorskip("jax")
-    case = next(c for c in _draws(31, 4000) if _passes(c) and c.matmul_precision == "highest"
+    case = next(c for c in _draws(32, 4000) if _passes(c) and c.matmul_precision == "highest"
                 and c.precision is None and c.dtype == "float32" and c.reset is None and c.transform is None)
     assert "with jax.default_matmul_precision('highest'): " in case.describe("jax")
     seen = []
@@ -780,11 +817,12 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
 
     cases = []
     for i in range(3000):
-        ch = ck.NumpyChooser([4242, i])
+        ch = ck.NumpyChooser([4251, i])
         case = ck.draw_case(ch, ch.choice(ck.NRANKS))
         on = case.on_mesh
         if on is not None and on.explicit and on.call == "jit" and min(case.m, case.n, case.k) > 0 \
                 and case.algorithm == "auto" and not any(case.refusals()) and case.distributions is not None \
+                and case.alpha != 0 \
                 and case.families is None:
             cases.append(case)
         if len(cases) == 6:
@@ -972,7 +1010,7 @@ def test_a_drawn_transformation_catches_what_it_covers(monkeypatch, broken):
 
     drawn, breaks, words = BROKEN_TRANSFORMS[broken]
     kinds = {}  # one case of each transformation that must catch it (vjp and jvp; vmap twice)
-    for i, c in enumerate(c for c in _draws(777, 20000) if _simple(c) and drawn(c)):
+    for i, c in enumerate(c for c in _draws(778, 20000) if _simple(c) and drawn(c)):
         kinds.setdefault(c.transform.kind if c.transform.kind != "vmap" else i, c)
         if len(kinds) == 2:
             break

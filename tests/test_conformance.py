@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import pathlib
 import re
+import subprocess
+import sys
 import typing
 
 import numpy as np
@@ -193,6 +196,19 @@ class HypothesisChooser:
 
     def boolean(self):
         return self.data.draw(st.booleans())
+
+
+def test_the_gpu_suites_differential_matrix_runs_on_the_fake():
+    """tests/gpu/test_nvmath_gpu.py runs ``dmatmul check --backend nvmath`` at
+    scale (tests/gpu/nvmath_check.py, 2,000 seeded cases) wherever a GPU is
+    lent; the same script, pointed at the fake nvmath, runs a few here, so that
+    the path is known to work (and to fail: the fake has cuBLASMp's quirks)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "nvmath_check.py"), "--fake",
+                           "--cases", "30", "--seed", "0"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "dmatmul check: 30 random products, seed 0, backend nvmath" in proc.stdout
+    assert re.search(r"^total\s+30\s+\d+\s+\d+\s+0\s", proc.stdout, re.M), proc.stdout
 
 
 @given(data=st.data())

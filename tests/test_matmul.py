@@ -615,6 +615,99 @@ def test_nan_propagates_only_where_math_says(dists):
     assert_close(d[mask].reshape(10, 9), reference(np.delete(a, 3, 0), b), "float32")
 
 
+def _poisoned(rng, m, n, k):
+    """a, b with a NaN and an inf (alpha = 0 must not read them), c finite."""
+    a, b, c = operands(rng, m, n, k, False, False, c=True)
+    a[m // 2, k // 2], b[k - 1, n - 1] = np.nan, np.inf
+    return a, b, c
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+@pytest.mark.parametrize("m, n", [(35, 1), (1, 35), (35, 4)])
+@pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, R), None], ids=repr)
+def test_alpha_zero_reads_neither_a_nor_b(family, m, n, dists):
+    """alpha = 0 follows BLAS: D = epilog(beta*C [+ bias]), NaN and inf in A
+    and B do not reach it (they did on the JAX backend), numpy and jax.Array
+    operands, dm.matmul and dm.Matmul; explain() says A and B are not read."""
+    rng = np.random.default_rng(11)
+    a, b, c = _poisoned(rng, m, n, 7)
+    bias = rng.standard_normal(m).astype(np.float32)
+    x, y, z = (jnp.asarray(v) for v in (a, b, c)) if family == "jax" else (a, b, c)
+    for beta, epilog in ((1.0, None), (0.5, "relu_bias"), (0.0, "bias")):
+        kw = dict(alpha=0.0, beta=beta, epilog=epilog, bias=bias if epilog else None)
+        d = dm.matmul(x, y, z, distribution=dists, devices=8, **kw)
+        assert type(d) is type(x)
+        assert_close(np.asarray(d), reference(a, b, c, **kw), "float32")
+    assert_close(np.asarray(dm.matmul(x, y, alpha=0.0, distribution=dists, devices=8)), np.zeros((m, n)), "float32")
+    with dm.Matmul(x, y, z, alpha=0.0, beta=1.0, distribution=dists, devices=8) as mm:
+        assert_close(np.asarray(mm.execute()), c.astype(np.float64), "float32")
+        assert "alpha = 0: A and B are not read" in mm.explain()
+
+
+def test_alpha_reset_to_zero_and_back():
+    """A Matmul whose alpha is reset to 0 stops reading A and B, and reads them
+    again when it is reset to another value (the plan follows the scalars)."""
+    rng = np.random.default_rng(12)
+    a, b, c = operands(rng, 35, 1, 7, False, False, c=True)
+    a2 = a.copy()
+    a2[3, 3] = np.nan
+    with dm.Matmul(a, b, c, alpha=2.0, beta=1.0, distribution=(X, Y, X), devices=8) as mm:
+        assert_close(mm.execute(), reference(a, b, c, alpha=2.0, beta=1.0), "float32")
+        mm.reset_operands(a=a2, alpha=0.0)
+        assert_close(mm.execute(), reference(a2, b, c, alpha=0.0, beta=1.0), "float32")
+        assert mm.algorithm == "local" and "A and B are not read" in mm.explain()
+        mm.reset_operands(a=a, alpha=-1.0)
+        assert_close(mm.execute(), reference(a, b, c, alpha=-1.0, beta=1.0), "float32")
+        assert "A and B are not read" not in mm.explain()
+
+
+def test_alpha_zero_inside_jit_and_grad():
+    """Inside jax.jit and jax.grad: the gradients with respect to a and b are
+    zero (they are not read: NaN and inf in them do not reach them either),
+    with respect to c beta times the cotangent."""
+    rng = np.random.default_rng(13)
+    a, b, c = _poisoned(rng, 35, 1, 7)
+    g = rng.standard_normal((35, 1)).astype(np.float32)
+
+    def loss(x, y, z):
+        return jnp.sum(dm.matmul(x, y, z, alpha=0.0, beta=0.5, distribution=(X, Y, X), devices=8) * g)
+
+    d = jax.jit(lambda x, y, z: dm.matmul(x, y, z, alpha=0.0, beta=1.0, distribution=(X, Y, X), devices=8))(a, b, c)
+    assert_close(np.asarray(d), c.astype(np.float64), "float32")
+    for f in (jax.grad(loss, argnums=(0, 1, 2)), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))):
+        ga, gb, gc = f(jnp.asarray(a), jnp.asarray(b), jnp.asarray(c))
+        assert ga.shape == a.shape and gb.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(ga), 0)
+        np.testing.assert_array_equal(np.asarray(gb), 0)
+        assert_close(np.asarray(gc), 0.5 * g.astype(np.float64), "float32")
+
+
+def test_a_recent_call_of_another_alpha_is_not_taken_for_it():
+    """dm.matmul's kept runners are keyed by alpha: a call with alpha = 0 after
+    one with alpha = 1 on arrays alike (and back) gets its own result."""
+    rng = np.random.default_rng(14)
+    a, b, c = (jnp.asarray(v) for v in _poisoned(rng, 35, 1, 7))
+    for alpha in (1.0, 0.0, 1.0, 0.0):
+        d = dm.matmul(a, b, c, alpha=alpha, beta=1.0, distribution=(X, Y, X), devices=8)
+        want = reference(np.asarray(a), np.asarray(b), np.asarray(c), alpha=alpha, beta=1.0)
+        np.testing.assert_array_equal(np.isnan(np.asarray(d)), np.isnan(want))
+        assert_close(np.asarray(d), want, "float32")
+
+
+def test_beta_without_c_names_c_and_the_fix():
+    """beta != 0 needs c: a ValueError naming c and the fix (it returned a @ b),
+    in dm.matmul, dm.Matmul and reset_operands; beta = 0 without c is fine."""
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    for call in (lambda: dm.matmul(a, b, beta=1.0), lambda: dm.Matmul(a, b, beta=-0.5)):
+        with pytest.raises(ValueError, match=r"^beta=(1\.0|-0\.5) needs c: .*pass c .*or leave beta=0"):
+            call()
+    np.testing.assert_array_equal(dm.matmul(a, b, beta=0.0), a @ b)
+    with dm.Matmul(a, b) as mm:
+        with pytest.raises(ValueError, match=r"^reset_operands: beta=2\.0 needs c: .*make a new Matmul with c"):
+            mm.reset_operands(beta=2.0)
+        np.testing.assert_array_equal(mm.execute(), a @ b)  # the plan is as it was
+
+
 @pytest.mark.parametrize("dists", [(X, Y, X), (Y, X, Y), (X, Y, Y), (Y, X, R)], ids=repr)
 def test_jax_in_jax_out_sharded_as_the_result_distribution(dists):
     from jax.sharding import NamedSharding

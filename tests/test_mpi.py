@@ -97,7 +97,7 @@ def test_an_error_on_one_rank_raises_on_every_rank(n):
     assert proc.returncode == 0, output(proc)
     for scenario in ("bad-shape-on-one-rank", "bad-dtype-on-one-rank", "missing-distribution",
                      "algorithm-does-not-fit", "redistribute-src-grid-does-not-fit", "result-too-large-for-every-rank",
-                     "memory-short-on-one-rank", "still-in-step"):
+                     "memory-short-on-one-rank", "beta-without-c", "beta-without-c-on-one-rank", "still-in-step"):
         assert f"ok {scenario}" in proc.stdout, output(proc)
 
 

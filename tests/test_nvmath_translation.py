@@ -1150,6 +1150,48 @@ def test_fake_nvmath_refuses_at_execute_what_cublasmp_refuses(fake_nvmath):
             mm.execute()
 
 
+def test_fake_nvmath_leaves_d_unwritten_where_cublasmp_returns_early(fake_nvmath):
+    """The fake is faithful to cuBLASMp's quick return (issue 34): alpha = 0 and
+    beta = 1 with C on a result of one column or one row leaves D unwritten
+    (NaN in the fake's fresh buffer); a 35x4 result, or beta = 0.5, is right."""
+    fake_nvmath.initialize(0, __import__("mpi4py.MPI").MPI.COMM_SELF, backends=["nccl"])
+    grid = fake_nvmath.ProcessGrid(shape=(1, 1), layout=fake_nvmath.GridLayout.ROW_MAJOR)
+    dist = fake_nvmath.BlockCyclic(grid, (8, 8))
+    rng = np.random.default_rng(4)
+    for (m, n), beta, unwritten in (((35, 1), 1.0, True), ((1, 35), 1.0, True), ((35, 4), 1.0, False),
+                                    ((35, 1), 0.5, False)):
+        a, b, c = (np.array(rng.standard_normal(s), order="F") for s in ((m, 7), (7, n), (m, n)))
+        mm = fake_nvmath.Matmul(a, b, c, distributions=[dist] * 3, alpha=0.0, beta=beta)
+        mm.plan()
+        d = mm.execute()
+        assert np.isnan(d).all() if unwritten else np.allclose(d, beta * c), (m, n, beta)
+
+
+@pytest.mark.parametrize("shape", [(35, 1), (1, 35), (35, 4)])
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_fake_backend_alpha_0_reads_neither_a_nor_b(fake_nvmath, shape, poisoned):
+    """alpha = 0 follows BLAS on the nvmath backend: a and b are not read (NaN
+    and inf in them stay out of the result) and nvmath is never given alpha = 0
+    (cuBLASMp's quick return would leave a one-row or one-column D unwritten),
+    in dm.matmul and in a Matmul reset to alpha = 0; explain() says so."""
+    rng = np.random.default_rng(5)
+    m, n = shape
+    a, b, c = (random_matrix(rng, s, "float32") for s in ((m, 7), (7, n), (m, n)))
+    if poisoned:
+        a[m // 2, 3], b[2, n - 1] = np.nan, np.inf
+    want = reference(a, b, c, alpha=0.0, beta=1.0)
+    assert np.array_equal(want, c)  # (the reference reads neither)
+    assert_close(dm.matmul(a, b, c, alpha=0.0, beta=1.0, backend="nvmath"), want, "float32")
+    d = dm.matmul(a, b, c, alpha=0.0, beta=0.5, epilog="relu", backend="nvmath")
+    assert_close(d, reference(a, b, c, alpha=0.0, beta=0.5, epilog="relu"), "float32")
+    with dm.Matmul(a, b, c, alpha=1.0, beta=1.0, backend="nvmath") as mm:
+        mm.reset_operands(alpha=0.0)
+        assert_close(mm.execute(), want, "float32")
+        assert "alpha = 0: A and B are not read" in mm.explain()
+    assert all(kw["alpha"] != 0 for name, kw in fake_nvmath.CALLS if name == "Matmul")
+    assert "quick return" not in dict(fake_nvmath.CALLS)
+
+
 def test_fake_backend_one_process_asks_for_one_device(fake_nvmath):
     with pytest.raises(ValueError, match=r"devices=4 .* one rank per process .* mpiexec -n 4"):
         dm.matmul(np.ones((4, 3)), np.ones((3, 5)), devices=4, backend="nvmath")

@@ -188,11 +188,12 @@ class PlanStates(RuleBasedStateMachine):
         if jax_ok and nranks > 1 and "jax" in fams.values() and data.draw(st.booleans()):
             mesh_shape = data.draw(st.sampled_from([(nranks,)] + [s for s in ck._factorizations(nranks)
                                                                   if min(s) > 1]), label="mesh")
+        use_c = data.draw(st.booleans(), label="use_c")
         return dict(
             backend=backend, nranks=nranks, dtype=dtype, m=m, n=n, k=k, ta=ta, tb=tb, distribution=dists,
             alpha=data.draw(st.sampled_from(_alphas(dtype)), label="alpha"),
-            beta=data.draw(st.sampled_from(_betas(dtype)), label="beta"),
-            use_c=data.draw(st.booleans(), label="use_c"), epilog=epilog, bias_dtype=bias_dtype,
+            beta=data.draw(st.sampled_from(_betas(dtype) if use_c else (0.0,)), label="beta"),  # (beta needs c)
+            use_c=use_c, epilog=epilog, bias_dtype=bias_dtype,
             bias_shape=data.draw(st.sampled_from(("M", "M,1", "1,N"))), algorithm=algorithm, fams=fams,
             mesh_shape=mesh_shape,
             mesh_reversed=data.draw(st.booleans()),
@@ -361,7 +362,7 @@ class PlanStates(RuleBasedStateMachine):
         if data.draw(st.integers(0, 3)) == 3:
             scalars["alpha"] = data.draw(st.sampled_from(_alphas(e.dtype)))
         if data.draw(st.integers(0, 3)) == 3:
-            scalars["beta"] = data.draw(st.sampled_from(_betas(e.dtype)))
+            scalars["beta"] = data.draw(st.sampled_from(_betas(e.dtype) if e.ops["c"] is not None else (0.0,)))
         args: list[Any] = []
         kwargs = {n: x for n, (x, _) in new.items()}
         if data.draw(st.booleans()):  # a and b (and c) by position, as the signature allows

@@ -14,6 +14,25 @@ nvmath the way nvmath's documentation and code say, and that what dmatmul
 does around the call (views, padding, stripping, epilogue, allgather) gives
 the right numbers. ``install()`` puts the fake modules in ``sys.modules``;
 ``uninstall()`` removes them. ``CALLS`` records what was called, for asserts.
+
+Where the real libraries are known to go wrong, the fake goes wrong the same
+way (so that dmatmul's CPU tests see what only a GPU showed), each quirk with
+its source:
+
+* cuBLASMp refuses a bias epilog (BIAS, RELU_BIAS, GELU_BIAS) on complex
+  types with NOT_SUPPORTED, at execute, after a plan() that accepted it
+  (issue 13's H100 runs): :func:`_refuse_at_execute`.
+* cuBLASLt's fused GELU is not float64-accurate (issue 13's H100 runs): the
+  fake refuses it at execute rather than be wrong.
+* cuBLASMp's quick return: with ``alpha == 0`` and ``beta == 1`` on a result
+  of one row or one column, it returns without writing D; nvmath's D is a
+  buffer of its own (``inplace=False``), so the result is whatever that
+  buffer held (issue 34: nvmath-python 1.0, cuBLASMp 0.9.1, one H200; a
+  35x1 result came back as garbage, while alpha = 0 with beta = 0.5, alpha
+  = 1e-30 with beta = 1, and a 35x4 result were right). The fake returns a
+  fresh buffer of NaN there: :func:`_quick_return`.
+* nvmath refuses an empty local block ("extents must be strictly
+  positive"), on every rank (nvmath's allreduced problem check).
 """
 
 from __future__ import annotations
@@ -258,6 +277,12 @@ def _refuse_at_execute(epilog: Any, dtype: np.dtype, lib: str) -> None:
                            "dmatmul must not send it")
 
 
+def _quick_return(alpha: Any, beta: Any, c: Any, d_global: tuple[int, int]) -> bool:
+    """Whether cuBLASMp returns without writing D (see the module's quirks):
+    alpha == 0 and beta == 1 with C, on a result of one row or one column."""
+    return c is not None and alpha == 0 and beta == 1 and 1 in d_global
+
+
 def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
 
@@ -388,6 +413,11 @@ class Matmul:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros(dD.shape(self.rank, self.d_global), dtype=dtype, order="F")
             return self._noop
+        if _quick_return(self.alpha, self.beta, self.c, self.d_global):
+            CALLS.append(("quick return", {"d_global": self.d_global}))
+            if getattr(self.options, "inplace", False):
+                return self.c  # D is C: left as it was, which is beta * C
+            return np.full(dD.shape(self.rank, self.d_global), np.nan, dtype=dtype, order="F")  # D never written
         if self.epilog == MatmulEpilogue.ALLREDUCE:  # literally: the sum over ranks of the local products
             oa = self.a.T if self.ta else self.a
             ob = self.b.T if self.tb else self.b

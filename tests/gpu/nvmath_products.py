@@ -84,17 +84,21 @@ def host(x):
 
 
 def path_line(explained):
-    """The ``path:`` line of an explain() (the cuBLASMp path and the algorithm's name)."""
-    return next(line.strip() for line in explained.splitlines() if line.strip().startswith("path:"))
+    """The ``path:`` line of an explain() (the cuBLASMp path and the algorithm's name); "path: none" where
+    nvmath is not called (alpha = 0: a and b are not read)."""
+    return next((line.strip() for line in explained.splitlines() if line.strip().startswith("path:")), "path: none")
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             family="numpy", reuse=1, jax=False, matrix=False, bias_columns=False):
+             family="numpy", reuse=1, jax=False, matrix=False, bias_columns=False, nan_ab=False):
     """``matrix``: the blocks are np.matrix, whose ``*`` and ``**`` are matrix products (numpy in all the same);
-    ``bias_columns``: a bias of shape (1, N), one value per result column."""
+    ``bias_columns``: a bias of shape (1, N), one value per result column;
+    ``nan_ab``: a NaN and an inf in a and b (with alpha = 0 they must not reach the result)."""
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a = random_matrix(rng, (k, m) if ta else (m, k), dtype)
     b = random_matrix(rng, (n, k) if tb else (k, n), dtype)
+    if nan_ab:
+        a.flat[a.size // 2], b.flat[b.size - 1] = np.nan, np.inf
     c = random_matrix(rng, (m, n), dtype) if use_c else None
     bias = None
     if epilog and epilog.endswith("bias"):
@@ -116,7 +120,8 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
         told = (mm.algorithm, path_line(mm.explain())) if RANK == 0 else None
         got = mm.execute()
         algo = mm.algorithm
-        path = mm._plan.translation.path  # the cuBLASMp path dmatmul predicts
+        translation = getattr(mm._plan, "translation", None)  # (none where nvmath is not called)
+        path = "none" if translation is None else translation.path  # the cuBLASMp path dmatmul predicts
         told_ok = told in (None, (algo, path_line(mm.explain())))
         scale_a = 1.0
         for i in range(1, reuse):  # plan reuse: new operand values, same plan
@@ -171,6 +176,13 @@ def cases():
                                         (R, R, R)], ("bias", "relu_bias", "silu_bias")):
         out.append(dict(m=13, n=11, k=7, dists=dists, ta=False, tb=ep == "relu_bias", use_c=True, beta=0.5,
                         epilog=ep, bias_columns=True))
+    # alpha = 0 follows BLAS (a and b not read: NaN and inf in them stay out of the result), here with beta = 1
+    # on one-row and one-column results, where cuBLASMp's quick return leaves D unwritten (issue 34)
+    for (m, n), dists, dtype, nan_ab in itertools.product(((35, 1), (1, 35), (35, 4)),
+                                                          [(X, Y, X), (R, R, R), (Y, X, Y)],
+                                                          ("float32", "complex128"), (False, True)):
+        out.append(dict(m=m, n=n, k=7, dists=dists, ta=False, tb=True, alpha=0.0, beta=1.0, use_c=True,
+                        nan_ab=nan_ab, dtype=dtype, jax=True))
     # fewer rows/columns than ranks: some ranks hold empty blocks (padded for cuBLASMp, skipped for cuBLASLt)
     for dists in [(X, R, X), (R, Y, Y), (X, R, R), (X, Y, X), (Y, X, Y), (Y, X, R)]:
         out.append(dict(m=3, n=2, k=5, dists=dists, ta=False, tb=False, use_c=True, beta=1.0, epilog="relu"))

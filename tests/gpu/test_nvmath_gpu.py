@@ -9,7 +9,11 @@ In process (one rank, a local GEMM in cuBLASMp) and as ``mpiexec -n 1``
 (and ``-n <GPUs>`` where there are several) subprocesses driving
 ``tests/gpu/nvmath_products.py``: every 1-D layout triple x transposes x
 (alpha, beta, c) x epilogs x dtypes, plan reuse, numpy and cupy operands,
-checked against numpy and against the JAX backend.
+checked against numpy and against the JAX backend. And the differential
+matrix at scale (``tests/gpu/nvmath_check.py``: ``dmatmul check --backend
+nvmath``, 2,000 seeded cases, about 30 s on an H200), which found what the
+fake could not (cuBLASMp's quick return, issue 34); tests/test_conformance.py
+runs the same script on the fake.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +124,22 @@ def test_auto_picks_nvmath_here():
     assert backends.resolve("auto").name == "nvmath"
     with dm.Matmul(np.ones((4, 3)), np.ones((3, 5))) as mm:
         assert "backend:    nvmath" in mm.explain()
+
+
+#: the differential matrix's size on a GPU: at least 2,000 seeded cases (about 30 s on an H200)
+CHECK_CASES = 2000
+
+
+def test_differential_matrix_at_scale():
+    """``dmatmul check --backend nvmath`` on 2,000 seeded random products (every
+    layout, dtype and option; alpha = 0 with inf/NaN in a and b, BLAS's quick
+    return on one-row and one-column results): 0 failures. The table is printed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(HERE / "nvmath_check.py"), "--cases", str(CHECK_CASES), "--seed", "0"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+    assert re.search(rf"^total\s+{CHECK_CASES}\s+\d+\s+\d+\s+0\s", out.stdout, re.M), out.stdout[-6000:]
 
 
 # --------------------------------------------------------------------------- #

@@ -88,7 +88,14 @@ expect(
 )
 _memory._host = (float("-inf"), None)
 
-# 8. after all that, the ranks still work together
+# 8. beta != 0 without c: every rank raises naming c; where one rank alone gives it, the others name that rank
+expect("beta-without-c", ValueError, lambda r: ["beta=1.0 needs c", "pass c"],
+       lambda: dm.matmul(la, lb, distribution=(X, Y, X), beta=1.0))
+expect("beta-without-c-on-one-rank", ValueError,
+       lambda r: ["beta=2.0 needs c"] + ([] if r == 1 else ["rank 1", f"this is rank {r}"]),
+       lambda: dm.matmul(la, lb, distribution=(X, Y, X), beta=2.0 if me == 1 else 0.0))
+
+# 9. after all that, the ranks still work together
 d = dm.matmul(la, lb, distribution=(X, Y, X))
 if not np.allclose(d, dm.split(a @ b, X)[me]):
     problems.append(f"rank {me}: wrong result after the errors")

@@ -26,10 +26,14 @@ quick = "--quick" in sys.argv
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             algorithm="auto", family="numpy", reuse=1, asker=-1, bias_columns=False):
+             algorithm="auto", family="numpy", reuse=1, asker=-1, bias_columns=False, nan_ab=False, alpha_after=None):
+    """``bias_columns``: a bias of shape (1, N); ``nan_ab``: a NaN and an inf in a and b; ``alpha_after``: a
+    second plan, reset to this alpha."""
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    if nan_ab:
+        a.flat[a.size // 2], b.flat[b.size - 1] = np.nan, np.inf
     c = rng.standard_normal((m, n)).astype(dtype) if use_c else None
     bias = None
     if epilog and epilog.endswith("bias"):  # one value per result row, or per column: shape (1, N)
@@ -53,6 +57,11 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
         algo = mm.algorithm
         if told not in (None, (algo, mm.explain())):
             return False, algo
+        if alpha_after is not None:  # the plan follows the scalars: alpha = 0 reads neither a nor b, and back
+            mm.reset_operands(alpha=alpha_after)
+            got, alpha = mm.execute(), alpha_after
+            ref = reference(a, b, c, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
+            want = dm.split(ref, dd)[rt.rank]
     if family == "jax":
         import jax
 
@@ -86,6 +95,16 @@ if not quick:
              algorithm="reduce_scatter"),
         dict(m=9, n=9, k=5, dists=(X, R, Y), ta=False, tb=False, epilog="silu"),
     ]
+
+# alpha = 0 follows BLAS: a and b not read (NaN and inf in them stay out of the result), here with beta = 1 on
+# one-row and one-column results (cuBLASMp's quick return left such a D unwritten); a plan reset to alpha = 0
+for (m, n), dists, family in itertools.product(((35, 1), (1, 35)), ((X, Y, X), (Y, X, R)), ("numpy", "jax")):
+    cases.append(dict(m=m, n=n, k=7, dists=dists, ta=False, tb=False, alpha=0.0, beta=1.0, use_c=True, nan_ab=True,
+                      family=family))
+cases.append(dict(m=35, n=1, k=7, dists=(X, Y, X), ta=False, tb=False, alpha=2.0, beta=1.0, use_c=True,
+                  nan_ab=True, alpha_after=0.0))
+cases.append(dict(m=35, n=1, k=7, dists=(X, Y, X), ta=False, tb=False, alpha=0.0, beta=1.0, use_c=True,
+                  alpha_after=-1.5))
 
 failed = 0
 for i, case in enumerate(cases):
