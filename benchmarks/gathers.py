@@ -39,8 +39,8 @@ def main() -> int:
     from jax import lax
 
     import dmatmul as dm
-    from dmatmul._bench import IdleWaiter, time_interleaved
-    from dmatmul._bench.problem import grid_shape
+    from dmatmul.cli.bench import IdleWaiter, time_interleaved
+    from dmatmul.cli.bench.problem import grid_shape
 
     n, p = args.n, args.devices
     x = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)

@@ -162,7 +162,7 @@ def main() -> int:
     runners = {"numpy": lambda: a @ b, **{k: (lambda fn=fn: jax.block_until_ready(fn())) for k, fn in runners.items()}}
     for fn in runners.values():
         fn()
-    from dmatmul._bench import IdleWaiter, time_interleaved
+    from dmatmul.cli.bench import IdleWaiter, time_interleaved
 
     waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
     names = list(runners)

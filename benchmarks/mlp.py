@@ -82,7 +82,7 @@ def peaks(blocks: dict[str, Any], args: Any) -> dict[tuple[str, str], float]:
     (XLA's memory analysis: arguments + outputs + temporaries - aliased), as
     ``dmatmul bench`` reports its products' (impl "dmatmul" or "xla", pass
     "fwd" or "fwd+bwd")."""
-    from dmatmul._bench.peers import compiled_peak_bytes
+    from dmatmul.cli.bench.peers import compiled_peak_bytes
 
     return {(impl, pass_): compiled_peak_bytes(blocks[impl][i], *args)
             for impl in ("dmatmul", "xla") for i, pass_ in enumerate(("fwd", "fwd+bwd"))}
@@ -119,7 +119,7 @@ def main() -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
-    from dmatmul._bench import IdleWaiter, time_interleaved
+    from dmatmul.cli.bench import IdleWaiter, time_interleaved
 
     waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
     precision = None if args.precision == "default" else jax.lax.Precision.HIGHEST

@@ -41,10 +41,10 @@ DESCRIPTION = (
 def main() -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     try:
-        from dmatmul import _bench
+        from dmatmul.cli import bench as _bench
     except ImportError:  # run from a checkout without installing
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-        from dmatmul import _bench
+        from dmatmul.cli import bench as _bench
 
     return _bench.main(sys.argv[1:], prog="mpi_bench.py", description=DESCRIPTION, defaults=DEFAULTS)
 

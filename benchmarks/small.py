@@ -60,8 +60,8 @@ def main() -> int:
 
     import dmatmul as dm
     from dmatmul import _plan
-    from dmatmul._bench.peers import shardings
-    from dmatmul._bench.timing import blocking, time_interleaved
+    from dmatmul.cli.bench.peers import shardings
+    from dmatmul.cli.bench.timing import blocking, time_interleaved
     from dmatmul._matmul import plan_of
 
     def dist_of(code: str, p: int) -> dm.Distribution:

@@ -160,8 +160,8 @@ def main() -> int:
 
     import dmatmul as dm
     from dmatmul import _plan
-    from dmatmul._bench import IdleWaiter, time_interleaved
-    from dmatmul._bench.peers import compiled_peak_bytes
+    from dmatmul.cli.bench import IdleWaiter, time_interleaved
+    from dmatmul.cli.bench.peers import compiled_peak_bytes
     from dmatmul._matmul import plan_of
     from dmatmul.backends.jax import _kernels
 

@@ -18,7 +18,7 @@ and beta). On CPU XLA's whole all-gathers and reduce-scatters copy more
 slowly per byte than its point-to-point shifts, so a one-shot schedule wins
 only while latency dominates. The calibration measures the point-to-point
 terms and keeps the defaults' premium of a collective over them
-(``dmatmul._bench.calibration.with_default_collectives`` says why).
+(``dmatmul.cli.bench.calibration.with_default_collectives`` says why).
 
 Calibration. ``dmatmul bench --calibrate`` measures the three constants on
 this machine and writes them as JSON to :func:`calibration_path`:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from . import _runtime
+from . import _world
 from ._errors import DistributionError
 from .layout import Layout, groups as _layout_groups, left_inverse
 
@@ -296,7 +296,7 @@ class Distribution:
             return self.grid.size
         if nranks is not None:
             return _as_int(nranks, "nranks", minimum=1, maximum=MAX_RANKS)
-        world = _runtime.world_size()
+        world = _world.world_size()
         if world is None:
             raise DistributionError(
                 f"{self!r} has no process grid and no multi-process run is active: "

@@ -270,7 +270,7 @@ def test_describe():
 # --------------------------------------------------------------------------- #
 # the bench: pure parts
 # --------------------------------------------------------------------------- #
-from dmatmul import _bench  # noqa: E402
+from dmatmul.cli import bench as _bench  # noqa: E402
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -647,8 +647,8 @@ def test_numpy_peer_under_mpiexec_runs_the_bench_dtype():
     """numpy's helper process (mpiexec runs) multiplies in the bench's element type:
     float64 for --dtype float64 (it ran float32, half the work, understating
     dmatmul's x numpy), float32 for the half precisions, as in one process."""
-    from dmatmul._bench.mpi import NumpyHelper
-    from dmatmul._bench.problem import numpy_dtype, numpy_note
+    from dmatmul.cli.bench.mpi import NumpyHelper
+    from dmatmul.cli.bench.problem import numpy_dtype, numpy_note
 
     assert [numpy_dtype(d) for d in ("float32", "float64", "bfloat16", "float16")] == [
         "float32", "float64", "float32", "float32"]

@@ -298,10 +298,10 @@ def test_auto_passes_nvmath_over_where_ranks_share_a_gpu(fake_nvmath, monkeypatc
     """In process, a runtime of 2 ranks on a node of one GPU (as dm.init
     gathers it): probe() refuses nvmath, saying why; backend="auto" resolves
     to JAX; backend="nvmath" raises a RuntimeError; one GPU each: nvmath."""
-    from dmatmul import _runtime
+    from dmatmul import _runtime, _world
 
     crowded = _runtime.Runtime(rank=1, size=2, comm=None, local_rank=1, nodes=_nodes([(None, 1)] * 2, 2))
-    monkeypatch.setattr(_runtime, "_state", crowded)
+    monkeypatch.setattr(_world, "_state", crowded)
     why = "2 ranks on this node share 1 GPU; cuBLASMp needs one GPU per rank"
     assert backends.passed_over("nvmath").startswith(why) and backends.probe("nvmath").startswith(why)
     assert backends.passed_over("jax") is None
@@ -309,5 +309,5 @@ def test_auto_passes_nvmath_over_where_ranks_share_a_gpu(fake_nvmath, monkeypatc
     with pytest.raises(RuntimeError, match="backend='nvmath' is not available: " + why):
         backends.get("nvmath")
     apart = dataclasses.replace(crowded, nodes=_nodes([("0", 1), ("1", 1)], 2))
-    monkeypatch.setattr(_runtime, "_state", apart)
+    monkeypatch.setattr(_world, "_state", apart)
     assert backends.probe("nvmath") is None and backends.resolve("auto").name == "nvmath"

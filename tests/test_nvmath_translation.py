@@ -188,7 +188,7 @@ def check_nvmath_rules(tr):
     "dmatmul.backends.nvmath._translate", "dmatmul.backends.nvmath._translate._types",
     "dmatmul.backends.nvmath._translate._orient", "dmatmul.backends.nvmath._translate._epilog",
     "dmatmul.backends.nvmath._translate._one_d", "dmatmul.backends.nvmath._translate._two_d",
-    "dmatmul.backends.nvmath._translate._describe", "dmatmul.backends.nvmath._translate._overlap",
+    "dmatmul.backends.nvmath._translate._overlap",
     "dmatmul.backends.nvmath._engine", "dmatmul.backends.nvmath",
 ])
 def test_doctests(module):

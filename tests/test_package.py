@@ -42,6 +42,98 @@ def test_public_names_resolve():
     assert dmatmul.Slab.X == dmatmul.Slab(0) and callable(dmatmul.matmul)
 
 
+def _import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    """Which of the package's modules each module of ``root/dmatmul`` imports:
+    every ``import`` and ``from ... import`` (at module level, in functions, under
+    ``TYPE_CHECKING``), relative ones resolved against the module's package.
+
+    Importing ``dmatmul.a.b`` runs ``dmatmul.a``'s ``__init__`` too: an edge to each
+    parent package of the target, except the importer's own parents, which have
+    run before it (an explicit import of one, ``from .. import name``, is kept)."""
+    import ast
+
+    files = {}
+    for path in sorted((root / "dmatmul").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        files[name] = (path, parts[-1] == "__init__")
+
+    def parents(name: str) -> list[str]:
+        parts = name.split(".")
+        return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in files.items():
+        package = name if is_package else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base_parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(base_parts + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                subs = {f"{base}.{alias.name}" for alias in node.names} & files.keys()
+                # `from base import x`: the submodule base.x where there is one, else a name of base
+                targets.update(subs if len(subs) == len(node.names) else subs | {base})
+        own = set(parents(name))
+        edges = set()
+        for target in targets & files.keys():
+            edges.add(target)
+            edges.update(p for p in parents(target) if p not in own)
+        graph[name] = edges - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (its modules, the first repeated at the end), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in sorted(graph[module]):
+            found = visit(target)
+            if found is not None:
+                return found
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        found = visit(module)
+        if found is not None:
+            return found
+    return None
+
+
+def test_no_import_circle():
+    """The package is layered: no module imports, however indirectly, one that
+    imports it back (docs/architecture.md, the module map)."""
+    circle = _cycle(_import_graph(ROOT))
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def test_import_graph_sees_a_circle():
+    """The graph sees imports inside functions, relative ones and parent
+    packages: a circle made that way is found."""
+    graph = _import_graph(ROOT)
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert "dmatmul.backends" in graph["dmatmul._runtime"]  # parent of the package: `from . import backends`
+    assert "dmatmul.cli" not in graph["dmatmul.cli.bench.command"]  # its own parent runs before it
+    assert {"dmatmul.cli.common", "dmatmul._cost"} <= graph["dmatmul.cli.bench.command"]  # `from ..common`, `from ...`
+    assert "dmatmul.backends" in graph["dmatmul.cli.check"]
+    # inside a function (cmd_demo's `import dmatmul as dm`) and a parent package's __init__
+    assert "dmatmul" in graph["dmatmul.cli.demo"]
+    assert {"dmatmul.backends", "dmatmul.backends.jax"} <= graph["dmatmul.jax"]  # `from .backends.jax._kernels`
+
+
 def _modules() -> list[str]:
     import pkgutil
 
@@ -222,8 +314,8 @@ def test_check_reads_the_backend_table(monkeypatch, capsys):
     assert info.value.code == "dmatmul check: backend 'torch' cannot run here: the torch backend is not part of " \
                               "this dmatmul version", (info.value.code, capsys.readouterr().err)
     monkeypatch.setattr(backends, "probe", lambda name: None)  # every row runs here
-    assert cli._check_backends("auto") == ["torch"]
-    assert cli._check_backends("all-found") == [r.name for r in backends.TABLE]
+    assert cli.check.check_backends("auto") == ["torch"]
+    assert cli.check.check_backends("all-found") == [r.name for r in backends.TABLE]
 
 
 def test_cli_help_and_version(capsys):
@@ -267,12 +359,13 @@ def test_cli_says_in_one_line_that_the_cost_model_file_is_broken(argv, tmp_path,
 def test_cli_says_in_one_line_that_the_sizes_do_not_fit(monkeypatch, capsys):
     """``dmatmul demo -m 400000 -n 400000``: numpy's MemoryError, one line
     (a traceback before)."""
-    from dmatmul import _bench, cli
+    from dmatmul import cli
+    from dmatmul.cli import bench as _bench
 
     def too_big(args):
         raise MemoryError("Unable to allocate 1.16 TiB for an array with shape (400000, 400000)")
 
-    monkeypatch.setattr(cli, "cmd_demo", too_big)
+    monkeypatch.setattr(cli.demo, "cmd_demo", too_big)
     monkeypatch.setattr(_bench.command, "run", too_big)
     for main, argv, prog in ((cli.main, ["demo", "-m", "400000"], "dmatmul demo"),
                              (cli.main, ["bench", "--sizes", "400000"], "dmatmul bench"),

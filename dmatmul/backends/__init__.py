@@ -23,10 +23,12 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .. import _world
+
 if TYPE_CHECKING:
     from .._plan import Plan
-    from .._runtime import Runtime
     from .._spec import Operands, Spec
+    from .._world import Runtime
 
 __all__ = [
     "Backend", "BackendPlan", "BackendInfo", "TABLE", "NAMES", "get", "resolve", "probe", "info", "details", "loaded",
@@ -185,9 +187,7 @@ def passed_over(name: str) -> str | None:
 
 
 def _passed_over(name: str) -> str | None:
-    from .. import _runtime
-
-    rt = _runtime.runtime()
+    rt = _world.runtime()
     if rt is None or rt.size == 1 or not rt.nodes:
         return None
     row = _BY_NAME[name]
@@ -199,7 +199,7 @@ def _passed_over(name: str) -> str | None:
 
 def node_view() -> tuple[tuple[str, Any], ...]:
     """What this rank tells the others of its node when the runtime starts
-    (``dmatmul._runtime.init``): ``(backend, view)`` for each backend whose
+    (:func:`dmatmul._runtime.init`): ``(backend, view)`` for each backend whose
     row ``tells_node`` and whose packages are installed (nvmath: the GPUs
     this rank sees). Never raises: every rank must reach the allgather that
     carries it."""

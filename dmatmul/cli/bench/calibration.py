@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _cost
+from ... import _cost
 from .devices import start_jax
 from .peers import make_mesh
 from .timing import IdleWaiter, Runner, blocking
@@ -143,7 +143,7 @@ def with_default_collectives(model: _cost.MachineModel, platform: str, p: int) -
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from .._runtime import launched_size
+    from ..._runtime import launched_size
 
     if launched_size() > 1:
         print("dmatmul bench --calibrate: run it in one process (it calibrates simulated devices)", file=sys.stderr)
@@ -182,7 +182,7 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
     layout for an ``n``-cube on ``p`` ranks: bytes each rank sends and receives,
     point-to-point messages, whole collectives, flops and extra memory per
     rank, the predicted time, and the lower bounds."""
-    from .. import _plan
+    from ... import _plan
 
     itemsize = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
     acc = 4 if itemsize == 2 else itemsize

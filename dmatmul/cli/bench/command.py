@@ -5,7 +5,7 @@ on the ``dmatmul`` command line, :func:`finish_args` applies ``--quick`` and
 checks the options, :func:`run` dispatches to calibration, the costs table,
 or a timed run in one process (simulated devices) or under ``mpiexec``
 (several processes) and reports it; :func:`main` is ``python -m
-dmatmul._bench``.
+dmatmul.cli.bench``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _cost
-from .._spec import ALGORITHMS
-from ..cli import MAX_CPU_DEVICES, at_least, require_backend, require_cost_model, run_command
+from ... import _cost
+from ..._spec import ALGORITHMS
+from ..common import MAX_CPU_DEVICES, at_least, require_backend, require_cost_model, run_command
 from .calibration import run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
@@ -218,7 +218,7 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     """Run ``dmatmul bench`` with parsed arguments; returns the exit status
     (1 if any result disagreed with the float64 reference)."""
-    from .._runtime import launched_size
+    from ..._runtime import launched_size
 
     args = finish_args(args)
     if not args.costs:  # the costs table is pure Python; calibrating and timing run on JAX
@@ -282,7 +282,7 @@ def main(
     argv: Sequence[str] | None = None, *, prog: str = "dmatmul bench", description: str = DESCRIPTION,
     defaults: dict[str, str] | None = None,
 ) -> int:
-    """``python -m dmatmul._bench [options]``: the bench without the ``dmatmul`` CLI.
+    """``python -m dmatmul.cli.bench [options]``: the bench without the ``dmatmul`` CLI.
 
     A script that wraps it (``benchmarks/mpi_bench.py``) names itself with
     ``prog`` and ``description`` and sets its own ``defaults`` (option

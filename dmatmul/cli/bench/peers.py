@@ -16,8 +16,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import _cost
-from .._spec import ALGORITHMS, AlgorithmName, PrecisionName
+from ... import _cost
+from ..._spec import ALGORITHMS, AlgorithmName, PrecisionName
 
 PEERS = ("xla", "xla-1dev", "numpy")
 
@@ -26,7 +26,7 @@ def partition_spec(dist: Any, two_d: bool = False) -> Any:
     """PartitionSpec of a distribution on the 1-D mesh ("x",) or the 2-D mesh ("r", "c")."""
     from jax.sharding import PartitionSpec
 
-    from .._distribution import BlockNonCyclic, Replicated
+    from ..._distribution import BlockNonCyclic, Replicated
 
     if isinstance(dist, Replicated):
         return PartitionSpec()
@@ -50,7 +50,7 @@ def shardings(dists: Sequence[Any], devices: Sequence[Any], mm: Any = None) -> d
     exposes it (``mm``: a planned Matmul), else built from the distributions
     (1-D mesh "x", or a 2-D mesh ("r", "c") when one is on a grid)."""
     if mm is not None:
-        from .._matmul import plan_of
+        from ..._matmul import plan_of
 
         plan = plan_of(mm)
         if hasattr(plan, "sharding"):  # the JAX backend's plans say where each operand lives
@@ -86,7 +86,7 @@ def plan_facts(mm: Any, n: int, p: int, itemsize: int, platform_name: str) -> di
     """Prediction and modelled traffic of a planned Matmul, from its plan's
     ``cost`` (the backend protocol: a :class:`dmatmul._plan.Plan`, or None
     where the backend models none)."""
-    from .._matmul import plan_of
+    from ..._matmul import plan_of
 
     facts: dict[str, Any] = {"algorithm": mm.algorithm}
     cost = plan_of(mm).cost
@@ -106,7 +106,7 @@ def memory_facts(mm: Any) -> dict[str, Any]:
     rank's blocks of a, b and the result plus one buffer of what travels), where
     the backend's plan reports them (``compiled_memory``, ``ideal_memory_bytes``:
     the JAX backend)."""
-    from .._matmul import plan_of
+    from ..._matmul import plan_of
 
     plan = plan_of(mm)
     compiled, ideal = getattr(plan, "compiled_memory", None), getattr(plan, "ideal_memory_bytes", None)

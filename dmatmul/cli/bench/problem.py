@@ -35,7 +35,7 @@ def parse_layout(name: str, nranks: int | None = None) -> tuple[Any, Any, Any]:
     >>> parse_layout("GGG", 8)[0]
     BlockNonCyclic(ProcessGrid((2, 4), layout='row'))
     """
-    from .._distribution import BlockNonCyclic, ProcessGrid, Replicated, Slab
+    from ..._distribution import BlockNonCyclic, ProcessGrid, Replicated, Slab
 
     letters: dict[str, Any] = {"X": Slab.X, "Y": Slab.Y, "R": Replicated()}
     key = name.strip().upper()

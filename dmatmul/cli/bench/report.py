@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _cost
+from ... import _cost
 from .peers import PEERS
 from .problem import grid_shape
 from .timing import Progress, Result
@@ -135,7 +135,7 @@ def format_summary(results: Sequence[Result]) -> str:
 def run_meta(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     import jax
 
-    from .. import __version__
+    from ... import __version__
 
     models = {}
     platform_name = jax.devices()[0].platform

@@ -1,7 +1,0 @@
-"""``python -m dmatmul._bench [options]``: ``dmatmul bench`` without the ``dmatmul`` CLI."""
-
-import sys
-
-from . import main
-
-sys.exit(main())
