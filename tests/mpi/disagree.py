@@ -77,8 +77,8 @@ expect("redistribute-src", ValueError, ["src", "rank 1 passes Slab.Y"],
 expect("redistribute-dtype", ValueError, ["dtype", "rank 1 passes 'float64'"],
        lambda: dm.redistribute(la.astype(np.float64) if odd else la, X, Y))
 bias = np.ones(M, np.float32)
-expect("bias-row-instead-of-vector", ValueError, ["bias", "got shape (1, 12)"],
-       call(epilog="bias", bias=bias[None, :]) if odd else call(epilog="bias", bias=bias))
+expect("bias-matrix-instead-of-vector", ValueError, ["bias", "(2, 12)"],
+       call(epilog="bias", bias=np.ones((2, M), np.float32)) if odd else call(epilog="bias", bias=bias))
 expect("alpha-overflows", ValueError, ["alpha", "does not fit a double"], call(alpha=10**400))
 if odd:  # rank 1's node has what nvmath needs (a GPU, nvmath-python): backend="auto" finds nvmath there
     probe = dm.backends.probe
