@@ -12,7 +12,6 @@ is refused exactly as it would be there.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ import numpy as np
 from . import _runtime
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
-from ._spec import Operands, Spec, array_module, check_fit, numpy_dtype
+from ._spec import Operands, Spec, array_module, check_fit, numpy_dtype, precise
 
 __all__ = ["EmptyProduct", "EmptyPlan"]
 
@@ -68,12 +67,8 @@ class EmptyPlan:
         else:
             rows, cols = np.arange(spec.m), np.arange(spec.n)
         xp = array_module(operands.family)
-        jax = sys.modules.get("jax")
-        if jax is not None and spec.dtype in ("float64", "complex128"):
-            # 64-bit results stay 64-bit where JAX makes or places them (jax operands; any inside a trace)
-            with jax.enable_x64(True):
-                return self._place(self._compute(xp, operands, rows, cols), operands)
-        return self._place(self._compute(xp, operands, rows, cols), operands)
+        with precise(spec.dtype):  # a backend's library makes the result of spec.dtype (JAX: 64-bit under x64)
+            return self._place(self._compute(xp, operands, rows, cols), operands)
 
     def _place(self, result: Any, operands: Operands) -> Any:
         """One process: the result where the backend would put one with elements."""

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import inspect
 import numbers
-import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, overload
 
@@ -36,6 +35,7 @@ from ._lru import LRU
 from ._spec import (
     ALGORITHMS,
     DTYPES,
+    KINDS,
     AlgorithmName,
     BackendName,
     Operands,
@@ -44,10 +44,9 @@ from ._spec import (
     as_matrix,
     check_devices,
     check_distribution,
-    context_mesh,
     dtype_name,
     family,
-    in_jax_trace,
+    kind,
     native_order,
     normalize_precision,
     refuse_spanning,
@@ -790,13 +789,9 @@ class Matmul:
             given = {name: type(value).__name__} if family(value) == "other" else {}
             if given:
                 value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
-            jax = sys.modules.get("jax")
-            if jax is not None and isinstance(value, jax.core.Tracer):
-                raise TypeError(
-                    f"reset_operands: {name} is a traced value (inside jax.jit, grad or vmap); a Matmul plan "
-                    "keeps its operands between calls, so a tracer would outlive its trace: call dm.matmul "
-                    "inside the traced function instead"
-                )
+            held = kind(family(value))
+            if held is not None:
+                held.refuse_held(value, name)  # (a tracer would outlive its trace)
             got = (tuple(value.shape), dtype_name(value.dtype), family(value))
             want = (tuple(old.shape), dtype_name(old.dtype), family(old))
             if got != want:
@@ -804,15 +799,8 @@ class Matmul:
                 raise ValueError(
                     f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}{read}"
                 )
-            if got[2] == "jax" and jax is not None \
-                    and not any(isinstance(v, jax.core.Tracer) for v in (value, old)):
-                devices, planned = value.sharding.device_set, old.sharding.device_set
-                if devices != planned:  # the result would come back on the planned devices
-                    raise ValueError(
-                        f"reset_operands: {name} is on {len(devices)} device(s) ({_ids(devices)}) but the plan's "
-                        f"{name} was on {len(planned)} ({_ids(planned)}): put it there "
-                        f"(jax.device_put({name}, <the planned {name}>.sharding)) or make a new Matmul"
-                    )
+            if held is not None:
+                held.refuse_moved(value, old, name)  # (the result would come back where the plan's operands were)
             setattr(new, name, native_order(value))
         spec = self._spec
         if alpha is not None or beta is not None:
@@ -964,11 +952,6 @@ def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:
     return tuple((name, tuple(x.shape), x.dtype) for name in _OPERAND_NAMES if (x := getattr(ops, name)) is not None)
 
 
-def _ids(devices: Any) -> str:
-    ids = sorted(getattr(d, "id", -1) for d in devices)
-    return "ids " + ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
-
-
 @overload
 def matmul(
     a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, **options: Unpack[MatmulOptions]
@@ -1017,10 +1000,11 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
 
 
 class _Recent:
-    """dm.matmul's recent plans by what its checks read of the call: a call of
-    jax.Arrays, in one process, outside any trace, whose operands have the
-    shape, dtype, sharding and committedness (and options the type and value,
-    and ``jax.set_mesh`` the mesh) of one that passed them runs that plan
+    """dm.matmul's recent plans by what its checks read of the call: a call,
+    in one process, of arrays a backend's kind keys (:meth:`ArrayKind.recent_key`:
+    jax.Arrays outside any trace, by shape, dtype, sharding, committedness,
+    ``jax.set_mesh``'s mesh and x64) whose key and options (type and value)
+    are those of one that passed the checks runs that plan
     again without them, through the runner its ``repeat`` made for the first
     call's operands (the backend protocol's optional shortcut: the JAX plan
     still refuses deleted operands and traces, and then the full call raises
@@ -1035,22 +1019,18 @@ class _Recent:
 
     def key(self, a: Any, b: Any, c: Any, options: Mapping[str, Any]) -> Hashable | None:
         """The call's key, or None where it is not one to keep."""
-        jax = sys.modules.get("jax")
-        if jax is None or _runtime.launched_size() > 1 or _runtime.active() is not None:
+        if _runtime.launched_size() > 1 or _runtime.active() is not None:
             return None
-        arrays: list[Any] = []
-        for x in (a, b, c, options.get("bias")):
-            if x is None:
-                arrays.append(None)
-            elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-                arrays.append((x.shape, x.dtype, x.weak_type, x.sharding, x.committed))
-            else:
-                return None
-        if in_jax_trace():
+        xs = (a, b, c, options.get("bias"))
+        for held in KINDS:  # (none keys numpy operands, whose checks read their memory)
+            arrays = held.recent_key(xs)
+            if arrays is not None:
+                break
+        else:
             return None
         try:
             opts = tuple(sorted((k, _typed(v)) for k, v in options.items() if k != "bias"))
-            key = (tuple(arrays), opts, context_mesh(), bool(jax.config.jax_enable_x64))
+            key = (arrays, opts)
             hash(key)
         except TypeError:  # an unhashable option (an array as alpha, say): the full call judges it
             return None

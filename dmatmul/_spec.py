@@ -17,11 +17,12 @@ Importing it loads numpy only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import numbers
 import sys
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Literal, cast, get_args
 
 import numpy as np
@@ -115,11 +116,10 @@ def numpy_dtype(name: str) -> Any:
 
 
 def array_module(fam: str) -> Any:
-    """numpy, jax.numpy or cupy for an array family."""
-    if fam == "jax":
-        import jax.numpy as jnp
-
-        return jnp
+    """numpy, a kind's module (jax.numpy) or cupy for an array family."""
+    held = kind(fam)
+    if held is not None:
+        return held.array_module()
     if fam == "cupy":
         import cupy
 
@@ -151,13 +151,72 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+class ArrayKind:
+    """What the neutral core asks a backend of its own array type (JAX's:
+    ``dmatmul/backends/jax/_arrays.py``), through :data:`KINDS`, which the
+    backend table fills (:mod:`dmatmul.backends`). A kind is light to import:
+    it never imports its array library (an array of it exists only once the
+    user did). Every answer has a default: "not mine"."""
+
+    #: the :data:`Family` of the arrays it owns
+    family: str = "other"
+
+    def owns(self, x: Any) -> bool:
+        """Whether ``x`` is one of its arrays."""
+        return False
+
+    def claims(self, spec: Spec) -> bool:
+        """Whether a product of ``spec`` is its backend's to run, whatever
+        ``backend="auto"`` would prefer (JAX: a trace's, or one on jax.Arrays)."""
+        return False
+
+    def in_trace(self, xs: Sequence[Any]) -> bool:
+        """Whether its library traces a program now (``xs``: values that may be the trace's)."""
+        return False
+
+    def refuse_unusable(self, x: Any, name: str) -> None:
+        """Raise where ``x`` is one of its arrays that no path may read (a deleted one)."""
+
+    def refuse_spanning(self, x: Any, name: str, distribution: str) -> None:
+        """Raise where ``x`` is one of its arrays that is no single rank's block."""
+
+    def array_module(self) -> Any:
+        """The numpy-like module of its arrays."""
+        raise NotImplementedError(f"no array module for the {self.family} family")
+
+    def precise(self, dtype: str) -> contextlib.AbstractContextManager[Any]:
+        """A context in which its library makes results of ``dtype`` as they are (JAX: x64)."""
+        return contextlib.nullcontext()
+
+    def recent_key(self, xs: Sequence[Any]) -> Hashable | None:
+        """What the front end's checks read of ``xs`` (operands or None), as a key
+        for ``dm.matmul``'s repeated-call shortcut; None where they are not all its
+        arrays, or the call may not skip the checks (inside a trace)."""
+        return None
+
+    def refuse_held(self, x: Any, name: str) -> None:
+        """Raise where ``x`` may not be kept by a plan between calls (a tracer)."""
+
+    def refuse_moved(self, value: Any, old: Any, name: str) -> None:
+        """Raise where ``value``, replacing the planned ``old``, lies elsewhere (other devices)."""
+
+
+#: The backends' array kinds, in the table's order (filled by :mod:`dmatmul.backends`).
+KINDS: list[ArrayKind] = []
+
+
+def kind(fam: str) -> ArrayKind | None:
+    """The registered kind of family ``fam``, or None."""
+    return next((k for k in KINDS if k.family == fam), None)
+
+
 def family(x: Any) -> Family:
-    """The array family of ``x``: "numpy", "jax" or "cupy" (without importing any), else "other"."""
+    """The array family of ``x``: "numpy", a backend's kind's, or "cupy" (without importing any), else "other"."""
     if isinstance(x, np.ndarray):
         return "numpy"
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(x, jax.Array):
-        return "jax"
+    for k in KINDS:
+        if k.owns(x):
+            return cast(Family, k.family)
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
         return "cupy"
@@ -167,73 +226,46 @@ def family(x: Any) -> Family:
 def refuse_unusable(x: Any, name: str) -> None:
     """Arrays no path may read, refused on this rank before the ranks compare
     their calls: a numpy masked array (as JAX refuses it, whatever a path would
-    read of it) and a deleted jax.Array (whose first read would fail on this
-    rank alone, inside a collective)."""
+    read of it) and whatever a kind refuses (a deleted jax.Array, whose first
+    read would fail on this rank alone, inside a collective)."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(
             f"{name} is a numpy masked array, which a product cannot honour: pass {name}.filled(<value>), "
             f"or np.asarray({name}) to use the stored values"
         )
-    jax = sys.modules.get("jax")  # (a jax.Array comes only from a loaded jax; a tracer has no buffers)
-    if jax is not None and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
-        raise ValueError(f"{name} is a deleted jax.Array (its buffers were freed or donated): pass a live array")
+    if not isinstance(x, np.ndarray):
+        for k in KINDS:
+            k.refuse_unusable(x, name)
 
 
 def refuse_spanning(x: Any, name: str, distribution: str = "distribution") -> None:
-    """Under several processes: a jax.Array that spans several processes is no
+    """Under several processes: an array that spans several processes is no
     rank's block (reading it fails on that rank alone, inside a collective)."""
-    if family(x) == "jax" and not getattr(x, "is_fully_addressable", True):
-        raise ValueError(
-            f"{name} is a jax.Array that spans several processes; under mpiexec each rank passes its "
-            f"local block of {name}: its part of dm.split(global_{name}, {distribution}), e.g. "
-            f"{name}.addressable_shards[0].data for a Slab"
-        )
+    for k in KINDS:
+        k.refuse_spanning(x, name, distribution)
 
 
-def in_jax_trace(*xs: Any) -> bool:
-    """Whether a JAX transformation (``jit``, ``grad``...) is tracing now: one of
-    ``xs`` is its value, or JAX says so (also where only closed-over constants
-    are used; JAX says it only privately: without that answer, False)."""
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return False
-    if any(isinstance(x, jax.core.Tracer) for x in xs):
-        return True
-    global _trace_state_clean
-    clean = _trace_state_clean
-    if clean is None:  # looked up once (an import statement at every call costs more than the answer)
-        try:
-            from jax._src.core import trace_state_clean
-        except ImportError:  # pragma: no cover - a JAX without it
-            _trace_state_clean = clean = False
-        else:
-            _trace_state_clean = clean = trace_state_clean
-    return clean is not False and not clean()
+def in_trace(*xs: Any) -> bool:
+    """Whether a backend's library traces a program now (``jax.jit``, ``grad``...):
+    one of ``xs`` is its value, or it says so."""
+    return any(k.in_trace(xs) for k in KINDS)
 
 
-_trace_state_clean: Any = None  # JAX's trace_state_clean, once in_jax_trace looked it up (False: this JAX has none)
-
-
-def context_mesh() -> Any:
-    """The concrete mesh of ``jax.set_mesh``, also inside a trace (where the
-    public ``jax.sharding.get_mesh`` refuses to say); None where there is none
-    (or this JAX keeps it elsewhere, or JAX is not loaded)."""
-    if "jax" not in sys.modules:
-        return None
-    try:
-        from jax._src.mesh import get_concrete_mesh
-
-        mesh = get_concrete_mesh()
-    except (ImportError, AttributeError):  # pragma: no cover - a JAX without it: the abstract route
-        return None
-    return None if mesh is None or getattr(mesh, "empty", True) else mesh
+def precise(dtype: str) -> contextlib.AbstractContextManager[Any]:
+    """A context in which every kind's library makes results of ``dtype`` as they are."""
+    if not KINDS:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for k in KINDS:
+        stack.enter_context(k.precise(dtype))
+    return stack
 
 
 def refuse_trace_under_mpi(*xs: Any) -> None:
     """Under mpiexec a product takes each rank's blocks as concrete arrays:
     inside a JAX trace it is refused (on this rank, before the ranks compare
     their calls, so that every rank raises)."""
-    if in_jax_trace(*xs):
+    if in_trace(*xs):
         raise TypeError(
             "under mpiexec dm.matmul and Matmul.execute take each rank's blocks as concrete arrays, not inside "
             "jax.jit, grad or another transformation: call them outside it, or, inside a JAX program over a "
@@ -335,13 +367,6 @@ class Spec:
     @property
     def spmd(self) -> bool:
         return self.nprocs > 1
-
-    def in_jax_program(self) -> bool:
-        """One process, and the product is a JAX program's: on ``jax.Array``
-        operands (the result goes back on their devices), or inside a JAX trace
-        (numpy constants there give one of its values). Read now: the trace
-        state is not part of the spec."""
-        return not self.spmd and (self.family == "jax" or in_jax_trace())
 
     @property
     def m(self) -> int:

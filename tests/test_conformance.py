@@ -181,6 +181,97 @@ def test_no_front_end_module_reaches_into_a_backend():
             assert not mod.startswith("dmatmul.backends."), f"dmatmul/{rel} imports {mod}"
 
 
+_JAX_NAMES = {"jax", "jnp", "jaxlib"}
+#: Modules of dmatmul/ outside the neutral core: the public JAX building blocks
+#: (which *are* the JAX backend's kernels) and the differential driver of
+#: ``dmatmul check``, which makes jax.Arrays and JAX transformations of
+#: dm.matmul on purpose (a test harness, as the CLI is).
+_NOT_CORE = {"jax.py", "_check.py"}
+
+
+def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where ``tree`` knows JAX: a name or attribute ``jax``/``jnp``/``jaxlib``, an
+    import of jax or jaxlib, a string naming them passed to ``sys.modules.get``,
+    ``import_module`` or ``__import__`` (or compared with ``in sys.modules``).
+    Other strings (docstrings, error messages naming jax.Array) are wording;
+    annotations and ``if TYPE_CHECKING:`` blocks are for type checkers (the
+    public signatures say jax.Array) and never run."""
+    def jaxy(name: str) -> bool:
+        return name.split(".")[0] in _JAX_NAMES
+
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            annotations = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                                  args.vararg, args.kwarg) if a is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            annotations = [node.annotation]
+        skip.update(id(n) for a in annotations if a is not None for n in ast.walk(a))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        what = None
+        if isinstance(node, ast.Name) and node.id in _JAX_NAMES:
+            what = node.id
+        elif isinstance(node, ast.Attribute) and node.attr in _JAX_NAMES:
+            what = "." + node.attr
+        elif isinstance(node, ast.Import) and any(jaxy(a.name) for a in node.names):
+            what = "import " + ", ".join(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and jaxy(node.module or ""):
+            what = f"from {node.module} import"
+        elif isinstance(node, ast.Call):
+            callee = ast.unparse(node.func)
+            if callee.endswith(("sys.modules.get", "import_module", "__import__", "find_spec")) and any(
+                    isinstance(a, ast.Constant) and isinstance(a.value, str) and jaxy(a.value) for a in node.args):
+                what = f"{callee}(...jax...)"
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.left.value, str) and jaxy(node.left.value) \
+                and any(ast.unparse(c).endswith("sys.modules") for c in node.comparators):
+            what = f"{node.left.value!r} in sys.modules"
+        if what is not None:
+            found.append((getattr(node, "lineno", 0), what))
+    return sorted(found)
+
+
+def test_the_neutral_core_never_names_jax():
+    """All JAX knowledge (jax.Array and tracers, meshes, x64, jax._src) lives in
+    the JAX backend (dmatmul/backends/jax/, its light ``_arrays`` module for
+    what the core asks: :class:`dmatmul._spec.ArrayKind`); the core and the
+    backend table ask it through the table, by family and claim."""
+    core = [p for p in sorted((ROOT / "dmatmul").glob("*.py")) if p.name not in _NOT_CORE]
+    core.append(ROOT / "dmatmul" / "backends" / "__init__.py")
+    assert len(core) > 15
+    named = [f"{path.relative_to(ROOT)}:{line}: {what}" for path in core
+             for line, what in _jax_knowledge(ast.parse(path.read_text()))]
+    assert not named, "the neutral core knows JAX:\n" + "\n".join(named)
+
+
+def test_the_neutral_core_check_sees_jax_knowledge():
+    """The check above sees each way of knowing JAX, and lets wording and typing be."""
+    code = """
+import sys
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    import jax
+def f(x: jax.Array) -> jnp.ndarray:
+    "a jax.Array"
+    m = sys.modules.get("jax")
+    t = x.jax
+    if "jaxlib" in sys.modules:
+        raise ValueError("not a jax.Array")
+    from jax._src.core import trace_state_clean
+    return importlib.import_module("jax.numpy"), jnp
+"""
+    assert [what for _, what in _jax_knowledge(ast.parse(code))] == [
+        "sys.modules.get(...jax...)", ".jax", "'jaxlib' in sys.modules", "from jax._src.core import",
+        "importlib.import_module(...jax...)", "jnp"]
+
+
 # --------------------------------------------------------------------------- #
 # the differential matrix, on every backend
 # --------------------------------------------------------------------------- #

@@ -23,7 +23,7 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .. import _world
+from .. import _spec, _world
 
 if TYPE_CHECKING:
     from .._plan import Plan
@@ -117,7 +117,10 @@ class BackendInfo:
     ``redistributes``: it implements
     ``redistribute(x, src, dst, *, shape, family, devices, rank)``;
     ``tells_node``: its module (light to import) has ``node_view()`` and
-    ``passed_over(runtime)`` (see :func:`passed_over`).
+    ``passed_over(runtime)`` (see :func:`passed_over`); ``arrays``: a light
+    module (it imports no array library) whose ``KIND``, a
+    :class:`dmatmul._spec.ArrayKind`, tells the neutral core what it knows of
+    its arrays (their family, traces, the claim on a product: :func:`resolve`).
     """
 
     name: str
@@ -128,6 +131,7 @@ class BackendInfo:
     one_rank_per_process: bool = False
     redistributes: bool = False
     tells_node: bool = False
+    arrays: str | None = None
 
 
 #: Every backend, in the order ``backend="auto"`` prefers them when they can
@@ -138,7 +142,8 @@ TABLE: tuple[BackendInfo, ...] = (
                 "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)", one_rank_per_process=True,
                 tells_node=True),
     BackendInfo("jax", "dmatmul.backends.jax", "jax", ("jax",),
-                "JAX shard_map ring kernels (CPU, GPU, TPU; one or several processes)", redistributes=True),
+                "JAX shard_map ring kernels (CPU, GPU, TPU; one or several processes)", redistributes=True,
+                arrays="dmatmul.backends.jax._arrays"),
 )
 _BY_NAME = {row.name: row for row in TABLE}
 #: The ``backend=`` values.
@@ -260,30 +265,37 @@ def loaded() -> dict[str, Backend]:
 
 
 def resolve(name: str, spec: Spec | None = None) -> Backend:
-    """``"auto"``: the first backend of :data:`TABLE` that can run here.
-
-    A backend that runs one rank per process (nvmath) is skipped for a
-    one-process product that is JAX's to place (:func:`_jax_placed`).
+    """``"auto"``: the backend whose array kind claims the product
+    (:meth:`dmatmul._spec.ArrayKind.claims`: JAX's, for a one-process product
+    on jax.Arrays, inside a trace or over several devices), else the first
+    backend of :data:`TABLE` that can run here.
     """
     if name != "auto":
         return get(name)
-    jax_placed = spec is not None and _jax_placed(spec)
+    if spec is not None:
+        for row, kind in _KINDS:
+            if kind.claims(spec):
+                return get(row.name)  # (raises, naming what to install, where it cannot run)
     for row in TABLE:
-        if jax_placed and row.one_rank_per_process:
-            continue
         if probe(row.name) is None:
             return get(row.name)
     return get(TABLE[-1].name)  # the fallback: raises, naming what to install
 
 
-def _jax_placed(spec: Spec) -> bool:
-    """Whether a one-process product runs where only JAX's devices can: asked
-    to span several (``devices=N``, N > 1, or a list of JAX devices), on
-    ``jax.Array`` operands (the result goes back on their devices, a user's
-    mesh too), or inside a JAX trace (``jit``, ``grad``...: the operands are
-    tracers, the result a value of the trace). A backend of one rank per
-    process runs one device of the process and takes no tracer."""
-    return not spec.spmd and (spec.devices not in (None, 1) or spec.in_jax_program())
+def _register_kinds() -> list[tuple[BackendInfo, _spec.ArrayKind]]:
+    """Each row's array kind (its light ``arrays`` module), in the table's order,
+    also made known to the neutral core (:data:`dmatmul._spec.KINDS`)."""
+    kinds = []
+    for row in TABLE:
+        if row.arrays is not None and _importable(row.arrays):
+            kind: _spec.ArrayKind = importlib.import_module(row.arrays).KIND
+            kinds.append((row, kind))
+            if kind not in _spec.KINDS:
+                _spec.KINDS.append(kind)
+    return kinds
+
+
+_KINDS = _register_kinds()
 
 
 def for_redistribute() -> Any:

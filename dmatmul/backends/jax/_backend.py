@@ -16,7 +16,9 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 from ... import _cost, _memory, _plan, _runtime
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._lru import LRU
-from ..._spec import Operands, Spec, check_fit, context_mesh, in_jax_trace
+from ..._spec import Operands, Spec, check_fit
+from ._arrays import context_mesh, in_program
+from ._arrays import in_trace as in_jax_trace
 from . import _kernels, _layout, _start
 from . import _redistribute as _moves
 
@@ -254,7 +256,7 @@ def _auto_typed(x: jax.Array) -> jax.Array:
 def mesh_of(spec: Spec, operands: Operands) -> Mesh | AbstractMesh | None:
     """The user's mesh a one-process product on jax.Arrays runs on (:func:`user_mesh`),
     unless ``devices=`` says otherwise; None under mpiexec and for other arrays."""
-    if not spec.in_jax_program():
+    if not in_program(spec):
         return None
     mesh = user_mesh(operands) if spec.devices is None else None
     if mesh is not None or not _tracing(operands):
@@ -1556,11 +1558,11 @@ class JaxBackend:
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
             raise ValueError(_inside_shard_map(manual))
-        split = _split_vmap(operands) if spec.in_jax_program() and _tracing(operands) else None
+        split = _split_vmap(operands) if in_program(spec) and _tracing(operands) else None
         if split is not None:
             raise ValueError(split)
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
-        if spec.in_jax_program():
+        if in_program(spec):
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (*key, mesh, mesh is not None and _tracing(operands))

@@ -57,7 +57,7 @@ from jax import lax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..._dimmap import DimMap
-from ..._spec import in_jax_trace
+from ._arrays import in_trace as in_jax_trace
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 
 __all__ = [
