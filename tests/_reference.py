@@ -1,6 +1,6 @@
-"""The numpy reference of the tests: the package's own (``dmatmul._reference``)."""
+"""The numpy reference of the tests: the package's own (``dmatmul.testing.reference``)."""
 
-from dmatmul._reference import (
+from dmatmul.testing.reference import (
     TOLERANCE,
     assert_close,
     error_ratio,

@@ -26,7 +26,7 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 def test_import_is_light():
     code = (
         "import sys, dmatmul\n"
-        "heavy = [m for m in ('jax', 'jaxlib', 'nvmath', 'cupy', 'mpi4py') if m in sys.modules]\n"
+        "heavy = [m for m in ('jax', 'jaxlib', 'nvmath', 'cupy', 'mpi4py', 'dmatmul.testing') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     out = run(sys.executable, "-c", code)
