@@ -49,7 +49,7 @@ from dmatmul.testing import case as ck_case  # noqa: E402
 from dmatmul.testing import draw as ck_draw  # noqa: E402
 from dmatmul._spec import numpy_dtype  # noqa: E402
 from dmatmul.backends.jax import _backend as jax_backend  # noqa: E402
-from _reference import assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 from test_conformance import HypothesisChooser  # noqa: E402
 
 LONG = os.environ.get("DMATMUL_LONG", "") not in ("", "0")

@@ -58,7 +58,7 @@ from dmatmul import testing as ck  # noqa: E402
 from dmatmul.testing import case as ck_case  # noqa: E402
 from dmatmul.testing import draw as ck_draw  # noqa: E402
 from dmatmul._epilogue import EPILOGS  # noqa: E402
-from _reference import assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 LONG = os.environ.get("DMATMUL_LONG", "") not in ("", "0")
 PACKAGE = pathlib.Path(dm.__file__).resolve().parent
