@@ -44,10 +44,12 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
 import dmatmul.jax as dmj  # noqa: E402
-from dmatmul import _check as ck  # noqa: E402
+from dmatmul import testing as ck  # noqa: E402
+from dmatmul.testing import case as ck_case  # noqa: E402
+from dmatmul.testing import draw as ck_draw  # noqa: E402
 from dmatmul._spec import numpy_dtype  # noqa: E402
 from dmatmul.backends.jax import _backend as jax_backend  # noqa: E402
-from _reference import assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 from test_conformance import HypothesisChooser  # noqa: E402
 
 LONG = os.environ.get("DMATMUL_LONG", "") not in ("", "0")
@@ -201,7 +203,7 @@ def valid_products(draw: Any, api: str | None = None, mpi: int | None = None) ->
     earlier: list[dm.ProcessGrid] = []
     dists = []
     for _ in range(3):
-        d = ck._draw_distribution(chooser, nranks, earlier)
+        d = ck_draw._draw_distribution(chooser, nranks, earlier)
         if isinstance(d, dm.BlockCyclic):  # block sizes from 1 to huge
             d = dm.BlockCyclic(d.grid, (draw(st.sampled_from(_BLOCKS)), draw(st.sampled_from(_BLOCKS))),
                                d.first_process)
@@ -212,7 +214,7 @@ def valid_products(draw: Any, api: str | None = None, mpi: int | None = None) ->
     distribution: Any = tuple(dists) if form == "triple" else dists[0] if form == "single" else None
     given = () if distribution is None else dists[:1] if form == "single" else dists
     grids = [d.grid for d in given if d.grid is not None]  # the grids of the distributions given
-    fitting = ck._fitting_algorithms(nranks, tuple(dists) if form == "triple" else (dists[0],) * 3, ta, tb) \
+    fitting = ck_case._fitting_algorithms(nranks, tuple(dists) if form == "triple" else (dists[0],) * 3, ta, tb) \
         if distribution is not None else []
     algorithm = draw(st.sampled_from(["auto"] + fitting)) if fitting and draw(st.booleans()) else "auto"
     is_complex = dtype.startswith("complex")
@@ -458,7 +460,7 @@ def _reset_corruptions(v: Valid, data: Any) -> list[Bad]:
 
 def _run_valid(v: Valid) -> None:
     """The valid call runs and matches numpy. (The drawn named algorithm fits the
-    layouts as far as dmatmul._check's hint knows: where the planner still
+    layouts as far as dmatmul.testing's hint knows: where the planner still
     refuses it, saying so, the call is made valid with "auto".)"""
     try:
         d = v.call()
@@ -519,7 +521,7 @@ def test_nan_and_inf_scalars_are_numbers_as_numpy_has_them():
 def test_a_corrupted_split_or_join_raises_a_clear_typed_error(data):
     chooser = HypothesisChooser(data)
     nranks = data.draw(st.sampled_from((1, 2, 3, 4, 6, 8)), label="nranks")
-    d = ck._draw_distribution(chooser, nranks, [])
+    d = ck_draw._draw_distribution(chooser, nranks, [])
     if isinstance(d, dm.BlockCyclic):
         d = dm.BlockCyclic(d.grid, (data.draw(st.sampled_from(_BLOCKS)), data.draw(st.sampled_from(_BLOCKS))),
                            d.first_process)

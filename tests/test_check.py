@@ -1,6 +1,6 @@
 """The differential matrix: random products over the whole layout space.
 
-The generator of :mod:`dmatmul._check`: that it covers the space, and its
+The generator of :mod:`dmatmul.testing`: that it covers the space, and its
 drivers. Hypothesis drives it on every backend in tests/test_conformance.py
 (``test_random_products_match_numpy``: hypothesis shrinks a failure to its
 simplest product); ``dmatmul check`` drives it with a numpy generator (the
@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 
 import dmatmul as dm
-from dmatmul import _check as ck
+from dmatmul import testing as ck
+from dmatmul.testing import compare as ck_compare
 from dmatmul._lru import LRU
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -625,15 +626,15 @@ def test_a_case_runs_in_its_default_matmul_precision(monkeypatch):
     monkeypatch.setattr(dm, "matmul", spy)
     assert ck.run_case(case).status == "passed" and seen == ["highest"]
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    slack = lambda **kw: ck._reduced_precision_slack(dataclasses.replace(case, **kw), "jax")  # noqa: E731
+    slack = lambda **kw: ck_compare._reduced_precision_slack(dataclasses.replace(case, **kw), "jax")  # noqa: E731
     assert slack() == 1.0 and slack(matmul_precision="float32") == 1.0
     assert slack(matmul_precision="bfloat16") == slack(matmul_precision=None) == 1000.0
     assert slack(precision="highest", matmul_precision="bfloat16") == 1.0  # an explicit precision= wins
-    assert ck._reduced_precision_slack(dataclasses.replace(case, matmul_precision="tensorfloat32"), "nvmath") == 1.0
+    assert ck_compare._reduced_precision_slack(dataclasses.replace(case, matmul_precision="tensorfloat32"), "nvmath") == 1.0
 
 
 def test_the_check_module_needs_only_numpy():
-    code = ("import sys, dmatmul._check; "
+    code = ("import sys, dmatmul.testing; "
             "print(sorted(m for m in ('jax', 'hypothesis', 'nvmath', 'cupy', 'mpi4py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
@@ -673,7 +674,7 @@ def test_the_transform_oracle_is_jaxs_derivative(dtype, epilog, ta, tb, beta, bi
     give for the same product written in plain jax.numpy, in 64 bits."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
-    from dmatmul._reference import random_matrix, reference, reference_jvp, reference_vjp
+    from dmatmul.testing import random_matrix, reference, reference_jvp, reference_vjp
 
     rng = np.random.default_rng(11)
     m, n, k = 5, 4, 3
@@ -715,7 +716,7 @@ def test_the_transform_oracle_at_relus_kink(relu, at_zero):
     gives each library's (C and bias cancel in some entries here)."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
-    from dmatmul._reference import reference_jvp, reference_vjp
+    from dmatmul.testing import reference_jvp, reference_vjp
 
     a, b = np.zeros((3, 2)), np.ones((2, 4))
     c = np.array([[1.0, -1.0, 2.0, 0.5]] * 3)
@@ -867,7 +868,7 @@ def _reset_ignores_a(reset):
 
 def _in_order(case):
     dd = case.distributions[2]
-    return case.nranks > 1 and ck._in_order_blocks(dd, (case.m, case.n), case.nranks)
+    return case.nranks > 1 and ck_compare._in_order_blocks(dd, (case.m, case.n), case.nranks)
 
 
 #: (what is broken, the cases that must catch it, how it is broken, what the failure says)

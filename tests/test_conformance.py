@@ -31,12 +31,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dmatmul as dm
-from dmatmul import _check as ck
+from dmatmul import testing as ck
 from dmatmul import _plan, backends
 from dmatmul._matmul import plan_of
 from dmatmul._spec import BackendName
 from dmatmul._spec import family as array_family
-from dmatmul._reference import assert_close, reference
+from dmatmul.testing import assert_close, reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -305,7 +305,7 @@ def test_the_gpu_suites_differential_matrix_runs_on_the_fake():
 @given(data=st.data())
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_random_products_match_numpy(here, data):
-    """The generator of dmatmul._check on this backend: every distribution kind,
+    """The generator of dmatmul.testing on this backend: every distribution kind,
     grid order, uneven and prime size, dtype, transpose, alpha/beta/C, epilogue,
     named algorithm and precision, each result checked against numpy."""
     nranks = data.draw(st.sampled_from(here.nranks), label="nranks")

@@ -19,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 import dmatmul as dm  # noqa: E402
 import dmatmul.backends  # noqa: E402,F401
 from dmatmul._lru import LRU  # noqa: E402
-from _reference import assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 _layout = importlib.import_module("dmatmul.backends.jax._layout")
 

@@ -1,6 +1,6 @@
 """dm.matmul / dm.Matmul on the JAX backend, one process, simulated CPU devices.
 
-Every result is checked against the float64 numpy reference of _reference.py.
+Every result is checked against the float64 numpy reference of dmatmul.testing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
 from dmatmul._lru import LRU  # noqa: E402
-from _reference import TOLERANCE, assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import TOLERANCE, assert_close, random_matrix, reference  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
 ONE_D = (X, Y, R)
@@ -144,7 +144,7 @@ def test_gradients_of_the_epilogues_and_of_a_bias_per_row_or_column(epilog, bias
     """jax.vjp through dm.matmul: the gradients of a, b and bias against numpy's
     (reference_vjp); the bias's comes back in its own shape and dtype (a float64
     bias of float32 operands, x64 on)."""
-    from _reference import reference_vjp
+    from dmatmul.testing.reference import reference_vjp
 
     rng = np.random.default_rng(6)
     m, n, k = 10, 7, 5

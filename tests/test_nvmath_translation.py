@@ -33,7 +33,7 @@ from dmatmul._distribution import numroc
 from dmatmul.backends.nvmath import _pipeline as PL
 from dmatmul.backends.nvmath import _translate as T
 
-from _reference import assert_close, random_matrix, reference
+from dmatmul.testing.reference import assert_close, random_matrix, reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GPU_DIR = ROOT / "tests" / "gpu"

@@ -26,7 +26,7 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 def test_import_is_light():
     code = (
         "import sys, dmatmul\n"
-        "heavy = [m for m in ('jax', 'jaxlib', 'nvmath', 'cupy', 'mpi4py') if m in sys.modules]\n"
+        "heavy = [m for m in ('jax', 'jaxlib', 'nvmath', 'cupy', 'mpi4py', 'dmatmul.testing') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     out = run(sys.executable, "-c", code)
@@ -422,7 +422,7 @@ json.dump(manifest.files, sys.stdout)
 
 def test_sdist_carries_the_test_suite_and_what_it_reads():
     """An unpacked sdist runs its tests as a clone does. setuptools alone puts
-    only tests/test*.py in the sdist (no conftest.py, tests/_reference.py,
+    only tests/test*.py in the sdist (no conftest.py,
     tests/gpu, tests/mpi, tests/typing, nor mpi_examples and .ci/run, which
     tests read): MANIFEST.in, applied here as ``sdist`` applies it, adds them."""
     if importlib.util.find_spec("setuptools") is None:  # (not imported here: see _SDIST_FILES)

@@ -54,9 +54,11 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
-from dmatmul import _check as ck  # noqa: E402
+from dmatmul import testing as ck  # noqa: E402
+from dmatmul.testing import case as ck_case  # noqa: E402
+from dmatmul.testing import draw as ck_draw  # noqa: E402
 from dmatmul._epilogue import EPILOGS  # noqa: E402
-from _reference import assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 LONG = os.environ.get("DMATMUL_LONG", "") not in ("", "0")
 PACKAGE = pathlib.Path(dm.__file__).resolve().parent
@@ -171,7 +173,7 @@ class PlanStates(RuleBasedStateMachine):
         if data.draw(st.integers(0, 7)):
             earlier: list[Any] = []
             cyclic: list[Any] = []
-            dists = tuple(ck._draw_distribution(ch, nranks, earlier, cyclic) for _ in range(3))
+            dists = tuple(ck_draw._draw_distribution(ch, nranks, earlier, cyclic) for _ in range(3))
         epilog = data.draw(st.sampled_from((None, "bias") if cplx else EPILOGS), label="epilog")
         bias_dtype = dtype
         if epilog is not None and epilog.endswith("bias") and data.draw(st.integers(0, 3)) == 3:
@@ -179,14 +181,14 @@ class PlanStates(RuleBasedStateMachine):
         ta, tb = data.draw(st.booleans(), label="ta"), data.draw(st.booleans(), label="tb")
         algorithm = "auto"
         if data.draw(st.integers(0, 5)) == 5:
-            fitting = ck._fitting_algorithms(nranks, dists, ta, tb) if dists is not None else []
+            fitting = ck_case._fitting_algorithms(nranks, dists, ta, tb) if dists is not None else []
             algorithm = data.draw(st.sampled_from(fitting or list(dm.ALGORITHMS)), label="algorithm")
         jax_ok = backend == "jax"
         fams = {name: (data.draw(st.sampled_from(("numpy", "jax"))) if jax_ok else "numpy")
                 for name in ("a", "b", "c", "bias")}
         mesh_shape = None
         if jax_ok and nranks > 1 and "jax" in fams.values() and data.draw(st.booleans()):
-            mesh_shape = data.draw(st.sampled_from([(nranks,)] + [s for s in ck._factorizations(nranks)
+            mesh_shape = data.draw(st.sampled_from([(nranks,)] + [s for s in ck_case._factorizations(nranks)
                                                                   if min(s) > 1]), label="mesh")
         use_c = data.draw(st.booleans(), label="use_c")
         return dict(

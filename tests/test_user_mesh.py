@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
-from _reference import assert_close, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, reference  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
 AXES = ("data", "model")

@@ -4,10 +4,10 @@ against numpy; exit status 1 on any failure."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import os
 
-from .. import _check, _runtime, backends
+from .. import _runtime, backends
 from .common import require_cost_model
 
 __all__ = ["cmd_check", "check_backends"]
@@ -50,43 +50,18 @@ def cmd_check(args: argparse.Namespace) -> int:
             pass
         ndev = min(args.devices, len(jax.devices()))
     import dmatmul as dm
+    from .. import testing
 
     rt = dm.init(start=("jax",) if "jax" in names else ()) if spmd else None
     rank = rt.rank if rt else 0
-    say = print if rank == 0 else (lambda *a, **k: None)
+    say = functools.partial(print, flush=True) if rank == 0 else (lambda *a, **k: None)
     ncases = args.cases if args.cases is not None else (12 if args.quick else 50)
     indices = range(ncases) if args.case is None else [args.case]
-    outcomes = []
+    outcomes: list[testing.Outcome] = []
     for name in names:
-        if rt:
-            ranks: tuple[int, ...] = (rt.size,)
-            where = f"{rt.size} processes (mpiexec)"
-        elif backends.info(name).one_rank_per_process:  # nvmath: one process, one GPU; several ranks need mpiexec
-            ranks, where = (1,), "1 GPU (one process; mpiexec -n P for more)"
-        else:
-            import jax
-
-            ranks = tuple(sorted({p for p in _check.NRANKS if p <= ndev} | {ndev}))
-            where = f"{ndev} {jax.devices()[0].platform.upper()} device(s), {len(ranks)} rank counts {ranks}"
-        families = ("numpy", "jax") if name == "jax" else ("numpy",)
-        say(f"dmatmul check: {len(indices)} random products, seed {args.seed}, backend {name}, on {where}",
-            flush=True)
-        for i in indices:
-            chooser = _check.NumpyChooser([args.seed, i])
-            case = _check.draw_case(chooser, chooser.choice(ranks), families=families, mpi=rt is not None,
-                                    ndevices=ndev)
-            try:
-                out = _check.run_case(case, backend=name, rng_seed=args.seed * 100_003 + i)
-            except Exception as e:  # noqa: BLE001 - a bug of the check itself still counts
-                out = _check.Outcome(case, "failed", float("nan"), f"the check itself failed: {type(e).__name__}: {e}",
-                                     backend=name, mpi=rt is not None)
-            if rt:
-                parts = rt.comm.allgather((out.status, out.ratio, out.message))
-                out = _check.combine([dataclasses.replace(out, status=s, ratio=r, message=m) for s, r, m in parts])
-            outcomes.append(dataclasses.replace(out, label=f"{name} #{i}"))
-            if args.verbose:
-                say(f"  #{i:<4d} {out.status:8s} {case.layout_family:16s} {out.message}", flush=True)
-    say(_check.report(outcomes))
+        outcomes += testing.check(seed=args.seed, backend=name, devices=ndev, indices=indices, log=say,
+                                  verbose=args.verbose).outcomes
+    say(testing.report(outcomes))
     failed = sum(o.status == "failed" for o in outcomes)
     if failed:
         # the cases drawn depend on the seed, the case number, the backend and (in one process) the devices

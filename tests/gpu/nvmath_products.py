@@ -29,7 +29,6 @@ import traceback
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # JAX (the reference backend) must not take the GPUs
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/ for _reference
 sys.path.insert(0, str(HERE))
 
 parser = argparse.ArgumentParser()
@@ -49,7 +48,7 @@ if args.fake:
 import numpy as np  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
-from _reference import TOLERANCE, random_matrix, reference, wide  # noqa: E402
+from dmatmul.testing.reference import TOLERANCE, random_matrix, reference, wide  # noqa: E402
 
 launched = dm._runtime.launched_size()
 rt = dm.init(start=("jax",) if args.compare_jax else ()) if launched > 1 else None

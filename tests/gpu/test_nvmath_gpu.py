@@ -41,7 +41,7 @@ if _REASON is not None:
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
-from _reference import assert_close, random_matrix, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
 

@@ -10,8 +10,7 @@ import numpy as np
 
 import dmatmul as dm
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0])  # tests/ for _reference
-from _reference import assert_close, reference  # noqa: E402
+from dmatmul.testing.reference import assert_close, reference
 
 rt = dm.init()
 me = rt.rank

@@ -16,8 +16,7 @@ import numpy as np
 
 import dmatmul as dm
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0])  # tests/ for _reference
-from _reference import TOLERANCE, reference, wide  # noqa: E402
+from dmatmul.testing.reference import TOLERANCE, reference, wide
 
 rt = dm.init()
 P = rt.size

@@ -1,7 +1,20 @@
-"""The numpy reference every distributed result is checked against.
+"""The float64 numpy reference every distributed result is checked against.
 
-Used by ``dmatmul check`` (:mod:`dmatmul._check`) and by the tests (through
-``tests/_reference.py``). numpy only; ``ml_dtypes`` is imported for bfloat16.
+:func:`reference` is the product, :func:`reference_vjp` and
+:func:`reference_jvp` its derivatives as ``jax.vjp`` and ``jax.jvp`` define
+them, all in float64/complex128; :func:`error_ratio` and
+:func:`assert_close` compare a result with it under the tolerance of a dtype
+(:data:`TOLERANCE`). Used by ``dmatmul check`` and by the tests; a user's
+own tests may use it too::
+
+    import numpy as np
+    import dmatmul as dm
+    from dmatmul.testing import assert_close, reference
+
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    assert_close(dm.matmul(a, b), reference(a, b), "float32")
+
+numpy only; ``ml_dtypes`` is imported for bfloat16.
 """
 
 from __future__ import annotations
@@ -11,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._epilogue import TABLE
+from .._epilogue import TABLE
 
 __all__ = [
     "TOLERANCE", "wide", "gelu_tanh", "gelu_tanh_grad", "silu", "silu_grad",

@@ -1,0 +1,530 @@
+"""The cases of the differential check: what one random product is.
+
+A :class:`Case` says everything about one product (sizes, dtype, the three
+distributions, scalars, epilogue, the operands' array families and memory
+layouts, the call: eager, jit, on a user's mesh, the stateful form, a JAX
+transformation); :meth:`Case.refusals` says which errors it must or may end
+in, :meth:`Case.describe` a line of Python that makes it. Needs numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _plan
+from .._distribution import Distribution, ProcessGrid
+from .._epilogue import TABLE, EpilogName, has_bias
+from .._spec import ALGORITHMS, DTYPES, AlgorithmName, PrecisionName
+
+__all__ = [
+    "Case", "OnMesh", "Refusal", "Reset", "Transform", "LAYOUT_FAMILIES", "NRANKS", "PLACEMENTS", "CALLS",
+    "LAYOUTS", "BIAS_KINDS", "TRANSFORMS", "MATMUL_PRECISIONS",
+]
+
+#: the rank counts the matrix covers in one process (each has its own grid shapes; 5 and 7 are prime)
+NRANKS = (1, 2, 3, 4, 5, 6, 7, 8)
+#: the table's rows, in order
+LAYOUT_FAMILIES = ("one rank", "1-D", "mixed 1-D/2-D", "2-D, one grid", "different grids", "grid != ranks",
+                   "distribution=None")
+#: how a numpy operand is laid out in memory (:func:`lay_out`), simplest first; the last three are
+#: only for matrices (a 1-D bias is both C and F), byte-swapped not for bfloat16 (ml_dtypes has no swapped form)
+LAYOUTS = ("C", "strided", "negative strides", "read-only", "byte-swapped", "F", ".T view")
+_VECTOR_LAYOUTS = LAYOUTS[:5]
+#: what a bias is passed as: a numpy array, a jax.Array, or a Python list
+BIAS_KINDS = ("numpy", "jax", "list")
+
+_KINDS = ("Slab.X", "Slab.Y", "Replicated", "BlockNonCyclic", "BlockCyclic")
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")  # simplest first
+_COMPLEX_REFUSED = tuple(name for name, e in TABLE.items() if not e.complex)
+_BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than most drawn dimensions
+_MAX_DIM = 40
+_LARGE_DIM = 180  # now and then a dimension of 41.._LARGE_DIM (many blocks per rank), kept rare: ~1 s a case
+assert set(_DTYPES) == set(DTYPES)
+
+
+# --------------------------------------------------------------------------- #
+# cases
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """An error a case may end in: its types and words its message must hold."""
+
+    types: tuple[type[BaseException], ...]
+    words: tuple[str, ...]
+    why: str
+
+    def matches(self, e: BaseException) -> bool:
+        text = str(e)
+        return isinstance(e, self.types) and all(re.search(w, text) for w in self.words)
+
+
+#: how a jax.Array operand is placed on a user's mesh (:class:`OnMesh`), simplest first; on a 2-D
+#: mesh the last two are none of dmatmul's distributions (rows over one axis, replicated over the
+#: other; rows over both axes, not in mesh order): distribution=None must refuse them
+PLACEMENTS = ("none", "rows", "cols", "grid", "first axis", "reversed axes")
+#: how dm.matmul is called on such operands
+CALLS = ("eager", "jit", "jit under set_mesh", "jit on constants")
+#: the ``jax.default_matmul_precision`` a case may run in: ``precision=None`` follows it on the JAX
+#: backend (as ``jnp.dot``), an explicit ``precision=`` overrides it, nvmath's default ignores it
+MATMUL_PRECISIONS = ("highest", "float32", "high", "tensorfloat32", "default", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class OnMesh:
+    """jax.Array operands placed on a mesh of the user's (one process), and how
+    ``dm.matmul`` is called on them: eagerly, inside ``jax.jit``, or inside
+    ``jax.jit`` under ``jax.set_mesh``, or inside ``jax.jit`` on closed-over
+    operands (constants of the trace). The mesh has ``shape`` (axes "data",
+    "model"), Explicit axes (``jax.make_mesh``'s default) or Auto ones
+    (``mixed``: the first axis of one kind, the others of the other), its
+    devices in id order or reversed; ``placements`` say how a, b and c are
+    placed (:data:`PLACEMENTS`: unsplit, rows or columns over every axis, rows
+    over the first and columns over the rest, rows over the first axis only,
+    rows over every axis in reverse order; unsplit where it would not
+    split evenly). The result must come back on that mesh."""
+
+    shape: tuple[int, ...]
+    explicit: bool
+    reversed: bool
+    call: str
+    placements: tuple[str, str, str]
+    mixed: bool = False
+
+    def describe(self) -> str:
+        kind = "Explicit" if self.explicit else "Auto"
+        if self.mixed:
+            kind += f"-then-{'Auto' if self.explicit else 'Explicit'}"
+        order = ", devices reversed" if self.reversed else ""
+        mesh = "x".join(map(str, self.shape))
+        return f"{self.call}: a, b, c on an {kind} {mesh} mesh{order}, placed {'/'.join(self.placements)}"
+
+    def build(self, devices: Sequence[Any]) -> Any:
+        """The mesh, on ``devices`` (JAX's, at least ``prod(shape)``)."""
+        from jax.sharding import AxisType, Mesh
+
+        devs = list(devices)[: math.prod(self.shape)]
+        devs = devs[::-1] if self.reversed else devs
+        first, other = (AxisType.Explicit, AxisType.Auto) if self.explicit else (AxisType.Auto, AxisType.Explicit)
+        names = ("data", "model")[: len(self.shape)]
+        types = (first,) + ((other if self.mixed else first),) * (len(names) - 1)
+        return Mesh(np.array(devs, dtype=object).reshape(self.shape), names, axis_types=types)
+
+    def spec(self, placement: str, shape: Sequence[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The mesh axes that split the rows and the columns of a matrix of
+        ``shape`` placed as ``placement`` says (none where it would not split evenly)."""
+        names = ("data", "model")[: len(self.shape)]
+        sizes = dict(zip(names, self.shape))
+        spec = {
+            "none": ((), ()), "rows": (names, ()), "cols": ((), names),
+            "grid": (names[:1], names[1:]) if len(names) > 1 else (names, ()),
+            "first axis": (names[:1], ()), "reversed axes": (names[::-1], ()),
+        }[placement]
+        if any(size % math.prod(sizes[a] for a in axes) for axes, size in zip(spec, shape)):
+            return ((), ())
+        return spec
+
+    def is_dmatmuls(self, placement: str, shape: Sequence[int]) -> bool:
+        """Whether the placement is one of dmatmul's distributions (docs/jax.md, "Your
+        mesh in, your mesh out"): nothing split, or rows or columns over every
+        mesh axis in mesh order, or rows over the leading axes and columns over
+        the trailing ones (or the other way round)."""
+        rows, cols = self.spec(placement, shape)
+        names = ("data", "model")[: len(self.shape)]
+        return not rows + cols or rows + cols == names or cols + rows == names
+
+    def put(self, x: Any, mesh: Any, placement: str, batch_axis: int | None = None) -> Any:
+        """``x`` on ``mesh`` (this mesh, built) as ``placement`` says (unsplit where that would not split evenly);
+        a stack of matrices along ``batch_axis`` with each matrix so placed, the batch axis not split."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        shape = list(x.shape)
+        if batch_axis is not None:
+            del shape[batch_axis]
+        spec: list[Any] = [axes or None for axes in self.spec(placement, shape)]
+        if batch_axis is not None:
+            spec.insert(batch_axis, None)
+        return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Reset:
+    """The stateful form of a case: ``with dm.Matmul(...) as mm``, ``mm.plan()``
+    (or not: execute() plans), ``mm.execute()`` twice, then
+    ``mm.reset_operands(...)`` with new values for ``operands`` (same shapes,
+    dtypes, families, layouts and placements) and a new ``alpha``/``beta``
+    where not None, and ``mm.execute()`` again; each result is checked, and
+    the first again after the reset (a result the caller owns). Under
+    mpiexec one rank (``told``) may read ``mm.algorithm`` and
+    ``mm.explain()`` alone before anything else, and the plan made after must
+    have the algorithm it was told."""
+
+    plan: bool = False
+    operands: tuple[str, ...] = ()  # of "a", "b", "c", "bias"
+    alpha: complex | None = None
+    beta: complex | None = None
+    told: int | None = None  # under mpiexec, the rank that alone reads mm.algorithm and mm.explain() first
+
+    def call(self, new: Sequence[str]) -> str:
+        """The ``reset_operands`` call, ``new`` the source of each new operand."""
+        args = [f"{name}={src}" for name, src in zip(self.operands, new)]
+        args += [f"{name}={v!r}" for name, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
+        return f"mm.reset_operands({', '.join(args)})"
+
+
+#: the JAX transformations drawn around dm.matmul (:class:`Transform`)
+TRANSFORMS = ("vjp", "jvp", "vmap")
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """A JAX transformation around ``dm.matmul`` (one process, jax.Array
+    operands), over the case's jax operands (:attr:`Case.traced`):
+
+    * ``"vjp"``: ``jax.vjp`` for a random cotangent of the result's shape and
+      dtype (eagerly on a mesh with Explicit axes, laid out as the result, as
+      a JAX user's is): the primal result and a gradient for each (checked
+      against :func:`dmatmul.testing.reference_vjp`);
+    * ``"jvp"``: ``jax.jvp`` for random tangents of each: the primal result
+      and its tangent (:func:`dmatmul.testing.reference_jvp`);
+    * ``"vmap"``: ``jax.vmap`` over ``batched`` (a or b), stacked ``size``
+      times along its ``axis`` (0: leading, 2: trailing), the other operands
+      unbatched; the result has the batch axis first, each of its matrices
+      laid out as a result of the case is (checked against numpy, one product
+      per batch element). On a user's mesh the batched operand is placed as
+      its matrices would be, the batch axis not split.
+
+    The case's call (eager, ``jit``, on a user's mesh...) wraps the
+    transformation: ``jax.jit(lambda ...: jax.vjp(...))``."""
+
+    kind: str  # one of TRANSFORMS
+    batched: str = "a"  # vmap: the operand with a batch axis
+    size: int = 2  # vmap: its length
+    axis: int = 0  # vmap: its position in the batched operand
+
+    def describe(self) -> str:
+        if self.kind == "vmap":
+            return f"jax.vmap over {self.batched}'s axis {self.axis} ({self.size})"
+        return f"jax.{self.kind}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One product: ``epilog(alpha * op(A) @ op(B) + beta * C [+ bias])`` on
+    ``nranks`` ranks with the stored operands distributed as ``distributions``
+    says (a, b, result; None: ``distribution=None``, dmatmul picks)."""
+
+    nranks: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    transpose_a: bool
+    transpose_b: bool
+    distributions: tuple[Distribution, Distribution, Distribution] | None
+    alpha: complex = 1.0
+    beta: complex = 0.0
+    use_c: bool = False
+    epilog: EpilogName | None = None
+    algorithm: AlgorithmName = "auto"
+    family: str = "numpy"  # the result's: jax where any of a, b, c is a jax.Array
+    precision: PrecisionName | None = None
+    on_mesh: OnMesh | None = None  # jax operands on a user's mesh (ignored under mpiexec)
+    specials: bool = False  # a few inf/NaN entries in a, b (and c where it is read)
+    single: bool = False  # distribution= one Distribution (the three of ``distributions`` are equal)
+    families: tuple[str, str, str] | None = None  # a, b, c each its own family (None: all ``family``)
+    layouts: tuple[str, str, str, str] = ("C", "C", "C", "C")  # numpy a, b, c, bias in memory (:data:`LAYOUTS`)
+    bias_column: bool = False  # bias of shape (M, 1), not (M,)
+    bias_per_column: bool = False  # bias of shape (1, N): one value per result column (``x @ W + b``)
+    bias_dtype: str | None = None  # None: the operands'
+    bias_kind: str = "numpy"  # one of BIAS_KINDS
+    device_ids: tuple[int, ...] | None = None  # devices=[jax.devices()[i] for i in device_ids], not devices=nranks
+    jit: bool = False  # dm.matmul inside jax.jit, jax operands its arguments (not on a mesh: it has its own calls)
+    reset: Reset | None = None  # the stateful form (dm.Matmul), not dm.matmul
+    transform: Transform | None = None  # a JAX transformation around dm.matmul (one process, jax operands)
+    schedule: _plan.Schedule | None = None  # forced on the kernels that have it (_plan.schedule); None: the model's
+    matmul_precision: str | None = None  # the call runs in jax.default_matmul_precision(it) (MATMUL_PRECISIONS)
+
+    # -- shapes ------------------------------------------------------------------
+    @property
+    def a_shape(self) -> tuple[int, int]:
+        return (self.k, self.m) if self.transpose_a else (self.m, self.k)
+
+    @property
+    def b_shape(self) -> tuple[int, int]:
+        return (self.n, self.k) if self.transpose_b else (self.k, self.n)
+
+    @property
+    def bias_shape(self) -> tuple[int, ...]:
+        if self.bias_per_column:
+            return (1, self.n)
+        return (self.m, 1) if self.bias_column else (self.m,)
+
+    @property
+    def has_bias(self) -> bool:
+        return has_bias(self.epilog)
+
+    @property
+    def grids(self) -> list[ProcessGrid]:
+        return [d.grid for d in self.distributions or () if d.grid is not None]
+
+    @property
+    def distribution(self) -> Distribution | tuple[Distribution, Distribution, Distribution] | None:
+        """What ``distribution=`` is given."""
+        if self.distributions is not None and self.single:
+            return self.distributions[0]
+        return self.distributions
+
+    @property
+    def reads_c(self) -> bool:
+        """Whether c is read: given, with a beta that is not 0 (before or after a reset)."""
+        return self.use_c and (self.beta != 0 or (self.reset is not None and self.reset.beta not in (None, 0)))
+
+    def family_of(self, name: str) -> str:
+        """The array family of operand ``name`` (a, b or c)."""
+        return self.family if self.families is None else self.families["abc".index(name)]
+
+    @property
+    def traced(self) -> tuple[str, ...]:
+        """The operands a :class:`Transform` is taken over: the jax.Arrays
+        among a, b, c (where given) and bias (where it is one), in that order;
+        the others are closed over."""
+        names = [n for n in ("a", "b") + ("c",) * self.use_c if self.family_of(n) == "jax"]
+        return tuple(names) + ("bias",) * (self.has_bias and self.bias_kind == "jax")
+
+    # -- what is expected ----------------------------------------------------------
+    @property
+    def layout_family(self) -> str:
+        """The row of the report this case counts in (one of LAYOUT_FAMILIES)."""
+        grids = self.grids
+        if any(g.size != self.nranks for g in grids):
+            return "grid != ranks"
+        if self.distributions is None:
+            return "distribution=None"
+        if self.nranks == 1:
+            return "one rank"
+        if not grids:
+            return "1-D"
+        if len(set(grids)) > 1:
+            return "different grids"
+        return "2-D, one grid" if len(grids) == 3 else "mixed 1-D/2-D"
+
+    def refusals(self) -> tuple[list[Refusal], list[Refusal]]:
+        """``(required, allowed)``: errors the product must end in (any one of
+        them), and errors it may end in instead of a result.
+
+        * a relu/gelu epilog on complex operands: TypeError naming the epilog;
+        * a complex bias on real operands: TypeError naming bias (its
+          imaginary part would be lost); so is a complex alpha or beta,
+          naming it;
+        * a beta that is not 0 (given, or in a reset) without c: ValueError
+          saying that beta needs c;
+        * a grid whose size is not the number of ranks: ValueError (or
+          DistributionError) naming the grid's shape, its size and the rank count;
+        * with ``distribution=None``, a, b or (where it is read) c placed on a
+          mesh as none of dmatmul's distributions: ValueError naming the operand and its
+          sharding (allowed, not required, inside ``jax.jit`` on Auto axes,
+          whose types say nothing);
+        * a named algorithm that does not fit the distributions by roles
+          (:func:`_fitting_algorithms`; with distribution=None, operands on a
+          user's mesh whose layouts it does not take): ValueError naming the
+          algorithm and saying what it needs.
+        """
+        required: list[Refusal] = []
+        allowed: list[Refusal] = []
+        if self.dtype.startswith("complex") and self.epilog in _COMPLEX_REFUSED:
+            required.append(Refusal((TypeError,), (re.escape(repr(self.epilog)), "complex"),
+                                    f"epilog={self.epilog!r} on {self.dtype}"))
+        for name, value in (("alpha", self.alpha), ("beta", self.beta)):
+            if isinstance(value, complex) and not self.dtype.startswith("complex"):
+                required.append(Refusal((TypeError,), (rf"\b{name}=", "complex", re.escape(self.dtype)),
+                                        f"{name}={value!r} on {self.dtype}"))
+        for beta in (self.beta, None if self.reset is None else self.reset.beta):
+            if not self.use_c and beta not in (None, 0):
+                required.append(Refusal((ValueError,), (r"\bbeta=", r"needs c\b"), f"beta={beta!r} without c"))
+                break
+        if self.has_bias and (self.bias_dtype or self.dtype).startswith("complex") \
+                and not self.dtype.startswith("complex") and not (self.bias_kind == "list" and 0 in self.bias_shape):
+            # (an empty list has no dtype: no complex number in it to refuse)
+            required.append(Refusal((TypeError,), (r"\bbias\b", "complex", re.escape(self.dtype)),
+                                    f"bias={self.bias_dtype} on {self.dtype}"))
+        on = self.on_mesh
+        if on is not None and self.distributions is None:  # read off shardings that are none of dmatmul's
+            traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
+            read = (("a", self.a_shape), ("b", self.b_shape)) + ((("c", (self.m, self.n)),) if self.reads_c else ())
+            for (name, shape), placement in zip(read, on.placements):
+                if self.family_of(name) == "jax" and not on.is_dmatmuls(placement, shape):
+                    # inside jit an Auto axis says nothing: dmatmul may then pick
+                    (allowed if traced_auto else required).append(Refusal(
+                        (ValueError,), (rf"^{name}: its sharding", "not one of dmatmul's distributions"),
+                        f"{name}'s sharding ({placement}) is not one of dmatmul's distributions"))
+        for g in dict.fromkeys(self.grids):
+            if g.size != self.nranks:
+                required.append(Refusal(
+                    (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
+                    f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
+        # a named algorithm runs where it fits the layouts by roles, and with distribution=None on operands of
+        # no mesh (the model picks among the layouts it takes)
+        if self.algorithm != "auto" and not (
+                (self.distributions is None and self.on_mesh is None)
+                or (self.distributions is not None and self.algorithm in _fitting_algorithms(
+                    self.nranks, self.distributions, self.transpose_a, self.transpose_b))):
+            allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
+                                   f"algorithm={self.algorithm!r} may not fit"))
+        return required, allowed
+
+    # -- reproduction --------------------------------------------------------------
+    def describe(self, backend: str | None = None, *, mpi: bool = False) -> str:
+        """A line of Python that makes this product (``rand`` is :func:`rand`;
+        ``dm``, ``np`` and ``jax`` the modules)."""
+
+        def operand(name: str, shape: tuple[int, ...], specials: bool = False, seed: int = 0,
+                    fill: bool = False) -> str:
+            if name == "bias":
+                dtype, fam, layout = self.bias_dtype or self.dtype, self.bias_kind, self.layouts[3]
+            else:
+                dtype, fam, layout = self.dtype, self.family_of(name), self.layouts["abc".index(name)]
+            opts = [repr(shape), repr(dtype)]
+            if fam == "jax":
+                opts.append("'jax'")
+            if fill:
+                opts.append("fill=float('nan')")
+            if specials:
+                opts.append("specials=True")
+            if layout != "C" and fam != "jax":
+                opts.append(f"layout={layout!r}")
+            if seed:
+                opts.append(f"seed={seed}")
+            return f"rand({', '.join(opts)}){'.tolist()' if fam == 'list' else ''}"
+
+        def c_operand(beta: complex, seed: int = 0) -> str:
+            return operand("c", (self.m, self.n), self.specials and beta != 0, seed, fill=beta == 0)
+
+        args = [operand("a", self.a_shape, self.specials), operand("b", self.b_shape, self.specials)]
+        if self.use_c:
+            args.append(c_operand(self.beta))
+        kw = []
+        if self.distributions is not None:
+            dist = self.distribution
+            shown = _dm_repr(dist) if isinstance(dist, Distribution) else \
+                f"({', '.join(_dm_repr(d) for d in self.distributions)})"
+            kw.append(f"distribution={shown}")
+        for name, value, default in (
+            ("alpha", self.alpha, 1.0), ("beta", self.beta, 0.0), ("transpose_a", self.transpose_a, False),
+            ("transpose_b", self.transpose_b, False), ("epilog", self.epilog, None),
+            ("algorithm", self.algorithm, "auto"), ("precision", self.precision, None),
+        ):
+            if value != default or (name == "beta" and self.use_c):
+                kw.append(f"{name}={value!r}")
+        if self.has_bias:
+            kw.append(f"bias={operand('bias', self.bias_shape)}")
+        if backend is not None:
+            kw.append(f"backend={backend!r}")
+        if not mpi and self.on_mesh is None:
+            kw.append(f"devices={self.nranks}" if self.device_ids is None else
+                      f"devices=[jax.devices()[i] for i in {self.device_ids!r}]")
+        if self.reset is not None:
+            r = self.reset
+            beta = self.beta if r.beta is None else r.beta
+            new = [c_operand(beta, seed=1) if name == "c" else
+                   operand(name, self.bias_shape if name == "bias" else getattr(self, f"{name}_shape"),
+                           self.specials and name != "bias", seed=1)
+                   for name in r.operands]
+            steps = ([] if r.told is None else [f"if rank == {r.told}: print(mm.algorithm, mm.explain())"]) \
+                + ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new), "d3 = mm.execute()"]
+            line = f"with dm.Matmul({', '.join(args + kw)}) as mm: {'; '.join(steps)}"
+        elif self.transform is not None and not mpi:
+            line = self._transformed_line(args, kw, operand)
+        elif self.jit and not mpi and self.on_mesh is None:  # jax operands its arguments, numpy ones constants
+            traced = [name for name in "abc"[: len(args)] if self.family_of(name) == "jax"]
+            inside = [name if name in traced else arg for name, arg in zip("abc", args)]
+            line = (f"jax.jit(lambda {', '.join(traced)}: dm.matmul({', '.join(inside + kw)}))"
+                    f"({', '.join(arg for name, arg in zip('abc', args) if name in traced)})")
+        else:
+            line = f"dm.matmul({', '.join(args + kw)})"
+        forced = ([f"dm._plan.schedule({self.schedule!r})"] * (self.schedule is not None)
+                  + [f"jax.default_matmul_precision({self.matmul_precision!r})"] * (self.matmul_precision is not None))
+        for item in reversed(forced):  # (one line: the stateful form's with gets them as its first items)
+            line = f"with {item}, {line[5:]}" if line.startswith("with ") else f"with {item}: {line}"
+        if mpi:
+            line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
+        elif self.on_mesh is not None:
+            batched = " (the batch axis not split)" if self.transform and self.transform.kind == "vmap" else ""
+            line += f"  # {self.on_mesh.describe()}{batched} (no devices=)"
+        return line
+
+    def _transformed_line(self, args: list[str], kw: list[str], operand: Any) -> str:
+        """The line of a case with a :class:`Transform`: the transformation of a
+        lambda of the traced operands (:attr:`traced`), jitted where the case is."""
+        t = self.transform
+        assert t is not None
+        names = self.traced
+        shapes = {"a": self.a_shape, "b": self.b_shape, "c": (self.m, self.n), "bias": self.bias_shape}
+        inner = [name if name in names else arg for name, arg in zip("abc", args)]
+        inner_kw = ["bias=bias" if k.startswith("bias=") and "bias" in names else k for k in kw]
+        f = f"lambda {', '.join(names)}: dm.matmul({', '.join(inner + inner_kw)})"
+        given = dict(zip("abc", args))
+        if self.has_bias:
+            given["bias"] = operand("bias", self.bias_shape)
+
+        def tup(items: Sequence[str]) -> str:
+            return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+        ns = ", ".join(names)
+        jit = self.jit and self.on_mesh is None
+        if t.kind == "vjp":
+            prims = ", ".join(given[n] for n in names)
+            cot = f"rand({(self.m, self.n)!r}, {self.dtype!r}, 'jax', seed=2)"
+            if jit:
+                return f"jax.jit(lambda {ns}, g: jax.vjp({f}, {ns})[1](g))({prims}, {cot})"
+            if self.on_mesh is not None and self.on_mesh.call == "eager" and (self.on_mesh.explicit or self.on_mesh.mixed):
+                return f"(lambda d, pull: pull(jax.device_put({cot}, d.sharding)))(*jax.vjp({f}, {prims}))"
+            return f"jax.vjp({f}, {prims})[1]({cot})"
+        if t.kind == "jvp":
+            prims = tup([given[n] for n in names])
+            tans = tup([operand(n, shapes[n], seed=2 + i) for i, n in enumerate(names)])
+            if jit:
+                return f"jax.jit(lambda p, t: jax.jvp({f}, p, t))({prims}, {tans})"
+            return f"jax.jvp({f}, {prims}, {tans})"
+        shape = list(shapes[t.batched])
+        shape.insert(t.axis, t.size)
+        prims = ", ".join(operand(n, tuple(shape)) if n == t.batched else given[n] for n in names)
+        in_axes = tuple(t.axis if n == t.batched else None for n in names)
+        core = f"jax.vmap({f}, in_axes={in_axes!r})"
+        return f"{'jax.jit(' + core + ')' if jit else core}({prims})"
+
+
+def _dm_repr(d: Distribution) -> str:
+    return re.sub(r"\b(Slab|Replicated|BlockCyclic|BlockNonCyclic|ProcessGrid)\b", r"dm.\1", repr(d))
+
+
+def _factorizations(p: int) -> list[tuple[int, int]]:
+    return [(r, p // r) for r in range(1, p + 1) if p % r == 0]
+
+def _fitting_algorithms(
+    nranks: int, dists: tuple[Distribution, Distribution, Distribution], ta: bool, tb: bool
+) -> list[str]:
+    """The named algorithms whose kernel takes the operands in their given
+    roles (Replicated fits wherever a Slab is needed for a or b, not for the
+    result: that would be another algorithm; SUMMA: all on one grid, whatever
+    its shape: a BlockNonCyclic on a (P, 1) grid has a 1-D role, and is on the
+    grid all the same). These must run (docs/guide.md: a named algorithm that does
+    not fit raises); a refusal of any other is accepted."""
+    roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
+    grids = {d.grid for d in dists}
+    one_grid = len(grids) == 1 and None not in grids
+    out = []
+    for kernel in _plan.KERNELS:
+        want = (kernel.a, kernel.b, kernel.d)
+        if kernel.algorithm == "summa":
+            if one_grid:
+                out.append(kernel.algorithm)
+        elif all(g == w or (g == "R" and w != "G" and op != "d") for g, w, op in zip(roles, want, "abd")):
+            out.append(kernel.algorithm)
+    return [name for name in ALGORITHMS if name in out]

@@ -1,0 +1,332 @@
+"""Drawing cases: :func:`draw_case` through a *chooser* (a numpy generator, or hypothesis).
+
+A chooser is any object with ``choice(seq)``, ``integer(lo, hi)`` (both ends
+included) and ``boolean()``. Choices are ordered simplest first, so a
+shrinking chooser shrinks towards float32, Slab.X, small sizes, no
+transposes, "auto". Needs numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from .. import _plan
+from .._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
+from .._epilogue import EPILOGS, has_bias
+from .._spec import ALGORITHMS, PRECISIONS, AlgorithmName
+from .case import (
+    _BLOCK_SIZES, _DTYPES, _KINDS, _LARGE_DIM, _MAX_DIM, _VECTOR_LAYOUTS, BIAS_KINDS, CALLS, LAYOUTS,
+    MATMUL_PRECISIONS, NRANKS, PLACEMENTS, TRANSFORMS, Case, OnMesh, Reset, Transform, _factorizations,
+    _fitting_algorithms,
+)
+
+__all__ = ["Chooser", "NumpyChooser", "draw_case"]
+
+
+class Chooser(Protocol):
+    """What :func:`draw_case` asks of its source of randomness."""
+
+    def choice(self, seq: Sequence[Any]) -> Any: ...
+
+    def integer(self, lo: int, hi: int) -> int: ...  # lo <= x <= hi
+
+    def boolean(self) -> bool: ...
+
+
+class NumpyChooser:
+    """A :class:`Chooser` on a numpy ``Generator`` (``dmatmul check``)."""
+
+    def __init__(self, rng: np.random.Generator | int | Sequence[int]) -> None:
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+    def choice(self, seq: Sequence[Any]) -> Any:
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def boolean(self) -> bool:
+        return bool(self.rng.integers(2))
+
+
+def _rarely(draw: Chooser, one_in: int) -> bool:
+    """True about once in ``one_in`` draws (False is the simple side when shrinking)."""
+    return draw.integer(0, one_in - 1) == one_in - 1
+
+
+def _draw_grid(draw: Chooser, nranks: int, earlier: list[ProcessGrid]) -> ProcessGrid:
+    """A grid of ``nranks`` ranks: the grid of an earlier operand (3 times in
+    4), or a fresh shape and layout (rarely of another size: to be refused)."""
+    if earlier and not _rarely(draw, 4):
+        return draw.choice(earlier)
+    size = nranks
+    if _rarely(draw, 25):
+        size = draw.choice([s for s in (1, 2, 3, 4, 6, 8, 9) if s != nranks])
+    shapes = _factorizations(size)
+    proper = [s for s in shapes if min(s) > 1]  # both grid axes split: where rings and SUMMA differ by layout
+    shape = draw.choice(proper) if proper and not _rarely(draw, 3) else draw.choice(shapes)
+    return ProcessGrid(shape, layout=draw.choice(("row", "col")))
+
+
+def _draw_distribution(draw: Chooser, nranks: int, earlier: list[ProcessGrid],
+                       cyclic: list[BlockCyclic] | None = None, kinds: Sequence[str] = _KINDS) -> Distribution:
+    """One operand's distribution, of one of ``kinds``; a block-cyclic one takes
+    the block sizes of an earlier block-cyclic operand (in ``cyclic``) half the
+    time, as ScaLAPACK codes use one block size for every matrix (the K blocks
+    of A and B then match, as SUMMA's per-step panel needs)."""
+    kind = draw.choice(kinds)
+    if kind == "Slab.X":
+        return Slab.X
+    if kind == "Slab.Y":
+        return Slab.Y
+    if kind == "Replicated":
+        return Replicated()
+    grid = _draw_grid(draw, nranks, earlier)
+    earlier.append(grid)
+    first = (0, 0)
+    if draw.boolean():
+        first = (draw.integer(0, grid.shape[0] - 1), draw.integer(0, grid.shape[1] - 1))
+    if kind == "BlockNonCyclic":
+        return BlockNonCyclic(grid, first)
+    if cyclic and draw.boolean():
+        blocks = draw.choice(cyclic).block_sizes
+    else:
+        blocks = (draw.choice(_BLOCK_SIZES), draw.choice(_BLOCK_SIZES))
+    d = BlockCyclic(grid, blocks, first)
+    if cyclic is not None:
+        cyclic.append(d)
+    return d
+
+
+def _draw_dim(draw: Chooser, zero_one_in: int) -> int:
+    return 0 if _rarely(draw, zero_one_in) else draw.integer(1, _MAX_DIM)
+
+
+def _draw_reset(draw: Chooser, case: Case, alphas: Sequence[complex], betas: Sequence[complex],
+                mpi: bool) -> Reset:
+    """What the stateful form of ``case`` plans, resets and runs again."""
+    plan = draw.boolean()
+    given = ("a", "b") + ("c",) * case.use_c + ("bias",) * case.has_bias
+    operands = [name for name in given if draw.boolean()]
+    alpha = draw.choice(alphas) if _rarely(draw, 3) else None
+    # without c, a beta that is not 0 is refused (one such reset in four)
+    beta = draw.choice(betas if case.use_c or _rarely(draw, 4) else (0.0,)) if _rarely(draw, 3) else None
+    if case.use_c and case.beta == 0 and beta not in (None, 0) and "c" not in operands:
+        operands.append("c")  # the planned c is NaN (it was not to be read): one that now is read
+    told = draw.integer(-1, case.nranks - 1) if mpi else -1  # (drawn last: one-process draws are unchanged)
+    return Reset(plan=plan, operands=tuple(name for name in given if name in operands), alpha=alpha, beta=beta,
+                 told=told if told >= 0 else None)
+
+
+def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy", "jax"), mpi: bool = False,
+              ndevices: int = max(NRANKS)) -> Case:
+    """One random product on ``nranks`` ranks over the whole layout space.
+
+    a, b and the result each get a distribution of any kind, drawn
+    independently (one case in four, of the grid kinds only); grid
+    distributions get row- or column-major grids of any
+    2-D factorization of ``nranks``, an operand's grid being another's or its
+    own; block sizes from 1 to larger than the matrix, any first process.
+    One case in ten passes one Distribution (one of the three) for all, one
+    in ten (in one process) ``distribution=None`` (dmatmul picks, or reads it
+    off the operands' shardings).
+    Sizes 1..40 (uneven, prime, smaller than the rank count; one case in 16
+    has dimensions up to 180), K = 0 about once
+    in 12 cases, M or N = 0 about once in 40; every dtype, transposes,
+    alpha (0 and complex too; a complex alpha or beta on real operands one
+    real case in 40: it must be refused), beta with or without C (C full of NaN where
+    beta = 0: it must not be read; a beta that is not 0 without C one case in
+    20 of those without C: it must be refused). One case in ten is BLAS's
+    quick return, alpha = 0 and beta = 1 with C, on a result of one row or
+    one column (cuBLASMp left such a D unwritten), A and B not to be read
+    (half of the real cases with alpha = 0 have inf/NaN in them). Every epilog
+    (relu/gelu/silu on complex rarely: it must be refused), a bias of shape
+    (M,), (M, 1) or (one in three) (1, N), of the operands' dtype or another,
+    numpy, jax or a list; "auto" or (one case in four) a named algorithm,
+    mostly one that fits the layouts, numpy or jax operands (one case in
+    eight, a, b and c each of its own family); numpy operands (one case in
+    five) strided, Fortran-ordered, read-only... (:data:`LAYOUTS`). One real case
+    in eight (one in two where alpha = 0; no relu/gelu/silu, whose NaN and -inf
+    conventions differ between libraries) has a few inf/NaN entries in a, b
+    and a C that is read: the result must hold the same non-finite values
+    where numpy's does (none from A and B where alpha = 0), and padding must
+    never meet them (0 * inf = NaN). One case in eight is
+    the stateful form (:class:`Reset`). In one process (not ``mpi``): one case
+    in six passes ``devices=`` a list (some of the ``ndevices`` devices, in
+    any order), one plain jax case in four calls ``dm.matmul`` inside
+    ``jax.jit``, one jax case in three (two in three with
+    ``distribution=None``) puts its operands on a user's mesh, and one jax
+    case in four (a or b a jax.Array; not the stateful form, no inf/NaN, not
+    a jit of closed-over operands) puts a JAX transformation around
+    ``dm.matmul`` (:class:`Transform`):
+    ``jax.vjp`` or ``jax.jvp`` over its jax operands (bias too, where it is
+    one), or ``jax.vmap`` over a stack of 2 or 3 a's or b's (leading or
+    trailing batch axis), itself eager or inside the case's ``jax.jit`` or
+    mesh call, with everything else the case draws. One case in three of
+    "auto", allgather, reduce_scatter or summa forces a schedule ("ring",
+    "one_shot" or "bidirectional": :func:`dmatmul._plan.schedule`), whatever
+    the cost model would pick for its sizes. One case in eight (JAX present)
+    runs inside ``jax.default_matmul_precision`` (:data:`MATMUL_PRECISIONS`),
+    which ``precision=None`` follows on the JAX backend: under "highest" a
+    float32 product must then be float32-accurate on any platform.
+    """
+    case, alphas, betas = _draw_product(draw, nranks, mpi)
+    case = _draw_arrays(draw, case, families)
+    return _draw_call(draw, case, alphas, betas, families=families, mpi=mpi, ndevices=ndevices)
+
+
+_Scalars = tuple[complex, ...]
+
+
+def _draw_product(draw: Chooser, nranks: int, mpi: bool) -> tuple[Case, _Scalars, _Scalars]:
+    """The product of a case (dtype, sizes, transposes, distributions,
+    scalars, c, inf/NaN, epilog, algorithm), and the alphas and betas it draws from."""
+    dtype = draw.choice(_DTYPES)
+    is_complex = dtype.startswith("complex")
+    m, n, k = _draw_dim(draw, 40), _draw_dim(draw, 40), _draw_dim(draw, 12)
+    if _rarely(draw, 16):  # large: one, two or three dimensions of 41.._LARGE_DIM
+        large = [draw.boolean() for _ in range(3)]
+        m, n, k = (draw.integer(_MAX_DIM + 1, _LARGE_DIM) if big or (i == 0 and not any(large)) else dim
+                   for i, (big, dim) in enumerate(zip(large, (m, n, k))))
+    ta, tb = draw.boolean(), draw.boolean()
+    earlier: list[ProcessGrid] = []
+    cyclic: list[BlockCyclic] = []
+    # one case in four: every operand on a grid, as a ScaLAPACK code has them (else 2-D-only
+    # products are rare among three independent draws)
+    kinds = ("BlockNonCyclic", "BlockCyclic") if _rarely(draw, 4) else _KINDS
+    da, db, dd = (_draw_distribution(draw, nranks, earlier, cyclic, kinds) for _ in range(3))  # a, b, result
+    dists: tuple[Distribution, Distribution, Distribution] | None = (da, db, dd)
+    single = False
+    if _rarely(draw, 5):  # one Distribution for all, or (one process) none: dmatmul picks
+        form = draw.choice(("single",) if mpi else ("single", "none"))
+        if form == "single":
+            d = draw.choice((da, db, dd))
+            dists, single = (d, d, d), True
+        else:
+            dists = None
+    alphas = (1.0, 0.5, -1.5, 0.0) + ((0.5 - 0.25j, 1j) if is_complex else (2.25,))
+    betas = (0.0, 1.0, -0.5, 2.0) + ((0.5 + 1j,) if is_complex else ())
+    alpha, beta = draw.choice(alphas), draw.choice(betas)
+    use_c = draw.boolean()
+    if not use_c and beta != 0 and not _rarely(draw, 20):  # (the rest must be refused: beta needs c)
+        beta = 0.0
+    if _rarely(draw, 10):  # BLAS's quick return (alpha = 0, beta = 1) on a result of one row or one column
+        alpha, beta, use_c = 0.0, 1.0, True
+        m, n = (1, n) if draw.boolean() else (m, 1)
+    # complex inf arithmetic is the library's own (C99 Annex G or not); where alpha = 0, A and B are not read
+    specials = not is_complex and _rarely(draw, 8 if alpha != 0 else 2)
+    if specials or (is_complex and not _rarely(draw, 8)):
+        epilog = draw.choice((None, "bias"))
+    else:
+        epilog = draw.choice(EPILOGS)
+    algorithm: AlgorithmName = "auto"
+    if _rarely(draw, 4):  # a named algorithm: mostly one that fits the layouts (so that it runs), else any one
+        fitting = _fitting_algorithms(nranks, (da, db, dd) if dists is None else dists, ta, tb)
+        if fitting and not _rarely(draw, 3):
+            algorithm = draw.choice(fitting)
+        elif _rarely(draw, 2):
+            algorithm = draw.choice(ALGORITHMS)
+    case = Case(nranks=nranks, m=m, n=n, k=k, dtype=dtype, transpose_a=ta, transpose_b=tb,
+                distributions=dists, alpha=alpha, beta=beta, use_c=use_c, epilog=epilog,
+                algorithm=algorithm, specials=specials, single=single)
+    return case, alphas, betas
+
+
+def _draw_arrays(draw: Chooser, case: Case, families: Sequence[str]) -> Case:
+    """``case`` with its operands' array families, precision, bias (shape,
+    dtype, kind) and numpy memory layouts drawn."""
+    dtype, use_c, epilog = case.dtype, case.use_c, case.epilog
+    has_jax = "jax" in families
+    family = draw.choice(tuple(families))
+    fams: tuple[str, str, str] | None = None
+    if len(families) > 1 and _rarely(draw, 8):  # a, b and c each of its own family
+        fa, fb, fc = (draw.choice(tuple(families)) for _ in range(3))
+        fc = fc if use_c else fa
+        if len({fa, fb, fc}) > 1:
+            fams = (fa, fb, fc)
+            family = "jax" if "jax" in fams else "numpy"
+        else:
+            family = fa
+    precision = draw.choice(PRECISIONS)
+    bias_column, bias_dtype, bias_kind = False, None, "numpy"
+    if has_bias(epilog):
+        bias_column = _rarely(draw, 4)
+        if _rarely(draw, 4):  # another dtype (a complex one on real operands is refused)
+            bias_dtype = draw.choice([d for d in _DTYPES if d != dtype])
+        if _rarely(draw, 3):
+            bias_kind = draw.choice(BIAS_KINDS[1:] if has_jax else ("list",))
+    layouts = ("C", "C", "C", "C")
+    if _rarely(draw, 5):  # numpy operands laid out otherwise in memory
+        abc = fams or (family, family, family)
+        numpy_ = (abc[0] == "numpy", abc[1] == "numpy", abc[2] == "numpy" and use_c,
+                  bias_kind == "numpy" and has_bias(epilog))
+        dtypes = (dtype, dtype, dtype, bias_dtype or dtype)
+        picked = (draw.choice([x for x in (_VECTOR_LAYOUTS if i == 3 else LAYOUTS)
+                               if x != "byte-swapped" or dtypes[i] != "bfloat16"]) for i in range(4))
+        la, lb, lc, lbias = (x if there else "C" for x, there in zip(picked, numpy_))
+        layouts = (la, lb, lc, lbias)
+    return dataclasses.replace(case, family=family, precision=precision, families=fams, layouts=layouts,
+                               bias_column=bias_column, bias_dtype=bias_dtype, bias_kind=bias_kind)
+
+
+def _draw_call(draw: Chooser, case: Case, alphas: _Scalars, betas: _Scalars, *, families: Sequence[str],
+               mpi: bool, ndevices: int) -> Case:
+    """``case`` with how ``dm.matmul`` is called drawn: a forced schedule,
+    the stateful form, a user's mesh, ``devices=`` a list, ``jax.jit``, a
+    JAX transformation, a default matmul precision; now and then a complex
+    scalar on real operands and a bias of one value per column."""
+    nranks, algorithm, family, fams = case.nranks, case.algorithm, case.family, case.families
+    has_jax, is_complex, specials = "jax" in families, case.dtype.startswith("complex"), case.specials
+    alpha, beta, dists = case.alpha, case.beta, case.distributions
+    if algorithm in ("auto", "allgather", "reduce_scatter", "summa") and _rarely(draw, 3):
+        # each schedule of the kernels that have several, whatever the cost model would pick for these sizes
+        case = dataclasses.replace(case, schedule=draw.choice(_plan.SCHEDULES))
+    reset = _draw_reset(draw, case, alphas, betas, mpi) if _rarely(draw, 8) else None
+    on_mesh = None
+    # the user's own mesh, eager or traced: one jax case in three, two in three with distribution=None (the
+    # shardings then say the layout: a, b, c placed on the mesh, or not all, each its own way)
+    if family == "jax" and nranks > 1 and (_rarely(draw, 3) if dists is not None else draw.integer(0, 2) > 0):
+        shapes = [(nranks,)] + [s for s in _factorizations(nranks) if min(s) > 1]
+        shape = draw.choice(shapes)
+        on_mesh = OnMesh(
+            shape=shape, explicit=not draw.boolean(), reversed=draw.boolean(),
+            call="eager" if reset is not None else draw.choice(CALLS),  # a Matmul plans outside jit
+            placements=(draw.choice(PLACEMENTS), draw.choice(PLACEMENTS), draw.choice(PLACEMENTS)),
+            mixed=len(shape) > 1 and _rarely(draw, 3),
+        )
+    device_ids = None
+    jit = False
+    if not mpi and on_mesh is None:  # (a mesh's devices are the ranks, and it has its own calls)
+        if has_jax and nranks <= ndevices and _rarely(draw, 6):  # devices= a list: some devices, in any order
+            left = list(range(ndevices))
+            device_ids = tuple(left.pop(left.index(draw.choice(left))) for _ in range(nranks))
+        jit = family == "jax" and reset is None and _rarely(draw, 4)
+    transform = None
+    # one eligible case in four: a JAX transformation around dm.matmul (dm.matmul refuses traces under mpiexec;
+    # a Matmul plans outside them; the gradients of inf/NaN operands are NaN by any rule), over the jax operands
+    # (a or b among them: what vmap batches)
+    # Not inside a jit of closed-over operands: such a jit names no devices of its own (JAX refuses even plain
+    # jax.numpy code on Explicit axes there); dmatmul finds the mesh behind vjp's and jvp's tracers
+    # (tests/test_user_mesh.py), not yet behind vmap's nor for an empty product
+    jax_ab = [name for name, fam in zip("ab", fams or (family, family)) if fam == "jax"]
+    constants = on_mesh is not None and on_mesh.call == "jit on constants"
+    if not mpi and jax_ab and reset is None and not specials and not constants and _rarely(draw, 4):
+        kind = draw.choice(TRANSFORMS)
+        if kind == "vmap":
+            transform = Transform(kind, batched=draw.choice(jax_ab), size=draw.integer(2, 3),
+                                  axis=draw.choice((0, 2)))
+        else:
+            transform = Transform(kind)
+    matmul_precision = draw.choice(MATMUL_PRECISIONS) if has_jax and _rarely(draw, 8) else None
+    if not is_complex and _rarely(draw, 40):  # a complex scalar on real operands: refused, naming it
+        alpha, beta = (0.5 - 0.25j, beta) if draw.boolean() else (alpha, 0.5 + 1j)
+    # one bias in three of shape (1, N), one value per result column (drawn last: the draws above stay those
+    # of the cases before it was drawn)
+    per_column = case.has_bias and not case.bias_column and _rarely(draw, 3)
+    return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
+                               transform=transform, matmul_precision=matmul_precision, alpha=alpha, beta=beta,
+                               bias_per_column=per_column)

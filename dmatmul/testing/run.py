@@ -1,0 +1,331 @@
+"""Running one case on a backend and classifying its :class:`Outcome`:
+``passed``, ``refused`` (an error the case expects: see
+:meth:`~dmatmul.testing.Case.refusals`) or ``failed`` (wrong numbers, wrong
+shape, dtype or array family of the result, a read-only numpy result, a
+modified input, an unexpected exception of any kind, or no error where one
+is required)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from .. import _plan, _runtime
+from .._distribution import split
+from .._spec import BackendName, family
+from .case import Case
+from .compare import _reduced_precision_slack, _Result, _sharding_problems
+from .operands import _global_operands, _snapshot, lay_out
+from .reference import error_ratio, finite_scale, reference
+from .transforms import _TransformData
+
+__all__ = ["Outcome", "run_case", "combine"]
+
+
+_ORDER = {"passed": 0, "refused": 1, "failed": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What became of one case (on one rank, or combined over the ranks)."""
+
+    case: Case
+    status: str  # "passed", "refused" or "failed"
+    ratio: float = 0.0  # max error / tolerance (<= 1 passes); NaN when no result was compared
+    message: str = ""
+    backend: str = "jax"
+    mpi: bool = False
+    label: str = ""  # e.g. the case's index, for the report
+
+    @property
+    def layout_family(self) -> str:
+        return self.case.layout_family
+
+    def describe(self) -> str:
+        return self.case.describe(self.backend, mpi=self.mpi)
+
+
+def run_case(case: Case, *, backend: str = "jax", devices: Any = None, rng_seed: int = 0) -> Outcome:
+    """Run ``case`` with ``dm.matmul`` (or ``dm.Matmul``) and classify the result.
+
+    In one process the operands are global matrices on ``devices`` (default:
+    the case's: its device list, or ``case.nranks``); under a multi-process run each rank passes its own
+    blocks (``dm.split``) and checks its block of the result. The data comes
+    from ``rng_seed`` (the same global matrices on every rank). Every result
+    (each of a stateful case's) is checked against numpy, and a jax one in one
+    process for its sharding; every input must be left as it was.
+    """
+    run = _Run(case, backend, devices, rng_seed)
+    try:
+        with run.x64, _plan.schedule(case.schedule), _default_matmul_precision(case.matmul_precision):
+            results, told_wrong = run.execute()
+    except Exception as e:  # noqa: BLE001 - every exception is classified
+        if any(r.matches(e) for r in run.required + run.allowed):
+            return run.outcome(status="refused", ratio=math.nan, message=f"{type(e).__name__}: {e}")
+        why = f" (expected: {'; '.join(r.why for r in run.required)})" if run.required else ""
+        return run.outcome(status="failed", ratio=math.nan, message=f"{type(e).__name__}: {e}{why}")
+    return run.judge(results, told_wrong)
+
+
+_GIVEN: Any = object()  # the case's own bias
+
+
+class _Run:
+    """One run of a case: its global operands and references, the operands as
+    they are passed (this rank's blocks, their families, layouts and
+    placements), the call, and the judgement of what it returned."""
+
+    def __init__(self, case: Case, backend: str, devices: Any, rng_seed: int) -> None:
+        rt = _runtime.active()
+        self.case, self.backend, self.rt = case, backend, rt
+        self.mpi = mpi = rt is not None and rt.size > 1
+        self.outcome = functools.partial(Outcome, case=case, backend=backend, mpi=mpi)
+        rng = np.random.default_rng(rng_seed)
+        reset = case.reset
+        final_beta = case.beta if reset is None or reset.beta is None else reset.beta
+        self.ops = ops = _global_operands(rng, case, case.beta)  # the global numpy operands, passed as the case says
+        new = _global_operands(rng, case, final_beta) if reset is not None else {}
+        self.refs = [self._ref(ops, case.alpha, case.beta)]
+        if reset is not None:
+            after = {name: new[name] if name in reset.operands else ops[name] for name in ops}
+            self.refs.append(self._ref(after, case.alpha if reset.alpha is None else reset.alpha, final_beta))
+        self.dists = dists = case.distributions
+        self.dd = dd = dists[2] if dists is not None else None
+        self.want_shape: tuple[int, int] | None = (case.m, case.n)
+        if mpi:
+            assert rt is not None and dists is not None and dd is not None  # distribution=None: not under mpiexec
+            self.want_shape = dd.shape(rt.rank, (case.m, case.n), rt.size) \
+                if dd.grid is None or dd.grid.size == rt.size else None
+        kwargs = self._place(devices)
+        self.args = args = {name: self.passed(x, name) for name, x in ops.items()}
+        self.news = {name: self.passed(new[name], name) for name in reset.operands} if reset is not None else {}
+        self.inputs = list(args.items()) + [(f"new {name}", x) for name, x in self.news.items()]
+        self.transformed = None
+        if case.transform is not None:  # its own inputs (a cotangent, tangents, the batched operand)
+            self.transformed = _TransformData(case, rng, ops, self.refs[0], self.passed)
+            self.inputs += [(f"{case.transform.describe()}: {name}", x)
+                            for name, x in self.transformed.inputs.items()]
+        self.before = [_snapshot(x) for _, x in self.inputs]
+        self.required, self.allowed = case.refusals()
+        self.options = dict(distribution=case.distribution, alpha=case.alpha, beta=case.beta,
+                            transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog,
+                            bias=args["bias"],
+                            backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
+                            algorithm=case.algorithm, precision=case.precision, **kwargs)
+
+    def _ref(self, o: dict[str, Any], alpha: complex, beta: complex) -> np.ndarray:
+        case = self.case
+        return reference(o["a"], o["b"], o["c"], alpha=alpha, beta=beta, transpose_a=case.transpose_a,
+                         transpose_b=case.transpose_b, epilog=case.epilog, bias=o["bias"])
+
+    def _place(self, devices: Any) -> dict[str, Any]:
+        """Where the product runs: ``self.on`` (a user's mesh), ``self.mesh``
+        built, ``self.ranks`` (one process, jax: the ranks' devices),
+        ``self.x64``; returns the ``devices=`` keyword (one process, no mesh)."""
+        case = self.case
+        self.on = on = None if self.mpi else case.on_mesh
+        self.uses_jax = uses_jax = case.family == "jax" or (case.has_bias and case.bias_kind == "jax")
+        self.x64: Any = contextlib.nullcontext()
+        self.mesh: Any = None
+        self.ranks: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        if uses_jax:
+            import jax
+
+            if case.dtype in ("float64", "complex128"):  # as a user of 64-bit jax arrays runs
+                self.x64 = jax.enable_x64(True)
+            if on is not None:  # placed on the user's mesh, whose devices are then the ranks
+                self.mesh = on.build(jax.devices())
+                self.ranks = list(self.mesh.devices.flat)
+        if not self.mpi and on is None:
+            if case.device_ids is not None:
+                import jax
+
+                kwargs["devices"] = self.ranks = [jax.devices()[i] for i in case.device_ids]
+            else:
+                kwargs["devices"] = case.nranks if devices is None else devices
+                if uses_jax:
+                    import jax
+
+                    self.ranks = list(devices) if isinstance(devices, Sequence) else jax.devices()[: kwargs["devices"]]
+        return kwargs
+
+    def passed(self, x: np.ndarray | None, name: str, batch_axis: int | None = None) -> Any:
+        """Global ``x`` as operand ``name`` is passed: this rank's block, its family, its layout
+        (a stack of them along ``batch_axis``: jax)."""
+        if x is None:
+            return None
+        case, rt = self.case, self.rt
+        if self.mpi and name != "bias":
+            assert self.dists is not None and rt is not None
+            d = self.dists["abc".index(name)]
+            blocks = split(x, d, nranks=None if d.grid is not None else rt.size)
+            x = blocks[rt.rank % len(blocks)]  # a grid of another size is refused: any block will do
+        fam = case.bias_kind if name == "bias" else case.family_of(name)
+        layout = case.layouts[("a", "b", "c", "bias").index(name)]
+        if fam == "list":
+            return x.tolist()
+        if fam == "numpy":
+            return lay_out(x, layout)
+        import jax
+        import jax.numpy as jnp
+
+        with jax.enable_x64(x.dtype.name in ("float64", "complex128")):
+            y = jnp.asarray(x)
+        if self.mesh is not None and name != "bias":
+            assert self.on is not None
+            y = self.on.put(y, self.mesh, self.on.placements["abc".index(name)], batch_axis)
+        return y
+
+    def call(self, a: Any, b: Any, c: Any, bias: Any = _GIVEN) -> Any:
+        """``dm.matmul`` with the case's options (its own bias unless another is given)."""
+        from .. import matmul
+
+        return matmul(a, b, c, **{**self.options, "bias": self.args["bias"] if bias is _GIVEN else bias})
+
+    def execute(self) -> tuple[list[_Result], str | None]:
+        """Run the product as the case says: its results, each with its
+        reference, and what a rank told alone was wrong about (or None)."""
+        case, on, mesh, refs = self.case, self.on, self.mesh, self.refs
+        a, b, c = self.args["a"], self.args["b"], self.args["c"]
+        if self.transformed is not None:
+            return self.transformed.run(self.call, self.args, on, mesh), None
+        if case.reset is not None:
+            return self._stateful()
+        if on is None and not case.jit:
+            return [_Result("", self.call(a, b, c), refs[0])], None
+        if on is not None and on.call == "eager":
+            return [_Result("", self.call(a, b, c), refs[0])], None
+        import jax
+
+        # the jax operands the jit's arguments; numpy ones closed over (JAX would make them tracers)
+        traced = {name: x for name, x in (("a", a), ("b", b), ("c", c)) if family(x) == "jax"}
+        jitted = lambda ops: self.call(**{"a": a, "b": b, "c": c, **ops})  # noqa: E731
+        if on is None:
+            return [_Result("", jax.jit(jitted)(traced), refs[0])], None
+        with jax.set_mesh(mesh) if on.call == "jit under set_mesh" else contextlib.nullcontext():
+            d = jax.jit(lambda: self.call(a, b, c))() if on.call == "jit on constants" else jax.jit(jitted)(traced)
+        return [_Result("", d, refs[0])], None
+
+    def _stateful(self) -> tuple[list[_Result], str | None]:
+        """The stateful form: ``with dm.Matmul(...) as mm``, execute twice, reset, execute."""
+        from .. import Matmul
+
+        reset, rt, refs = self.case.reset, self.rt, self.refs
+        assert reset is not None
+        told: tuple[str, str] | None = None  # mm.algorithm, mm.explain() read by one rank alone first (reset.told)
+        told_wrong: str | None = None
+        with Matmul(self.args["a"], self.args["b"], self.args["c"], **self.options) as mm:
+            if self.mpi and rt is not None and rt.rank == reset.told:  # this rank alone; the others go on
+                try:
+                    told = (mm.algorithm, mm.explain())
+                except Exception as e:  # noqa: BLE001 - a plan that cannot be made: execute() raises it
+                    told = (f"{type(e).__name__}: {e}", "")
+            if reset.plan:
+                mm.plan()
+            d1 = mm.execute()
+            if told is not None and (told[0] != mm.algorithm or "algorithm:" not in told[1]):
+                told_wrong = f"rank {reset.told} alone, before the plan: mm.algorithm {told[0]!r}, " \
+                             f"mm.explain() {told[1][:200]!r}; the plan made: {mm.algorithm!r}"
+            results = [_Result("execute()", d1, refs[0]), _Result("execute() again", mm.execute(), refs[0])]
+            mm.reset_operands(**self.news, alpha=reset.alpha, beta=reset.beta)
+            results.append(_Result(reset.call(list(self.news)) + "; execute()", mm.execute(), refs[1]))
+            results.append(_Result("the first execute() after the reset", d1, refs[0]))
+        return results, told_wrong
+
+    def judge(self, results: list[_Result], told_wrong: str | None) -> Outcome:
+        """The outcome of a run that raised nothing: every result checked."""
+        case, required = self.case, self.required
+        problems = [] if told_wrong is None else [told_wrong]
+        if required:
+            problems.append(f"no error, expected one: {'; '.join(r.why for r in required)}")
+        changed = [name for (name, x), x0 in zip(self.inputs, self.before) if _snapshot(x) != x0]
+        if changed:
+            problems.append(f"input(s) modified: {', '.join(changed)}")
+        slack = _reduced_precision_slack(case, self.backend)
+        ratios: list[float] = []
+        for r in results:
+            problems += self._judge_one(r, slack, ratios)
+        ratio = max(ratios) if ratios else math.nan
+        if problems:
+            return self.outcome(status="failed", ratio=ratio, message="; ".join(problems))
+        return self.outcome(status="passed", ratio=ratio)
+
+    def _judge_one(self, r: _Result, slack: float, ratios: list[float]) -> list[str]:
+        """What is wrong with one result (its error ratio appended to ``ratios`` where read)."""
+        case, rt, dd, mpi = self.case, self.rt, self.dd, self.mpi
+        d = r.value
+        said = f"{r.what}: " if r.what else ""
+        dtype = r.dtype or case.dtype
+        fam = family(d)
+        if fam != case.family:
+            shown = fam if fam != "other" else f"{type(d).__module__}.{type(d).__name__}"
+            return [f"{said}result is {shown}, expected {case.family}"]
+        problems = []
+        if fam == "numpy" and not d.flags.writeable:
+            problems.append(f"{said}numpy result is read-only")
+        if self.mesh is not None and r.kind != "gradient" and getattr(d.sharding, "mesh", None) != self.mesh:
+            problems.append(f"{said}result not on the operands' mesh: {d.sharding}")
+        if np.dtype(d.dtype).name != dtype:
+            problems.append(f"{said}result dtype {np.dtype(d.dtype).name}, expected {dtype}")
+        shape = r.shape or self.want_shape
+        if shape is None:
+            return problems
+        if tuple(d.shape) != tuple(shape):
+            return problems + [f"{said}result shape {tuple(d.shape)}, expected {tuple(shape)}"]
+        assert dd is not None or not mpi
+        ref = r.ref
+        want = split(ref, dd, nranks=rt.size)[rt.rank] if mpi and rt is not None and dd is not None else ref
+        scale = finite_scale(ref)
+        if r.kind == "gradient" and 0 in tuple(d.shape):
+            # nothing to read: JAX's own zero-size cotangent of an operand split over a mesh holds the whole
+            # shape on every device, and reading it fails (as jnp.zeros((32, 0), out_sharding=P(("x", "y"),
+            # None)) does under jax.set_mesh); its shape and dtype are checked above
+            return problems
+        try:  # a jax.Array's computation may fail only when it is read
+            host = np.asarray(d)
+        except Exception as e:  # noqa: BLE001
+            return problems + [f"{said}reading the result raised {type(e).__name__}: {e}"]
+        tol = r.tolerance or dtype
+        ratio = error_ratio(host, want, tol, scale) / slack
+        ratios.append(math.inf if math.isnan(ratio) else ratio)  # NaN in the result
+        if not ratios[-1] <= 1.0:
+            problems.append(f"{said}max error {ratios[-1]:.3g} x the tolerance")
+        elif fam == "jax" and not mpi and r.kind != "gradient":
+            close = lambda x, y: error_ratio(x, y, tol, scale) <= slack  # noqa: E731
+            problems += [said + p for p in _sharding_problems(d, case, ref, self.ranks, close, r.kind == "batched")]
+        return problems
+
+
+def _default_matmul_precision(name: str | None) -> contextlib.AbstractContextManager[Any]:
+    """``jax.default_matmul_precision(name)``; nothing where ``name`` is None."""
+    if name is None:
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.default_matmul_precision(name)
+
+
+def combine(outcomes: Sequence[Outcome]) -> Outcome:
+    """One outcome from every rank's: a failure on any rank is a failure, and
+    ranks that disagree (one refused, another passed) fail."""
+    statuses = {o.status for o in outcomes}
+    ratios = [o.ratio for o in outcomes if not math.isnan(o.ratio)]
+    ratio = max(ratios) if ratios else math.nan
+    first = outcomes[0]
+    if "failed" in statuses:
+        bad = [r for r, o in enumerate(outcomes) if o.status == "failed"]
+        msg = outcomes[bad[0]].message
+        return dataclasses.replace(first, status="failed", ratio=ratio, message=f"on rank(s) {bad}: {msg}")
+    if len(statuses) > 1:
+        split_ = {s: [r for r, o in enumerate(outcomes) if o.status == s] for s in sorted(statuses)}
+        msgs = "; ".join(o.message for o in outcomes if o.message)
+        return dataclasses.replace(first, status="failed", ratio=ratio,
+                                   message=f"ranks disagree: {split_}: {msgs}")
+    return dataclasses.replace(first, ratio=ratio)

@@ -1,0 +1,50 @@
+"""The report of a check: a table by layout family and the first failures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+from .case import LAYOUT_FAMILIES, TRANSFORMS, Transform
+from .run import _ORDER, Outcome
+
+__all__ = ["report"]
+
+
+def _worst(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    return f"{max(ratios):.2f}"
+
+
+def report(outcomes: Sequence[Outcome], *, failures: int = 5) -> str:
+    """A table by layout family (cases, passed, refused, failed, worst error
+    relative to the tolerance), a line for the cases inside a JAX
+    transformation (by kind and status), and the first ``failures`` failures."""
+    head = f"{'layout family':18s} {'cases':>6s} {'passed':>7s} {'refused':>8s} {'failed':>7s} {'worst err/tol':>14s}"
+    lines = [head, "-" * len(head)]
+    rows = [f for f in LAYOUT_FAMILIES if any(o.layout_family == f for o in outcomes)]
+    for fam in rows + ["total"]:
+        mine = [o for o in outcomes if fam == "total" or o.layout_family == fam]
+        count = {s: sum(o.status == s for o in mine) for s in _ORDER}
+        ratios = [o.ratio for o in mine if o.status != "refused" and not math.isnan(o.ratio)]
+        if fam == "total":
+            lines.append("-" * len(head))
+        lines.append(f"{fam:18s} {len(mine):6d} {count['passed']:7d} {count['refused']:8d} {count['failed']:7d} "
+                     f"{_worst(ratios):>14s}")
+    transformed = [o for o in outcomes if o.case.transform is not None]
+    if transformed:
+        kinds = ", ".join(f"{k} {sum(cast(Transform, o.case.transform).kind == k for o in transformed)}"
+                          for k in TRANSFORMS)
+        count = {s: sum(o.status == s for o in transformed) for s in _ORDER}
+        lines.append(f"of which inside a JAX transformation: {len(transformed)} ({kinds}): {count['passed']} "
+                     f"passed, {count['refused']} refused, {count['failed']} failed")
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        lines.append("")
+        lines.append(f"first {min(failures, len(failed))} of {len(failed)} failure(s):")
+        for o in failed[:failures]:
+            lines.append(f"  [{o.label or o.layout_family}] {o.message}")
+            lines.append(f"    {o.describe()}")
+    return "\n".join(lines)
