@@ -45,6 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .algorithms import ALGORITHMS
+
 __all__ = [
     "MachineModel",
     "DEFAULT_MODELS",
@@ -505,22 +507,9 @@ def extra_memory_bytes(
     >>> extra_memory_bytes("allgather", 1024, 1024, 1024, 8, 4)  # one 1024x128 block + one 128x128 tile
     589824.0
     """
-    acc = acc_itemsize or itemsize
-    if p <= 1 or algorithm == "local":
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"no memory model for algorithm {algorithm!r}")
+    if p <= 1:
         return 0.0
-    if algorithm == "allgather":
-        vol = (m * k) if moving == "a" else (k * n)
-        if one_shot:
-            return float(vol * itemsize)
-        return vol / p * itemsize + (m / p) * (n / p) * acc
-    if algorithm == "reduce_scatter":
-        if one_shot:
-            return float(m * n * acc)
-        return 2 * m * n / p * acc
-    if algorithm == "allreduce":
-        return float(m * n * acc)
-    if algorithm == "summa":
-        if one_shot:  # op(A)'s row panel and op(B)'s column panel, whole (a square grid of p ranks)
-            return (m * k + k * n) / math.sqrt(p) * itemsize
-        return (m * k + k * n) / p * itemsize
-    raise ValueError(f"no memory model for algorithm {algorithm!r}")
+    return ALGORITHMS[algorithm].extra_memory_bytes(m, n, k, p, itemsize, acc_itemsize or itemsize, moving=moving,
+                                                    one_shot=one_shot)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, overload
 import numpy as np
 
 from . import _cost, _memory, _runtime
+from . import algorithms as _algorithms
 from . import backends as _backends
 from ._distribution import Distribution, one_of
 from ._empty import EmptyProduct
@@ -278,8 +279,10 @@ def _check_local(
         )
     if not one_of(backend, _backends.NAMES):
         raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
-    if not one_of(algorithm, ("auto", *ALGORITHMS)):
-        raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
+    # the contract's names, and any algorithm registered beside them (dmatmul.algorithms.register)
+    names = (*ALGORITHMS, *(name for name in _algorithms.ALGORITHMS if name not in ALGORITHMS))
+    if not one_of(algorithm, ("auto", *names)):
+        raise ValueError(f"algorithm must be 'auto' or one of {names}, got {algorithm!r}")
     precision = normalize_precision(precision)
     devices = check_devices(devices, spmd=spmd)
     shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731

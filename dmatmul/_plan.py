@@ -21,11 +21,11 @@ import contextvars
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Literal
 
 from . import _cost
 from ._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ._spec import ALGORITHMS
+from .algorithms import ALGORITHMS, kernels as registered_kernels
+from .algorithms.base import OPERANDS, SCHEDULES, Kernel, Operand, Problem1D, Role, Schedule
 
 __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
@@ -33,18 +33,6 @@ __all__ = [
     "dist_for_role", "stored_dims", "ALGORITHMS", "Schedule", "SCHEDULES", "forced_schedule", "schedule",
     "kernel_collectives", "costed_plan",
 ]
-
-Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
-#: How a kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
-#: "one_shot", whole collectives (the moving operand all-gathered, then one GEMM; or one GEMM of the whole
-#: partial product, then one reduce-scatter; SUMMA: both panels all-gathered, then one GEMM); "bidirectional", two rings side by side in opposite directions,
-#: half of each block each way (P - 1 steps of two messages: for links that carry both directions at once,
-#: :func:`dmatmul._cost.bidirectional_pays`). The algorithm (its name, its operand roles) is the same.
-Schedule = Literal["ring", "one_shot", "bidirectional"]
-SCHEDULES: tuple[Schedule, ...] = ("ring", "one_shot", "bidirectional")
-Operand = Literal["a", "b", "d"]
-#: The operands in order: a, b and the result.
-OPERANDS: tuple[Operand, Operand, Operand] = ("a", "b", "d")
 
 _LOGICAL: dict[str, tuple[str, str]] = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
 
@@ -113,52 +101,12 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
     return "Slab.X" if stored_dims(operand, transposed).index(role) == 0 else "Slab.Y"
 
 
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """An algorithm on fixed operand roles. ``moving`` names the operand whose
-    blocks travel the ring (AllGather+GEMM); ``schedule`` how it communicates
-    (:data:`Schedule`: allgather, reduce_scatter and summa have a "one_shot"
-    one; allgather and reduce_scatter a "bidirectional" one)."""
+#: The built-in kernels (every algorithm's, :func:`dmatmul.algorithms.kernels`): each schedule's in turn,
+#: the 1-D rings, SUMMA's ring on a grid, then the same as whole collectives ("one_shot": small products, one
+#: collective call instead of P - 1), then the rings half of each block each way ("bidirectional": full-duplex
+#: links, large blocks). A backend that runs only some leaves the others out.
+KERNELS: tuple[Kernel, ...] = registered_kernels()
 
-    algorithm: str
-    a: Role
-    b: Role
-    d: Role
-    moving: Operand | None = None
-    schedule: Schedule = "ring"
-
-    def role(self, operand: Operand) -> Role:
-        return {"a": self.a, "b": self.b, "d": self.d}[operand]
-
-
-#: The 1-D ring kernels: AllGather+GEMM (the moving operand's blocks travel) and GEMM+ReduceScatter.
-_RINGS: tuple[Kernel, ...] = (
-    Kernel("allgather", "M", "N", "M", moving="b"),
-    Kernel("allgather", "M", "K", "M", moving="b"),
-    Kernel("allgather", "M", "N", "N", moving="a"),
-    Kernel("allgather", "K", "N", "N", moving="a"),
-    Kernel("reduce_scatter", "K", "K", "M"),
-    Kernel("reduce_scatter", "K", "K", "N"),
-)
-
-#: cuBLASMp's 1-D algorithms and dmatmul's local ones, by operand roles.
-KERNELS: tuple[Kernel, ...] = (
-    Kernel("local", "M", "R", "M"),
-    Kernel("local", "R", "N", "N"),
-    Kernel("local", "R", "R", "R"),
-    *_RINGS,
-    Kernel("allreduce", "K", "K", "R"),
-    Kernel("summa", "G", "G", "G"),
-    # the same AllGather+GEMM and GEMM+ReduceScatter as one whole collective and one GEMM (small products:
-    # one collective call instead of P - 1; a backend that runs only the rings leaves them out)
-    *(dataclasses.replace(kern, schedule="one_shot") for kern in _RINGS),
-    # SUMMA as two whole collectives (op(A)'s row panel gathered along the grid row, op(B)'s column panel
-    # along the grid column) and one GEMM: small products on a grid
-    Kernel("summa", "G", "G", "G", schedule="one_shot"),
-    # the rings again, half of each block each way (full-duplex links, large blocks; a backend that runs only
-    # one-way rings leaves them out)
-    *(dataclasses.replace(kern, schedule="bidirectional") for kern in _RINGS),
-)
 
 _FORCED: contextvars.ContextVar[Schedule | None] = contextvars.ContextVar("dmatmul_schedule", default=None)
 
@@ -205,51 +153,6 @@ class Move:
 
     def describe(self) -> str:
         return f"{self.operand}: {self.src} -> {self.dst} by {self.collective} ({_fmt_bytes(self.nbytes)}/rank)"
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem1D:
-    """Sizes of one product, for costing."""
-
-    m: int
-    n: int
-    k: int
-    p: int
-    itemsize: int
-    acc_itemsize: int
-    grid: tuple[int, int] | None = None  # (rows, cols) of the process grid, when one is in use
-    #: the backend pads every dimension it splits to a whole number of equal blocks (JAX shards evenly), so
-    #: padding travels and is multiplied like data: a plan is costed on the padded sizes (:meth:`padded`)
-    pads: bool = False
-
-    def elements(self, operand: str) -> int:
-        return {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n, "d": self.m * self.n}[operand]
-
-    def padded(self, roles: Iterable[Role]) -> Problem1D:
-        """The sizes a padding backend works on when the operands take ``roles``:
-        each dimension a role splits over the ranks rounded up to a multiple of
-        them; on the grid ("G") M up to its rows and N up to its columns (SUMMA
-        cuts K in panels that need no padding). Without ``pads``: unchanged.
-
-        >>> pr = Problem1D(1001, 1, 64, 8, 4, 4, pads=True).padded(["M", "N", "R"])
-        >>> pr.m, pr.n, pr.k
-        (1008, 8, 64)
-        >>> pr = Problem1D(1001, 1, 64, 8, 4, 4, pads=True, grid=(2, 4)).padded(["G"])
-        >>> pr.m, pr.n, pr.k
-        (1002, 4, 64)
-        """
-        if not self.pads:
-            return self
-        roles = set(roles)
-        up = lambda size, parts: -(-size // parts) * parts  # noqa: E731
-        sizes = {"M": self.m, "N": self.n, "K": self.k}
-        for dim in sizes:
-            if dim in roles:
-                sizes[dim] = up(sizes[dim], self.p)
-        if "G" in roles and self.grid is not None:
-            rows, cols = self.grid
-            sizes["M"], sizes["N"] = max(sizes["M"], up(self.m, rows)), max(sizes["N"], up(self.n, cols))
-        return dataclasses.replace(self, m=sizes["M"], n=sizes["N"], k=sizes["K"])
 
 
 def move(
@@ -337,9 +240,7 @@ def kernel_collectives(kernel: Kernel, p: int) -> float:
     """
     if p <= 1:
         return 0.0
-    if kernel.algorithm == "summa":  # one gather of each operand's panel, along its grid axis
-        return 2.0 if kernel.schedule == "one_shot" else 0.0
-    return 1.0 if kernel.schedule == "one_shot" or kernel.algorithm == "allreduce" else 0.0
+    return ALGORITHMS[kernel.algorithm].collectives(kernel, p)
 
 
 def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float]:
@@ -351,23 +252,8 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
     # a rank computes its share of the product, or all of it when nothing splits it
     flops = 2.0 * m * n * k / (1 if roles == ("R", "R", "R") else p)
     steps = 0 if kernel_collectives(kernel, p) else (p - 1) * (2 if kernel.schedule == "bidirectional" else 1)
-    if kernel.algorithm == "allgather":
-        moving = kernel.moving or "b"
-        return (p - 1) / p * problem.elements(moving) * problem.itemsize, steps, flops
-    if kernel.algorithm == "reduce_scatter":
-        return (p - 1) / p * m * n * problem.acc_itemsize, steps, flops
-    if kernel.algorithm == "allreduce":  # one psum: a whole collective (its engine's steps are inside it)
-        return 2 * (p - 1) / p * m * n * problem.acc_itemsize, 0, flops
-    if kernel.algorithm == "summa":
-        rows, cols = problem.grid or (1, p)
-        # op(A)'s row panel travels along grid rows, op(B)'s column panel along grid columns, each byte
-        # received once (cuBLASMp: broadcasts), in about one message per step of each. The JAX backend
-        # re-costs its SUMMA from the blocks it moves (JaxPlan._summa_cost): K padded to whole panels, and
-        # in the ring the other operand's panels broadcast in ppermute rounds that every rank receives
-        a_in = (cols - 1) / cols * (m / rows) * k
-        b_in = (rows - 1) / rows * k * (n / cols)
-        return (a_in + b_in) * problem.itemsize, 0 if kernel.schedule == "one_shot" else rows + cols, flops
-    return 0.0, 0.0, flops
+    nbytes, messages = ALGORITHMS[kernel.algorithm].cost(problem, kernel, steps)
+    return nbytes, messages, flops
 
 
 def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, float], ...]:
@@ -386,38 +272,14 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
     >>> gemm_calls(pr, Kernel("local", "M", "R", "M"))  # one (512 x 32) @ (32 x 4096)
     ((1, 134217728.0, 8978432.0),)
     """
-    m, n, k, p = problem.m, problem.n, problem.k, problem.p
+    m, n, k = problem.m, problem.n, problem.k
     roles = (kernel.a, kernel.b, kernel.d)
-    shapes: dict[str, tuple[int, float, float, float, bool]] = {  # count, m, n, k of one call, accumulating
-        "local": (1, m / p if kernel.a == "M" else m, n / p if kernel.b == "N" else n, k, False),
-        "allreduce": (1, m, n, k / p, False),
-        "reduce_scatter": (p, m / p, n, k / p, True) if kernel.d == "M" else (p, m, n / p, k / p, True),
-    }
-    shape: tuple[int, float, float, float, bool]
-    if roles == ("R", "R", "R"):
-        shape = (1, m, n, k, False)
-    elif kernel.algorithm == "allgather" and kernel.schedule == "one_shot":
-        # the moving operand gathered whole: one GEMM of the whole K, or of the gathered free dimension
-        shape = (1, m if kernel.a == "K" or kernel.moving == "a" else m / p,
-                 n if kernel.b == "K" or kernel.moving == "b" else n / p, k, False)
-    elif kernel.algorithm == "allgather":
-        split_k = "K" in roles
-        shape = (p, m if kernel.a == "K" else m / p, n if kernel.b == "K" else n / p, k / p if split_k else k, split_k)
-    elif kernel.algorithm == "reduce_scatter" and kernel.schedule == "one_shot":
-        shape = (1, m, n, k / p, False)  # the whole partial product, then one reduce-scatter
-    elif kernel.algorithm == "summa" and kernel.schedule == "one_shot":
-        rows, cols = problem.grid or (1, p)
-        shape = (1, m / rows, n / cols, k, False)  # both panels gathered whole: one GEMM
-    elif kernel.algorithm == "summa":
-        rows, cols = problem.grid or (1, p)
-        steps = max(rows, cols)  # a ring along the longer grid axis, one K panel a step
-        shape = (steps, m / rows, n / cols, k / steps, True)
-    else:
-        shape = shapes[kernel.algorithm]
+    alg = ALGORITHMS[kernel.algorithm]
+    shape = (1, m, n, k, False) if roles == ("R", "R", "R") else alg.gemm_shape(problem, kernel)
     count, mc, nc, kc, accumulate = shape
     if kernel.schedule == "bidirectional" and roles != ("R", "R", "R"):
         # each step's GEMM twice, on half of the travelling block (allgather) or of the result block summed
-        half = kernel.role(kernel.moving or "b") if kernel.algorithm == "allgather" else kernel.d
+        half = alg.bidirectional_half(kernel)
         count = 2 * count
         mc, nc, kc = (x / 2 if dim == half else x for x, dim in ((mc, "M"), (nc, "N"), (kc, "K")))
     nbytes = (mc * kc + kc * nc) * problem.itemsize + mc * nc * problem.acc_itemsize * (2 if accumulate else 1)
@@ -461,26 +323,29 @@ def on_grid_roles(roles: dict[str, Role], grid_ops: Iterable[str]) -> dict[str, 
 
 def plans(
     problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset(),
-    kernels: Sequence[Kernel] = KERNELS, grid_ops: frozenset[str] = frozenset(),
+    kernels: Sequence[Kernel] | None = None, grid_ops: frozenset[str] = frozenset(),
 ) -> list[Plan]:
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
-    ``kernels``: what the backend can run (a subset of :data:`KERNELS`).
+    ``kernels``: what the backend can run (a subset of the registered ones,
+    :func:`dmatmul.algorithms.kernels`; None: all of them).
     SUMMA is a candidate only on a process grid; ``grid_ops`` names the
     operands laid out on that grid (SUMMA takes them from there even where
     their role is a 1-D one: :func:`on_grid_roles`), ``native`` those whose
     grid layout is already the one SUMMA uses (no move).
     """
     out = []
-    summa_roles = on_grid_roles(roles, grid_ops)
+    kernels = registered_kernels() if kernels is None else kernels
+    grid_roles = on_grid_roles(roles, grid_ops)
     forced = forced_schedule()
     if forced is not None:  # the kernels with a schedule of that name run only it
         both = {kern.algorithm for kern in kernels if kern.schedule == forced}
         kernels = [kern for kern in kernels if kern.algorithm not in both or kern.schedule == forced]
     for kernel in kernels:
-        if kernel.algorithm == "summa" and problem.grid is None:
+        on_grid = ALGORITHMS[kernel.algorithm].grid
+        if on_grid and problem.grid is None:
             continue
-        given = summa_roles if kernel.algorithm == "summa" else roles
+        given = grid_roles if on_grid else roles
         sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
         candidates = [
             move(sized, "a", given["a"], kernel.a, native="a" in native),
@@ -519,7 +384,7 @@ def choose(
     model: _cost.MachineModel,
     transposes: tuple[bool, bool],
     native: frozenset[str] = frozenset(),
-    kernels: Sequence[Kernel] = KERNELS,
+    kernels: Sequence[Kernel] | None = None,
     backend: str = "",
     fit_roles: dict[str, Role] | None = None,
     grid_ops: frozenset[str] = frozenset(),
@@ -541,12 +406,13 @@ def choose(
         return candidates[0]
     fit_roles = roles if fit_roles is None else fit_roles
     as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels, grid_ops)
-    # SUMMA also takes grid operands whose blocking or orientation it must first adjust (transposes,
-    # other block sizes on the same grid); every other named algorithm runs on its operands as given
+    # a grid algorithm also takes grid operands whose blocking or orientation it must first adjust
+    # (transposes, other block sizes on the same grid); every other named algorithm runs on its operands as given
+    on_grid = ALGORITHMS[algorithm].grid
     fits = {
         pl.kernel for pl in as_given
         if pl.algorithm == algorithm
-        and (pl.communication_free_moves or (algorithm == "summa" and all(m.src == m.dst == "G" for m in pl.moves)))
+        and (pl.communication_free_moves or (on_grid and all(m.src == m.dst == "G" for m in pl.moves)))
     }
     fitting = [pl for pl in candidates if pl.kernel in fits]
     if fitting:
@@ -554,7 +420,7 @@ def choose(
     raise ValueError(needs_message(algorithm, fit_roles if given is None else given, transposes, kernels, backend))
 
 
-def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kernel] = KERNELS) -> list[str]:
+def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kernel] | None = None) -> list[str]:
     """The distribution triples (a, b, result) an algorithm accepts as given.
 
     >>> needs("reduce_scatter", (False, False))
@@ -562,7 +428,7 @@ def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kerne
     """
     ta, tb = transposes
     out = []
-    for kernel in kernels:
+    for kernel in registered_kernels() if kernels is None else kernels:
         if kernel.algorithm == algorithm:
             out.append(
                 f"(a={dist_for_role('a', kernel.a, ta)}, b={dist_for_role('b', kernel.b, tb)}, "
@@ -573,7 +439,7 @@ def needs(algorithm: str, transposes: tuple[bool, bool], kernels: Sequence[Kerne
 
 def needs_message(
     algorithm: str, roles: dict[str, Role] | str, transposes: tuple[bool, bool],
-    kernels: Sequence[Kernel] = KERNELS, backend: str = "",
+    kernels: Sequence[Kernel] | None = None, backend: str = "",
 ) -> str:
     """Why a named algorithm does not fit, and the triples it needs.
 
@@ -585,6 +451,7 @@ def needs_message(
         f"result={dist_for_role('d', roles['d'], False)})"
     )
     on = f" on the {backend} backend" if backend else ""
+    kernels = registered_kernels() if kernels is None else kernels
     options = needs(algorithm, transposes, kernels)
     if not options or all(k.a == k.b == k.d == "G" for k in kernels if k.algorithm == algorithm):
         return (
@@ -610,7 +477,7 @@ def choose_distributions(
     *,
     transposes: tuple[bool, bool],
     fixed: Fixed = (None, None, None),
-    kernels: Sequence[Kernel] = KERNELS,
+    kernels: Sequence[Kernel] | None = None,
     deliverable: Callable[[Distribution], bool] | None = None,
     algorithm: str = "auto",
 ) -> tuple[Distribution, Distribution, Distribution]:
@@ -636,8 +503,8 @@ def choose_distributions(
     >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False), algorithm="allgather")
     (Slab.X, Slab.X, Slab.X)
     """
-    if algorithm == "summa":
-        return choose_grid(problem, model, fixed=fixed, deliverable=deliverable)
+    if algorithm != "auto" and ALGORITHMS[algorithm].grid:
+        return choose_grid(problem, model, fixed=fixed, deliverable=deliverable, algorithm=algorithm)
     if algorithm != "auto":
         return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:
@@ -680,7 +547,7 @@ def choose_distributions(
 
 def _choose_named(
     problem: Problem1D, model: _cost.MachineModel, algorithm: str, transposes: tuple[bool, bool],
-    fixed: Fixed, kernels: Sequence[Kernel], deliverable: Callable[[Distribution], bool] | None,
+    fixed: Fixed, kernels: Sequence[Kernel] | None, deliverable: Callable[[Distribution], bool] | None,
 ) -> tuple[Distribution, Distribution, Distribution]:
     """:func:`choose_distributions` for a named 1-D ``algorithm``: the layouts
     of one of its kernels as they are (a named algorithm runs on the layouts
@@ -692,7 +559,7 @@ def _choose_named(
         return (fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated())
     ta, tb = transposes
     options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
-    for kern in kernels:
+    for kern in registered_kernels() if kernels is None else kernels:
         if kern.algorithm != algorithm:
             continue
         triple = (fixed[0] or role_dist("a", kern.a, ta), fixed[1] or role_dist("b", kern.b, tb),
@@ -711,8 +578,9 @@ def choose_grid(
     *,
     fixed: Fixed = (None, None, None),
     deliverable: Callable[[Distribution], bool] | None = None,
+    algorithm: str = "summa",
 ) -> tuple[Distribution, Distribution, Distribution]:
-    """``algorithm="summa"`` with ``distribution=None``: a, b and the result
+    """A named grid ``algorithm`` (SUMMA) with ``distribution=None``: a, b and the result
     ``BlockNonCyclic`` on the row-order grid whose SUMMA the model says is
     fastest (a jax.Array operand keeps the layout its sharding says: its grid
     then decides; ``deliverable`` as in :func:`choose_distributions`, waived
@@ -726,13 +594,13 @@ def choose_grid(
     p = problem.p
     given = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2), None)
     grids = [given] if given is not None else [ProcessGrid((r, p // r)) for r in range(1, p + 1) if p % r == 0]
-    summa = [kern for kern in KERNELS if kern.algorithm == "summa"]
+    on_grid = [kern for kern in registered_kernels() if kern.algorithm == algorithm]
     options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
     for grid in grids:
         dist = BlockNonCyclic(grid)
         triple = (fixed[0] or dist, fixed[1] or dist, fixed[2] or dist)
         sized = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
-        found = plans(sized, {"a": "G", "b": "G", "d": "G"}, model, kernels=summa, grid_ops=frozenset("abd"))
+        found = plans(sized, {"a": "G", "b": "G", "d": "G"}, model, kernels=on_grid, grid_ops=frozenset("abd"))
         time = found[0].time if found else float("inf")
         options.append((deliverable is not None and not deliverable(dist), time, triple))
     return min(options, key=lambda o: (o[0], o[1]))[2]

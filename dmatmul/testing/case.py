@@ -522,7 +522,7 @@ def _fitting_algorithms(
     out = []
     for kernel in _plan.KERNELS:
         want = (kernel.a, kernel.b, kernel.d)
-        if kernel.algorithm == "summa":
+        if _plan.ALGORITHMS[kernel.algorithm].grid:
             if one_grid:
                 out.append(kernel.algorithm)
         elif all(g == w or (g == "R" and w != "G" and op != "d") for g, w, op in zip(roles, want, "abd")):

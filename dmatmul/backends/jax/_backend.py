@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ... import _cost, _memory, _plan, _runtime
+from ...algorithms import ALGORITHMS
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._lru import LRU
 from ..._spec import Operands, Spec, check_fit
@@ -698,7 +699,7 @@ class JaxPlan:
         # also those a 1-D role describes for the other kernels (BlockNonCyclic on a (P, 1) or (1, P) grid
         # splits as a Slab does); "auto" costs SUMMA's candidate as moving those, so that for such operands it
         # favours the 1-D kernels, which take that split as it is
-        named = spec.algorithm == "summa"
+        named = spec.algorithm != "auto" and ALGORITHMS[spec.algorithm].grid
         on_grid = self._on_grid(self.planned, grid, roles, named)
         summa = self._summa_placements(on_grid, roles, shapes) if grid is not None else None
         native = frozenset(
@@ -730,7 +731,7 @@ class JaxPlan:
         # jax.Array in or out carries as its sharding, where one expresses it
         self.unpadded = {op: _layout.placement_of(d, self.geom, shapes[op], (None, None))
                          for op, d in zip("abd", self.planned)}
-        if kern.algorithm == "summa":
+        if ALGORITHMS[kern.algorithm].grid:
             assert summa is not None
             self.kernel, schedule = summa
         else:
@@ -765,7 +766,7 @@ class JaxPlan:
             out_dtype=jnp.dtype(spec.dtype),
             bias_columns=spec.bias_columns,
         )
-        if kern.algorithm == "summa" and p > 1:
+        if ALGORITHMS[kern.algorithm].grid and p > 1:
             self.plan = self._summa_cost(self.plan)
         self.algorithm = self.plan.algorithm
         self._compiled: dict[str, Any] = {}
@@ -952,16 +953,17 @@ class JaxPlan:
         for op, dist in zip("abd", self.distributions):
             blocks += max(int(np.prod(dist.shape(r, shapes[op], p))) for r in range(p))
         kern = self.plan.kernel
-        if kern.algorithm == "summa":
+        in_flight = ALGORITHMS[kern.algorithm].in_flight(kern)
+        if ALGORITHMS[kern.algorithm].grid:
             sched = self.local.summa
             assert sched is not None
             m_loc = self.kernel["a"].block[1 if spec.transpose_a else 0]
             n_loc = self.kernel["b"].block[0 if spec.transpose_b else 1]
             travel = sched.longest_run() * (m_loc + n_loc) * info.itemsize
-        elif kern.algorithm == "allgather" and kern.moving in ("a", "b"):
-            travel = int(np.prod(self.kernel[kern.moving].block)) * info.itemsize
-        elif kern.algorithm in ("reduce_scatter", "allreduce"):
+        elif in_flight == ("d",):  # partial results
             travel = int(np.prod(self.kernel["d"].block)) * info.acc_itemsize
+        elif in_flight:  # blocks of the travelling operand
+            travel = int(np.prod(self.kernel[in_flight[0]].block)) * info.itemsize
         else:
             travel = 0
         return float(blocks * info.itemsize + travel)
@@ -1001,11 +1003,12 @@ class JaxPlan:
         travel = _cost.extra_memory_bytes(kern.algorithm, pr.m, pr.n, pr.k, p, info.itemsize, info.acc_itemsize,
                                           moving=kern.moving, one_shot=one_shot)
         if travel:
-            if kern.algorithm == "allgather" and kern.moving:
-                op = kern.moving
+            in_flight = ALGORITHMS[kern.algorithm].in_flight(kern)
+            if len(in_flight) > 1:
+                op, what = in_flight[0], f"the panels of {' and '.join(in_flight)} in flight"
+            elif in_flight and in_flight[0] != "d":
+                op = in_flight[0]
                 what = f"{op} gathered whole" if one_shot else f"{op}'s blocks in flight"
-            elif kern.algorithm == "summa":
-                op, what = "a", "the panels of a and b in flight"
             else:
                 op, what = "d", "the partial results in flight"
             per.append((op, what, travel))
@@ -1396,11 +1399,12 @@ class JaxPlan:
             else:
                 lines.append(f"  {name:7s} {d!r:16s} splits {names[roles[op]]}")
         kern = plan.kernel
-        if kern.algorithm == "summa" and kern.schedule == "one_shot":
+        on_grid = ALGORITHMS[kern.algorithm].grid
+        if on_grid and kern.schedule == "one_shot":
             rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]
             what = (f"one-shot SUMMA on the {rows}x{cols} grid: op(A)'s row panel all-gathered along grid rows "
                     "and op(B)'s column panel along grid columns, in 2 collectives, then one GEMM")
-        elif kern.algorithm == "summa":
+        elif on_grid:
             sched = self.local.summa
             assert sched is not None
             rows, cols = geom.mesh.shape["r"], geom.mesh.shape["c"]
@@ -1428,7 +1432,7 @@ class JaxPlan:
                 "psum_scatter" if one_shot else
                 f"ring GEMM+ReduceScatter{both}: partial sums travel {self.nranks - 1} ppermute steps",
                 "allreduce": "GEMM + psum (AllReduce, one collective)",
-            }[kern.algorithm]
+            }.get(kern.algorithm) or f"{kern.algorithm}: {ALGORITHMS[kern.algorithm].summary}"
             what += f"; roles a:{kern.a} b:{kern.b} result:{kern.d}"
         lines.append(f"kernel:     {what}")
         # one process: global operands, nothing moves, but a jax.Array result on another grid is re-laid onto it

@@ -1,0 +1,151 @@
+"""What an algorithm is, for the planner: the operand roles it takes (its
+kernels, one per schedule), whether it runs on a 2-D process grid, and its
+numbers: whole collectives, bytes and messages, local GEMM calls, and the
+memory it holds in flight.
+
+The planner (:mod:`dmatmul._plan`) and the memory model
+(:func:`dmatmul._cost.extra_memory_bytes`) ask these of the
+:data:`dmatmul.algorithms.ALGORITHMS` registry by the algorithm's name; a
+backend runs a kernel it registers under that name. This module imports
+nothing of the package's, so every other can import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Literal
+
+__all__ = ["Role", "Schedule", "SCHEDULES", "Operand", "OPERANDS", "Kernel", "Problem1D", "GemmShape", "Algorithm"]
+
+Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
+#: How a kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
+#: "one_shot", whole collectives (the moving operand all-gathered, then one GEMM; or one GEMM of the whole
+#: partial product, then one reduce-scatter; SUMMA: both panels all-gathered, then one GEMM); "bidirectional", two rings side by side in opposite directions,
+#: half of each block each way (P - 1 steps of two messages: for links that carry both directions at once,
+#: :func:`dmatmul._cost.bidirectional_pays`). The algorithm (its name, its operand roles) is the same.
+Schedule = Literal["ring", "one_shot", "bidirectional"]
+SCHEDULES: tuple[Schedule, ...] = ("ring", "one_shot", "bidirectional")
+Operand = Literal["a", "b", "d"]
+#: The operands in order: a, b and the result.
+OPERANDS: tuple[Operand, Operand, Operand] = ("a", "b", "d")
+
+#: One local GEMM call of a kernel: (count, m, n, k of one call, whether it accumulates into its output)
+GemmShape = tuple[int, float, float, float, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """An algorithm on fixed operand roles. ``moving`` names the operand whose
+    blocks travel the ring (AllGather+GEMM); ``schedule`` how it communicates
+    (:data:`Schedule`: allgather, reduce_scatter and summa have a "one_shot"
+    one; allgather and reduce_scatter a "bidirectional" one)."""
+
+    algorithm: str
+    a: Role
+    b: Role
+    d: Role
+    moving: Operand | None = None
+    schedule: Schedule = "ring"
+
+    def role(self, operand: Operand) -> Role:
+        return {"a": self.a, "b": self.b, "d": self.d}[operand]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem1D:
+    """Sizes of one product, for costing."""
+
+    m: int
+    n: int
+    k: int
+    p: int
+    itemsize: int
+    acc_itemsize: int
+    grid: tuple[int, int] | None = None  # (rows, cols) of the process grid, when one is in use
+    #: the backend pads every dimension it splits to a whole number of equal blocks (JAX shards evenly), so
+    #: padding travels and is multiplied like data: a plan is costed on the padded sizes (:meth:`padded`)
+    pads: bool = False
+
+    def elements(self, operand: str) -> int:
+        return {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n, "d": self.m * self.n}[operand]
+
+    def padded(self, roles: Iterable[Role]) -> Problem1D:
+        """The sizes a padding backend works on when the operands take ``roles``:
+        each dimension a role splits over the ranks rounded up to a multiple of
+        them; on the grid ("G") M up to its rows and N up to its columns (SUMMA
+        cuts K in panels that need no padding). Without ``pads``: unchanged.
+
+        >>> pr = Problem1D(1001, 1, 64, 8, 4, 4, pads=True).padded(["M", "N", "R"])
+        >>> pr.m, pr.n, pr.k
+        (1008, 8, 64)
+        >>> pr = Problem1D(1001, 1, 64, 8, 4, 4, pads=True, grid=(2, 4)).padded(["G"])
+        >>> pr.m, pr.n, pr.k
+        (1002, 4, 64)
+        """
+        if not self.pads:
+            return self
+        roles = set(roles)
+        up = lambda size, parts: -(-size // parts) * parts  # noqa: E731
+        sizes = {"M": self.m, "N": self.n, "K": self.k}
+        for dim in sizes:
+            if dim in roles:
+                sizes[dim] = up(sizes[dim], self.p)
+        if "G" in roles and self.grid is not None:
+            rows, cols = self.grid
+            sizes["M"], sizes["N"] = max(sizes["M"], up(self.m, rows)), max(sizes["N"], up(self.n, cols))
+        return dataclasses.replace(self, m=sizes["M"], n=sizes["N"], k=sizes["K"])
+
+
+class Algorithm:
+    """One algorithm of the planner. A subclass (one module each, registered in
+    :data:`dmatmul.algorithms.ALGORITHMS`) sets :attr:`name`, :attr:`kernels`
+    and :attr:`grid`, and overrides the numbers that differ from these
+    defaults (those of a kernel that moves nothing: the local GEMM).
+
+    The planner adds what every algorithm shares: nothing moves on one rank,
+    a kernel on replicated operands ("R", "R", "R") runs the whole GEMM once,
+    and a bidirectional schedule halves each step's GEMM along
+    :meth:`bidirectional_half`.
+    """
+
+    #: the name a user passes as ``algorithm=``
+    name: str = ""
+    #: the operand roles it takes, one kernel per (roles, schedule); their order breaks cost ties
+    kernels: tuple[Kernel, ...] = ()
+    #: whether it runs on a 2-D process grid (its operands' role "G"), and only there
+    grid: bool = False
+    #: one line on what it does, for the documentation of the registry
+    summary: str = ""
+
+    def collectives(self, kernel: Kernel, p: int) -> float:
+        """Whole collectives the kernel runs on ``p > 1`` ranks: one for a
+        one-shot schedule, none for a ring (its P - 1 steps are messages)."""
+        return 1.0 if kernel.schedule == "one_shot" else 0.0
+
+    def cost(self, problem: Problem1D, kernel: Kernel, steps: float) -> tuple[float, float]:
+        """(bytes received, messages) per rank of the kernel itself; ``steps``:
+        the ring's point-to-point steps (0 where the kernel runs whole collectives)."""
+        return 0.0, 0.0
+
+    def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
+        """The local GEMM calls a rank runs, on operands that are not all replicated."""
+        m, n, k, p = problem.m, problem.n, problem.k, problem.p
+        return (1, m / p if kernel.a == "M" else m, n / p if kernel.b == "N" else n, k, False)
+
+    def bidirectional_half(self, kernel: Kernel) -> Role:
+        """The dimension a bidirectional schedule halves in each step's GEMM: the result block summed."""
+        return kernel.d
+
+    def in_flight(self, kernel: Kernel) -> tuple[Operand, ...]:
+        """The operands whose blocks the kernel holds in flight (what :meth:`extra_memory_bytes` counts;
+        "d": partial results)."""
+        return ()
+
+    def extra_memory_bytes(self, m: int, n: int, k: int, p: int, itemsize: int, acc: int, *,
+                           moving: str | None, one_shot: bool) -> float:
+        """Memory a rank holds beyond its blocks of A, B and the result, ``p > 1`` (bytes)."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"<algorithm {self.name!r}>"
