@@ -12,13 +12,13 @@ from ._distribution import (
     BlockCyclic,
     BlockNonCyclic,
     Distribution,
-    ProcessGrid,
     Replicated,
     Slab,
     join,
     split,
 )
 from ._errors import DistributionError, PlanFreedError
+from ._grid import ProcessGrid
 from ._epilogue import EPILOGS
 from ._matmul import Matmul, matmul
 from ._spec import ALGORITHMS, DTYPES

@@ -24,17 +24,16 @@ Worked examples (read off nvmath 1.0)::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 
 from . import _world
+from ._args import MAX_RANKS, as_int, as_pair, one_of, to_numpy
 from ._errors import DistributionError
-from .layout import Layout, groups as _layout_groups, left_inverse
+from ._grid import ProcessGrid
 
 __all__ = [
     "Distribution",
@@ -45,61 +44,14 @@ __all__ = [
     "Replicated",
     "split",
     "join",
+    # the argument checks the callers of this module use too
+    "one_of",
+    "to_numpy",
 ]
-
-GridLayout = Literal["row", "col"]
-
-
-# --------------------------------------------------------------------------- #
-# argument checking
-# --------------------------------------------------------------------------- #
-#: the most ranks a distribution spans: MPI numbers ranks with a C int
-MAX_RANKS = 2**31 - 1
-
-
-def _as_int(value: Any, what: str, *, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
-    value = int(value)
-    if value < minimum:
-        raise DistributionError(f"{what} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise DistributionError(f"{what} must be <= {maximum} (MPI numbers ranks with a C int), got {value}")
-    return value
-
-
-def _as_pair(value: Any, what: str, *, minimum: int) -> tuple[int, int]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
-        raise TypeError(f"{what} must be a pair of ints, got {value!r}")
-    return (
-        _as_int(value[0], f"{what}[0]", minimum=minimum),
-        _as_int(value[1], f"{what}[1]", minimum=minimum),
-    )
-
-
-def one_of(value: Any, names: Sequence[str | None]) -> bool:
-    """Whether ``value`` is one of ``names`` (strings, and None where None is
-    one): only a string can equal a name, so any other value (a numpy array,
-    whose ``==`` is elementwise; bytes; a list) is simply not one of them.
-
-    >>> one_of("row", ("row", "col")), one_of(np.array(["row", "col"]), ("row", "col")), one_of(None, (None, "x"))
-    (True, False, True)
-    """
-    if value is None:
-        return None in names
-    return isinstance(value, str) and value in names
-
-
-def to_numpy(x: Any, name: str) -> np.ndarray:
-    """``np.asarray(x)``; numpy's error on what is no array (a ragged list) named for ``name``."""
-    try:
-        return np.asarray(x)
-    except (ValueError, TypeError) as e:
-        raise type(e)(f"{name} cannot be read as an array ({type(x).__name__}): {e}") from e
 
 
 def _global_shape(global_shape: Any) -> tuple[int, int]:
-    return _as_pair(global_shape, "global_shape", minimum=0)
+    return as_pair(global_shape, "global_shape", minimum=0)
 
 
 # --------------------------------------------------------------------------- #
@@ -147,127 +99,6 @@ def _cyclic_indices(n: int, nb: int, iproc: int, isrcproc: int, nprocs: int) -> 
 
 
 # --------------------------------------------------------------------------- #
-# process grids
-# --------------------------------------------------------------------------- #
-_left_inverse = functools.lru_cache(maxsize=64)(left_inverse)  # grid.coords() per rank, many times a product
-
-
-@dataclasses.dataclass(frozen=True, init=False)
-class ProcessGrid:
-    """A grid of ranks, e.g. ``ProcessGrid((2, 4))``.
-
-    ``layout="row"`` numbers the ranks row-major (``rank = r*cols + c``, the
-    last grid axis fastest); ``"col"`` column-major (``rank = r + c*rows``), as
-    ScaLAPACK's ``'C'`` order and nvmath's ``ProcessGrid.Layout.COL_MAJOR``.
-    The default is ``"row"``; where at most one axis is longer than 1 (a 1-D
-    grid too) the two orders agree, and such grids compare equal.
-
-    >>> g = ProcessGrid((2, 4))
-    >>> g.coords(6), g.rank((1, 2))
-    ((1, 2), 6)
-    >>> g.groups(0)
-    [[0, 4], [1, 5], [2, 6], [3, 7]]
-    >>> ProcessGrid((2, 4), layout="col").groups(1)
-    [[0, 2, 4, 6], [1, 3, 5, 7]]
-    """
-
-    shape: tuple[int, ...]
-    layout: GridLayout
-
-    def __init__(self, shape: int | Sequence[int], layout: GridLayout = "row") -> None:
-        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-            shape = (int(shape),)
-        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape:
-            raise TypeError(f"ProcessGrid shape must be a tuple of positive ints, got {shape!r}")
-        dims = tuple(_as_int(s, f"ProcessGrid shape[{i}]", minimum=1) for i, s in enumerate(shape))
-        if not one_of(layout, ("row", "col")):
-            raise DistributionError(
-                f"ProcessGrid layout must be 'row' (rank = r*cols + c) or 'col' "
-                f"(rank = r + c*rows), got {layout!r}"
-            )
-        if math.prod(dims) > MAX_RANKS:
-            raise DistributionError(
-                f"ProcessGrid shape {dims} spans {math.prod(dims)} ranks, more than {MAX_RANKS} "
-                "(MPI numbers ranks with a C int)"
-            )
-        if sum(d > 1 for d in dims) <= 1:
-            # the two orders number the ranks alike where at most one axis is
-            # longer than 1 (a 1-D grid, (4, 1), (1, 4)): keep one value, so
-            # that equal grids compare and hash equal (as nvmath's do)
-            layout = "row"
-        object.__setattr__(self, "shape", dims)
-        object.__setattr__(self, "layout", layout)
-
-    @property
-    def size(self) -> int:
-        """Number of ranks in the grid."""
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def rank_layout(self) -> Layout:
-        """The CuTe layout mapping grid coordinates to ranks.
-
-        >>> ProcessGrid((2, 4)).rank_layout
-        Layout((2, 4), (4, 1))
-        >>> ProcessGrid((2, 4), layout="col").rank_layout
-        Layout((2, 4), (1, 2))
-        """
-        if self.layout == "row":
-            return Layout(self.shape)
-        strides, acc = [], 1
-        for s in self.shape:
-            strides.append(acc)
-            acc *= s
-        return Layout(self.shape, tuple(strides))
-
-    def _check_rank(self, rank: Any) -> int:
-        rank = _as_int(rank, "rank", minimum=0)
-        if rank >= self.size:
-            raise DistributionError(f"rank must be in [0, {self.size}) for grid {self!r}, got {rank}")
-        return rank
-
-    def coords(self, rank: int) -> tuple[int, ...]:
-        """Grid coordinates of ``rank``."""
-        flat = _left_inverse(self.rank_layout)(self._check_rank(rank))
-        out = []
-        for s in reversed(self.shape):
-            flat, c = divmod(flat, s)
-            out.append(c)
-        return tuple(reversed(out))
-
-    def rank(self, coords: Sequence[int] | int) -> int:
-        """Rank at grid coordinates ``coords`` (an int on a 1-D grid)."""
-        if isinstance(coords, (int, np.integer)) and self.ndim == 1:
-            coords = (int(coords),) if isinstance(coords, np.integer) else (coords,)
-        if not isinstance(coords, Sequence) or len(coords) != self.ndim:
-            raise TypeError(f"coords must be a tuple of {self.ndim} ints for grid {self!r}, got {coords!r}")
-        for i, (c, s) in enumerate(zip(coords, self.shape)):
-            if _as_int(c, f"coords[{i}]", minimum=0) >= s:
-                raise DistributionError(f"coords[{i}] must be in [0, {s}) for grid {self!r}, got {c}")
-        return int(self.rank_layout(tuple(int(c) for c in coords)))
-
-    def groups(self, axis: int) -> list[list[int]]:
-        """The rank groups that communicate along grid axis ``axis``.
-
-        Each group holds the ranks that differ only in coordinate ``axis``,
-        ordered by that coordinate; groups are ordered by their first rank.
-        """
-        axis = _as_int(axis, "axis", minimum=0)
-        if axis >= self.ndim:
-            raise DistributionError(f"axis must be in [0, {self.ndim}) for grid {self!r}, got {axis}")
-        return _layout_groups(self.rank_layout, axis)
-
-    def __repr__(self) -> str:
-        if self.ndim == 1:
-            return f"ProcessGrid({self.shape})"
-        return f"ProcessGrid({self.shape}, layout={self.layout!r})"
-
-
-# --------------------------------------------------------------------------- #
 # distributions
 # --------------------------------------------------------------------------- #
 class Distribution:
@@ -288,14 +119,14 @@ class Distribution:
         grid, ``nranks`` is used, else the size of an active multi-process run.
         """
         if self.grid is not None:
-            if nranks is not None and _as_int(nranks, "nranks", minimum=1) != self.grid.size:
+            if nranks is not None and as_int(nranks, "nranks", minimum=1) != self.grid.size:
                 raise DistributionError(
                     f"{self!r} spans {self.grid.size} ranks (its grid {self.grid.shape}) "
                     f"but nranks={nranks}: use a grid of {nranks} ranks"
                 )
             return self.grid.size
         if nranks is not None:
-            return _as_int(nranks, "nranks", minimum=1, maximum=MAX_RANKS)
+            return as_int(nranks, "nranks", minimum=1, maximum=MAX_RANKS)
         world = _world.world_size()
         if world is None:
             raise DistributionError(
@@ -307,7 +138,7 @@ class Distribution:
     def _check(self, rank: Any, global_shape: Any, nranks: int | None) -> tuple[int, tuple[int, int], int]:
         shape = _global_shape(global_shape)
         p = self.nranks(nranks)
-        rank = _as_int(rank, "rank", minimum=0)
+        rank = as_int(rank, "rank", minimum=0)
         if rank >= p:
             raise DistributionError(f"rank must be in [0, {p}) for {self!r}, got {rank}")
         return rank, shape, p
@@ -425,7 +256,7 @@ class Slab(Distribution):
     Y: ClassVar[Slab]
 
     def __post_init__(self) -> None:
-        dim = _as_int(self.dim, "Slab dim", minimum=0)
+        dim = as_int(self.dim, "Slab dim", minimum=0)
         if dim not in (0, 1):
             raise DistributionError(f"Slab dim must be 0 (rows, Slab.X) or 1 (columns, Slab.Y), got {dim!r}")
         object.__setattr__(self, "dim", dim)
@@ -477,7 +308,7 @@ class _GridDistribution(Distribution):
                 f"{type(self).__name__} needs a 2-D ProcessGrid, got shape {grid.shape}: "
                 f"use ProcessGrid(({grid.size}, 1)) or ProcessGrid({(1, grid.size)}) for a 1-D split"
             )
-        fp = _as_pair(first_process, "first_process", minimum=0)
+        fp = as_pair(first_process, "first_process", minimum=0)
         for i in range(2):
             if fp[i] >= grid.shape[i]:
                 raise DistributionError(
@@ -549,7 +380,7 @@ class BlockCyclic(_GridDistribution):
         self, grid: ProcessGrid, block_sizes: Sequence[int], first_process: Sequence[int] = (0, 0)
     ) -> None:
         self._init_grid(grid, first_process)
-        object.__setattr__(self, "block_sizes", _as_pair(block_sizes, "block_sizes", minimum=1))
+        object.__setattr__(self, "block_sizes", as_pair(block_sizes, "block_sizes", minimum=1))
 
     def _dim_indices(self, dim: int, rank: int, size: int, nranks: int) -> np.ndarray:
         return _cyclic_indices(size, *self._deal(dim, rank))

@@ -207,6 +207,23 @@ def test_grid_coords_rank_round_trip(shape, layout):
             assert len({c[1 - axis] for c in coords}) == 1
 
 
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("shape", [(3,), (2, 3, 4), (3, 1, 2), (2, 2, 2, 2)])
+def test_grid_coords_rank_groups_any_rank_against_numpy(shape, layout):
+    """Grids of any number of axes: coordinates, ranks and groups are numpy's
+    row-major ('C') or column-major ('F') numbering of the grid."""
+    g = dm.ProcessGrid(shape, layout=layout)
+    ranks = np.arange(g.size).reshape(shape, order="C" if layout == "row" else "F")
+    for rank in range(g.size):
+        coords = tuple(int(x) for x in np.argwhere(ranks == rank)[0])
+        assert g.coords(rank) == coords
+        assert g.rank(coords) == rank
+    for axis in range(len(shape)):
+        lines = np.moveaxis(ranks, axis, -1).reshape(-1, shape[axis])
+        assert g.groups(axis) == sorted(lines.tolist())
+
+
+
 # --------------------------------------------------------------------------- #
 # values: equality, hashing, repr
 # --------------------------------------------------------------------------- #
