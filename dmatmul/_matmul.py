@@ -494,7 +494,7 @@ def _product(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
         ("the global shape of a", spec.a_shape),
         ("the global shape of b", spec.b_shape),
         ("dtype", spec.dtype),
-        *Options.of_spec(spec, backend).agreed(),
+        *Options.agreed_in(spec, backend),
         ("whether c is read", spec.use_c),
     )
 

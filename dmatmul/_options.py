@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
 import numpy as np
@@ -95,22 +95,29 @@ class Options:
     def agreed(self) -> tuple[tuple[str, Any], ...]:
         """Every field as ``(name, value)`` pairs, named as the user wrote them:
         what ranks compare (:func:`dmatmul._runtime.require_same_call`)."""
-        pairs: list[tuple[str, Any]] = []
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            names = field.metadata.get(_NAMES)
-            if names is None:
-                pairs.append((field.name, value))
-            else:
-                pairs.extend(zip(names, value if value is not None else (None,) * len(names)))
-        return tuple(pairs)
+        return _agreed(lambda name: getattr(self, name))
 
-    @classmethod
-    def of_spec(cls, spec: Spec, backend: str) -> Options:
-        """The options a plan's spec was made with (``backend``: the one found)."""
-        return cls(distribution=spec.distributions, alpha=spec.alpha, beta=spec.beta, transpose_a=spec.transpose_a,
-                   transpose_b=spec.transpose_b, epilog=spec.epilog, backend=backend, algorithm=spec.algorithm,
-                   precision=spec.precision, devices=spec.devices)
+    @staticmethod
+    def agreed_in(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
+        """:meth:`agreed` of the options a plan's spec was made with, read off the
+        spec (as the backends have them: ``backend`` is the one that plans)."""
+        return _agreed(lambda name: backend if name == "backend" else getattr(spec, _IN_SPEC.get(name, name)))
+
+
+#: The fields of :class:`Options` that :class:`dmatmul._spec.Spec` names otherwise
+_IN_SPEC = {"distribution": "distributions"}
+
+
+def _agreed(value_of: Callable[[str], Any]) -> tuple[tuple[str, Any], ...]:
+    pairs: list[tuple[str, Any]] = []
+    for field in dataclasses.fields(Options):
+        value = value_of(field.name)
+        names = field.metadata.get(_NAMES)
+        if names is None:
+            pairs.append((field.name, value))
+        else:  # one pair per item (the distribution of a, of b, of the result)
+            pairs.extend(zip(names, value if value is not None else (None,) * len(names)))
+    return tuple(pairs)
 
 
 def _require_bool(flag: Any, name: str) -> bool:
