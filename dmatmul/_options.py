@@ -14,6 +14,7 @@ every rank, before any collective of the product.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import numbers
@@ -91,6 +92,15 @@ class Options:
     def _set(self, name: str, value: Any) -> None:
         if value is not getattr(self, name):
             object.__setattr__(self, name, value)  # (frozen: only __post_init__ writes, to normalize)
+
+    def _scaled_for(self, alpha: complex, beta: complex) -> Options:
+        """These options with ``alpha`` and ``beta`` as the operands' dtype computes
+        with them (checked by :func:`_scalar`: nothing to check again, as
+        ``dataclasses.replace`` would, on every call)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "alpha", alpha)
+        object.__setattr__(new, "beta", beta)
+        return new
 
     def agreed(self) -> tuple[tuple[str, Any], ...]:
         """Every field as ``(name, value)`` pairs, named as the user wrote them:
@@ -299,7 +309,7 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> _Chec
     shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731
     return _Checked(
         dtype=dtype,
-        options=dataclasses.replace(opts, alpha=alpha, beta=beta),
+        options=opts._scaled_for(alpha, beta),
         shapes=(shape(ops.a), shape(ops.b), None if ops.c is None else shape(ops.c)),
         bias_shape=bias_shape,
     )
