@@ -32,7 +32,7 @@ from ._empty import EmptyProduct
 from ._epilogue import EPILOGS, Epilog, EpilogName
 from ._errors import PlanFreedError
 from ._lru import LRU
-from ._options import _DOCS, MatmulOptions, Options, _beta_needs_c, _read_as, _scalar
+from ._options import _DOCS, MatmulOptions, Options, byte_swapped, check_reset
 from ._options import validate as _validate
 from ._spec import (
     DTYPES,
@@ -42,14 +42,9 @@ from ._spec import (
     Operands,
     PrecisionName,
     Spec,
-    as_matrix,
     dtype_name,
-    family,
-    kind,
-    native_order,
     refuse_trace_under_mpi,
     refuse_unusable,
-    to_numpy,
 )
 
 if TYPE_CHECKING:
@@ -121,7 +116,7 @@ class Matmul:
         devices: int | Sequence[Any] | None = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
-        swapped = _byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
+        swapped = byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
         self._spec, runs_on, self._options = _validate(
             self._operands, _MAKER.get(), distribution=distribution, alpha=alpha, beta=beta, transpose_a=transpose_a,
             transpose_b=transpose_b, epilog=epilog, backend=backend, algorithm=algorithm, precision=precision,
@@ -355,6 +350,7 @@ class Matmul:
                 self._told = self._told_now()  # what it was, should none follow
                 self._plan.free()
             self._spec, self._plan, self._agreed = spec, None, False  # scalars are compiled in: re-plan
+            self._options = self._options._scaled_for(spec.alpha, spec.beta)
             self._backend = self._routed()  # (alpha == 0, or no longer)
 
     def _reset(
@@ -362,45 +358,7 @@ class Matmul:
     ) -> tuple[Operands, dict[str, np.ndarray], Spec]:
         """The operands, the byte-swapped arrays among them (see :meth:`_hold`)
         and the spec :meth:`reset_operands` makes (nothing changed yet)."""
-        new = dataclasses.replace(self._operands)
-        swapped = dict(self._swapped)
-        for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
-            if value is None:
-                continue
-            swapped.pop(name, None)
-            swapped.update(_byte_swapped(**{name: value}))
-            old = getattr(self._operands, name)
-            if old is None:
-                raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
-            refuse_unusable(value, name)
-            given = {name: type(value).__name__} if family(value) == "other" else {}
-            if given:
-                value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
-            held = kind(family(value))
-            if held is not None:
-                held.refuse_held(value, name)  # (a tracer would outlive its trace)
-            got = (tuple(value.shape), dtype_name(value.dtype), family(value))
-            want = (tuple(old.shape), dtype_name(old.dtype), family(old))
-            if got != want:
-                read = _read_as(given, name, got[1], repr(want[1])) if got[1] != want[1] else ""
-                raise ValueError(
-                    f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}{read}"
-                )
-            if held is not None:
-                held.refuse_moved(value, old, name)  # (the result would come back where the plan's operands were)
-            setattr(new, name, native_order(value))
-        spec = self._spec
-        if alpha is not None or beta is not None:
-            spec = dataclasses.replace(
-                spec,
-                alpha=spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
-                beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
-            )
-            if spec.beta != 0 and new.c is None:
-                raise ValueError("reset_operands: " + _beta_needs_c(
-                    beta, "the plan was made without c; make a new Matmul with c, or leave beta=0"))
-            spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
-        return new, swapped, spec
+        return check_reset(self._operands, self._swapped, self._spec, a, b, c, bias, alpha, beta)
 
     def free(self) -> None:
         """Release the plan's resources. Idempotent. ``algorithm`` and
@@ -527,11 +485,6 @@ _MAKER: contextvars.ContextVar[str] = contextvars.ContextVar("dmatmul_maker", de
 def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
     return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
             if (x := getattr(ops, name)) is not None}
-
-
-def _byte_swapped(**given: Any) -> dict[str, np.ndarray]:
-    """Those of ``given`` that are numpy arrays in non-native byte order."""
-    return {name: x for name, x in given.items() if isinstance(x, np.ndarray) and not x.dtype.isnative}
 
 
 def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:

@@ -42,6 +42,7 @@ from ._spec import (
     check_distribution,
     dtype_name,
     family,
+    kind,
     native_order,
     normalize_precision,
     refuse_spanning,
@@ -461,6 +462,59 @@ def validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tup
     a_shape, b_shape, c_shape = infer()
     return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size), runs_on, chk.options
 
+
+
+def check_reset(
+    ops: Operands, swapped: dict[str, np.ndarray], spec: Spec, a: Any, b: Any, c: Any, bias: Any,
+    alpha: complex | None, beta: complex | None,
+) -> tuple[Operands, dict[str, np.ndarray], Spec]:
+    """The checks of :meth:`dmatmul.Matmul.reset_operands`: the new operands of
+    the plan of ``spec`` (made on ``ops``, of which ``swapped`` are the
+    caller's byte-swapped arrays), the byte-swapped arrays among them, and the
+    spec they make (``ops`` and ``swapped`` are left as they are)."""
+    new = dataclasses.replace(ops)
+    swapped = dict(swapped)
+    for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
+        if value is None:
+            continue
+        swapped.pop(name, None)
+        swapped.update(byte_swapped(**{name: value}))
+        old = getattr(ops, name)
+        if old is None:
+            raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
+        refuse_unusable(value, name)
+        given = {name: type(value).__name__} if family(value) == "other" else {}
+        if given:
+            value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
+        held = kind(family(value))
+        if held is not None:
+            held.refuse_held(value, name)  # (a tracer would outlive its trace)
+        got = (tuple(value.shape), dtype_name(value.dtype), family(value))
+        want = (tuple(old.shape), dtype_name(old.dtype), family(old))
+        if got != want:
+            read = _read_as(given, name, got[1], repr(want[1])) if got[1] != want[1] else ""
+            raise ValueError(
+                f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}{read}"
+            )
+        if held is not None:
+            held.refuse_moved(value, old, name)  # (the result would come back where the plan's operands were)
+        setattr(new, name, native_order(value))
+    if alpha is not None or beta is not None:
+        spec = dataclasses.replace(
+            spec,
+            alpha=spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
+            beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
+        )
+        if spec.beta != 0 and new.c is None:
+            raise ValueError("reset_operands: " + _beta_needs_c(
+                beta, "the plan was made without c; make a new Matmul with c, or leave beta=0"))
+        spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
+    return new, swapped, spec
+
+
+def byte_swapped(**given: Any) -> dict[str, np.ndarray]:
+    """Those of ``given`` that are numpy arrays in non-native byte order."""
+    return {name: x for name, x in given.items() if isinstance(x, np.ndarray) and not x.dtype.isnative}
 
 
 #: The options of :func:`matmul` and :class:`Matmul`, documented once for both (as nvmath-python does).

@@ -364,7 +364,7 @@ def test_describe_is_the_python_call():
                 assert isinstance(x, list) and np.asarray(x).shape == shape, (name, line)
                 assert not x or np.iscomplexobj(np.asarray(x)) == dtype.startswith("complex"), (name, line)
                 continue
-            assert x.shape == shape and x.dtype.name == dtype and dm._matmul.family(x) == fam, (name, line)
+            assert x.shape == shape and x.dtype.name == dtype and dm._options.family(x) == fam, (name, line)
             if fam == "numpy" and min(shape) >= 2:
                 assert _layout_of(x) == (layout if len(shape) == 2 or layout not in ("F", ".T view") else "C"), \
                     (name, layout, line)
