@@ -32,7 +32,8 @@ from ._empty import EmptyProduct
 from ._epilogue import EPILOGS, Epilog, EpilogName
 from ._errors import PlanFreedError
 from ._lru import LRU
-from ._options import _DOCS, MatmulOptions, Options, byte_swapped, check_reset
+from ._options import _DOCS, _OPERAND_NAMES, MatmulOptions, Options, byte_swapped, check_reset
+from ._options import _held, _shapes
 from ._options import validate as _validate
 from ._spec import (
     DTYPES,
@@ -42,7 +43,6 @@ from ._spec import (
     Operands,
     PrecisionName,
     Spec,
-    dtype_name,
     refuse_trace_under_mpi,
     refuse_unusable,
 )
@@ -475,22 +475,10 @@ def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:
     return plan.algorithm, f"roles a:{kernel.a} b:{kernel.b} result:{kernel.d}" + (f"; moves {moves}" if moves else "")
 
 
-_OPERAND_NAMES = ("a", "b", "c", "bias")
 #: The call that makes a Matmul (:func:`matmul` makes one too), as ranks compare it: a rank in
 #: ``dm.Matmul(...)`` and one in ``dm.matmul(...)`` must not take each other's calls for their own
 #: (the one goes on to plan, which runs collectives on nvmath, the other to its next call)
 _MAKER: contextvars.ContextVar[str] = contextvars.ContextVar("dmatmul_maker", default="dmatmul.Matmul")
-
-
-def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
-            if (x := getattr(ops, name)) is not None}
-
-
-def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:
-    """Each operand's shape and its dtype object as given: arrays that still hold
-    these have the (shape, dtype name) of :func:`_shapes` (others are compared by it)."""
-    return tuple((name, tuple(x.shape), x.dtype) for name in _OPERAND_NAMES if (x := getattr(ops, name)) is not None)
 
 
 @overload

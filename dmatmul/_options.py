@@ -512,6 +512,20 @@ def check_reset(
     return new, swapped, spec
 
 
+_OPERAND_NAMES = ("a", "b", "c", "bias")
+
+
+def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
+            if (x := getattr(ops, name)) is not None}
+
+
+def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:
+    """Each operand's shape and its dtype object as given: arrays that still hold
+    these have the (shape, dtype name) of :func:`_shapes` (others are compared by it)."""
+    return tuple((name, tuple(x.shape), x.dtype) for name in _OPERAND_NAMES if (x := getattr(ops, name)) is not None)
+
+
 def byte_swapped(**given: Any) -> dict[str, np.ndarray]:
     """Those of ``given`` that are numpy arrays in non-native byte order."""
     return {name: x for name, x in given.items() if isinstance(x, np.ndarray) and not x.dtype.isnative}
