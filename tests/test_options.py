@@ -10,6 +10,7 @@ import pytest
 
 import dmatmul as dm
 from dmatmul import _matmul
+from dmatmul._epilogue import Epilog
 from dmatmul._options import Options
 
 X, Y = dm.Slab.X, dm.Slab.Y
@@ -25,7 +26,7 @@ def test_every_field_has_another_value_here():
 
 def test_options_are_one_spelling_hashable_comparable_and_frozen():
     one = Options(distribution=X, epilog="relu", precision="tensorfloat32", transpose_a=np.bool_(True), devices=[0])
-    same = Options(distribution=[X, X, X], epilog=dm.Epilog("relu") if hasattr(dm, "Epilog") else "relu",
+    same = Options(distribution=[X, X, X], epilog=Epilog("relu"),
                    precision="high", transpose_a=True, devices=(0,))
     assert one == same and hash(one) == hash(same) and len({one, same}) == 1
     assert one.distribution == (X, X, X) and one.precision == "high" and one.devices == (0,)
