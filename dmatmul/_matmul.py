@@ -6,9 +6,10 @@ the stored ``a`` is ``(K, M)`` and its distribution describes that stored
 matrix. In one process operands are global matrices; under a multi-process
 launch they are this rank's local blocks.
 
-Validation happens here, before any backend is touched, so every mistake is a
-``TypeError``/``ValueError`` that names the operand, what was expected and
-what was given.
+The options are one validated value (:class:`dmatmul._options.Options`);
+the checks of a call (``_options.validate``) run before any backend is
+touched, so every mistake is a ``TypeError``/``ValueError`` that names the
+operand, what was expected and what was given.
 """
 
 from __future__ import annotations
@@ -19,22 +20,22 @@ import enum
 import functools
 import hashlib
 import inspect
-import numbers
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from . import _cost, _memory, _runtime
-from . import algorithms as _algorithms
 from . import backends as _backends
-from ._distribution import Distribution, one_of
+from ._distribution import Distribution
 from ._empty import EmptyProduct
-from ._epilogue import EPILOGS, TABLE, Epilog, EpilogName, has_bias
-from ._errors import DistributionError, PlanFreedError
+from ._epilogue import EPILOGS, Epilog, EpilogName
+from ._errors import PlanFreedError
 from ._lru import LRU
+from ._options import _DOCS, _OPERAND_NAMES, MatmulOptions, Options, byte_swapped, check_reset
+from ._options import _held, _shapes
+from ._options import validate as _validate
 from ._spec import (
-    ALGORITHMS,
     DTYPES,
     KINDS,
     AlgorithmName,
@@ -42,18 +43,8 @@ from ._spec import (
     Operands,
     PrecisionName,
     Spec,
-    as_matrix,
-    check_devices,
-    check_distribution,
-    dtype_name,
-    family,
-    kind,
-    native_order,
-    normalize_precision,
-    refuse_spanning,
     refuse_trace_under_mpi,
     refuse_unusable,
-    to_numpy,
 )
 
 if TYPE_CHECKING:
@@ -61,357 +52,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["matmul", "Matmul", "MatmulOptions", "plan_of", "EPILOGS", "DTYPES"]
-
-def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
-    op = (shape[1], shape[0]) if transposed else shape
-    return f"op({name}) is {op} ({name} stored {shape}, transpose_{name}={transposed})"
-
-
-def _mixed_dtypes(a: str, b: str, given: dict[str, str]) -> str:
-    """The message for operands of two dtypes (the contract: A, B and C alike);
-    ``given``: the operands given as no array (see :func:`_read_as`)."""
-    head = f"a and b must have the same dtype, got a {a} and b {b}"
-    for name, other, read in (("b", "a", b), ("a", "b", a)):
-        if name in given and other not in given:
-            return head + _read_as(given, name, read, f"{other}.dtype")
-    return head + (
-        ": cast one first (e.g. b.astype(a.dtype)); "
-        "inside jax.shard_map, dmatmul.jax's blocks take mixed dtypes with preferred_element_type="
-    )
-
-
-def _given_as(ops: Operands) -> dict[str, str]:
-    """The type of each matrix operand given as no array (a nested list, a
-    memoryview...), which numpy reads with a dtype of its choosing."""
-    return {name: type(x).__name__ for name in ("a", "b", "c")
-            if (x := getattr(ops, name)) is not None and family(x) == "other"}
-
-
-def _read_as(given: dict[str, str], name: str, read: str, want: str) -> str:
-    """What a dtype message adds where ``name`` was given as no array: how
-    numpy read it, and how to pass it as ``want`` (a dtype expression)."""
-    if name not in given:
-        return ""
-    return f" ({name} was given as a {given[name]}, which numpy reads as {read}: pass np.asarray({name}, dtype={want}))"
-
-
-def _scalar(x: Any, name: str, dtype: str) -> complex:
-    plain = type(x) is float or type(x) is int  # (a real number, not a bool: the checks below, without the ABCs)
-    if not plain and isinstance(x, np.generic) and not isinstance(x, numbers.Number) \
-            and dtype_name(x.dtype) in DTYPES:  # a bfloat16 scalar: ml_dtypes registers it as no numbers type
-        x = x.item()  # (its value, as a Python float)
-    if not plain and (isinstance(x, bool) or not isinstance(x, numbers.Number)):
-        fix = ""
-        if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array (numpy, jax), or a traced value
-            scaled = "dm.matmul(alpha * a, b, ...)" if name == "alpha" else "dm.matmul(a, b, beta * c, beta=1.0, ...)"
-            fix = (f": {name} is compiled into the plan, so it is a Python or numpy number (float({name}) of a "
-                   f"concrete 0-d array); to scale by an array or a traced value, scale the operand: {scaled}")
-        raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__}){fix}")
-    if not plain and isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
-        if not dtype.startswith("complex"):
-            raise TypeError(f"{name}={x!r} is complex but the operands are {dtype}: use a real {name}")
-        try:
-            return complex(x)
-        except OverflowError:
-            raise ValueError(f"{name}={x!r} does not fit a complex double") from None
-    try:
-        # one value for one number whatever its type (ranks compare it): 1.0 and 1+0j alike for complex operands
-        return complex(x) if dtype.startswith("complex") else float(x)
-    except OverflowError:
-        raise ValueError(f"{name}={x!r} does not fit a double") from None
-    except ValueError as e:  # a number that has no float value (Decimal('sNaN'))
-        raise ValueError(f"{name}={x!r} has no floating-point value: {e}") from None
-
-
-def _beta_needs_c(beta: Any, fix: str) -> str:
-    """The message for a ``beta`` that is not 0 where no c is given (c would be read)."""
-    return f"beta={beta!r} needs c: the result is alpha*op(a)@op(b) + beta*c, and no c was given: {fix}"
-
-
-def _distributions(distribution: Any) -> tuple[Distribution, Distribution, Distribution] | None:
-    if distribution is None:
-        return None
-    if isinstance(distribution, Distribution):
-        return (distribution, distribution, distribution)
-    if isinstance(distribution, (tuple, list)):
-        if len(distribution) != 3:
-            raise ValueError(
-                "distribution must be one Distribution or a triple (dist_a, dist_b, dist_result), "
-                f"got a sequence of length {len(distribution)}"
-            )
-        for name, d in zip(("a", "b", "result"), distribution):
-            check_distribution(d, f"distribution of {name}")
-        return tuple(distribution)
-    raise TypeError(
-        "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "
-        f"got {type(distribution).__name__}"
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Checked:
-    """What the local checks established (phase 1 of validation)."""
-
-    dtype: str
-    transpose_a: bool
-    transpose_b: bool
-    alpha: complex
-    beta: complex
-    epilog: Epilog | None
-    distributions: tuple[Distribution, Distribution, Distribution] | None
-    algorithm: str
-    backend: str
-    precision: str | None
-    devices: Any
-    shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]  # a, b, c as given here
-    bias_shape: tuple[int, ...] | None
-
-    def call(self) -> tuple[tuple[str, Any], ...]:
-        """The fields every rank's call must agree on (all but the local blocks), named
-        as the user wrote them."""
-        return _agreed_fields(self, self.backend) + (
-            ("whether c is given", self.shapes[2] is not None),
-            ("the shape of bias", self.bias_shape),
-        )
-
-
-def _agreed_fields(x: _Checked | Spec, backend: str) -> tuple[tuple[str, Any], ...]:
-    """The fields of a call (``x``: its check, :meth:`_Checked.call`) or of a
-    plan's product (``x``: its Spec, :func:`_product`) that every rank must
-    agree on, named as the user wrote them; ``backend`` as given or found."""
-    dists = x.distributions or (None, None, None)
-    return (
-        ("dtype", x.dtype),
-        ("transpose_a", x.transpose_a),
-        ("transpose_b", x.transpose_b),
-        ("the distribution of a", dists[0]),
-        ("the distribution of b", dists[1]),
-        ("the distribution of the result", dists[2]),
-        ("alpha", x.alpha),
-        ("beta", x.beta),
-        ("epilog", x.epilog),
-        ("algorithm", x.algorithm),
-        ("backend", backend),
-        ("precision", x.precision),
-    )
-
-
-def _check_local(
-    ops: Operands,
-    *,
-    distribution: Any,
-    alpha: Any,
-    beta: Any,
-    transpose_a: bool,
-    transpose_b: bool,
-    epilog: Any,
-    backend: Any,
-    algorithm: Any,
-    precision: Any,
-    devices: Any,
-    spmd: bool,
-) -> _Checked:
-    """Phase 1: everything one rank can check alone (types, dtypes, names)."""
-    if spmd:
-        refuse_trace_under_mpi(ops.a, ops.b, ops.c, ops.bias)
-    given = _given_as(ops)
-    ops.a = as_matrix(ops.a, "a")
-    ops.b = as_matrix(ops.b, "b")
-    if spmd:
-        for name, x in (("a", ops.a), ("b", ops.b), ("c", ops.c)):
-            refuse_spanning(x, name)
-    dtype = dtype_name(ops.a.dtype)
-    if dtype_name(ops.b.dtype) != dtype:
-        raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype), given))
-    for name, flag in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if not one_of(epilog, EPILOGS):
-        raise ValueError(f"epilog must be one of {EPILOGS}, got {epilog!r}")
-    epilog = Epilog.of(epilog)
-    if epilog is not None and not epilog.info.complex and dtype.startswith("complex"):
-        usable = ", ".join(repr(name) for name, e in TABLE.items() if e.complex)
-        raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or {usable}")
-    if ops.c is not None:
-        ops.c = as_matrix(ops.c, "c")
-        if dtype_name(ops.c.dtype) != dtype:
-            got = dtype_name(ops.c.dtype)
-            raise TypeError(
-                f"c must have the dtype of a and b ({dtype}), got {got}" + _read_as(given, "c", got, "a.dtype")
-            )
-    if has_bias(epilog) and ops.bias is None:
-        raise ValueError(
-            f"epilog={epilog!r} needs bias=<vector of length M> (one value per result row, shape (M,) or (M, 1)) "
-            "or a bias of shape (1, N) (one value per result column), got bias=None"
-        )
-    bias_shape = None
-    if ops.bias is not None:
-        if not has_bias(epilog):
-            with_bias = ", ".join(repr(name) for name, e in TABLE.items() if e.bias)
-            raise ValueError(f"bias is given but epilog={epilog!r}: use one of the epilogs with a bias ({with_bias})")
-        refuse_unusable(ops.bias, "bias")
-        if family(ops.bias) == "other":
-            ops.bias = to_numpy(ops.bias, "bias")
-        if dtype_name(ops.bias.dtype) not in DTYPES:
-            raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {dtype_name(ops.bias.dtype)}")
-        if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
-            raise TypeError(
-                f"bias is complex ({dtype_name(ops.bias.dtype)}) but a and b are real ({dtype}): its imaginary "
-                "part would be lost; pass a real bias, or complex a and b"
-            )
-        ops.bias = native_order(ops.bias)
-        bias_shape = tuple(int(x) for x in ops.bias.shape)
-        length = int(np.prod(bias_shape))
-        if bias_shape not in ((length,), (length, 1), (1, length)):  # per rank, before ranks compare
-            raise ValueError(
-                "bias must be a vector: one value per result row, shape (M,) or (M, 1), or one value per result "
-                f"column, shape (1, N); got shape {bias_shape}"
-            )
-    alpha_v = _scalar(alpha, "alpha", dtype)
-    beta_v = _scalar(beta, "beta", dtype)
-    if beta_v != 0 and ops.c is None:
-        raise ValueError(_beta_needs_c(beta, "pass c (an array of the result's shape), or leave beta=0"))
-    dists = _distributions(distribution)
-    if spmd and dists is None:
-        raise ValueError(
-            "distribution is required when running as several processes (each rank passes its local "
-            "blocks): e.g. distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X)"
-        )
-    if not one_of(backend, _backends.NAMES):
-        raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
-    # the contract's names, and any algorithm registered beside them (dmatmul.algorithms.register)
-    names = (*ALGORITHMS, *(name for name in _algorithms.ALGORITHMS if name not in ALGORITHMS))
-    if not one_of(algorithm, ("auto", *names)):
-        raise ValueError(f"algorithm must be 'auto' or one of {names}, got {algorithm!r}")
-    precision = normalize_precision(precision)
-    devices = check_devices(devices, spmd=spmd)
-    shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731
-    return _Checked(
-        dtype=dtype,
-        transpose_a=bool(transpose_a),
-        transpose_b=bool(transpose_b),
-        alpha=alpha_v,
-        beta=beta_v,
-        epilog=epilog,
-        distributions=dists,
-        algorithm=algorithm,
-        backend=backend,
-        precision=precision,
-        devices=devices,
-        shapes=(shape(ops.a), shape(ops.b), None if ops.c is None else shape(ops.c)),
-        bias_shape=bias_shape,
-    )
-
-
-def _check_global(
-    ops: Operands, chk: _Checked, a_shape: tuple[int, int], b_shape: tuple[int, int],
-    c_shape: tuple[int, int] | None, nprocs: int,
-) -> Spec:
-    """Phase 2: the product's global shapes agree (deterministic on every rank)."""
-    ta, tb = chk.transpose_a, chk.transpose_b
-    k_a = a_shape[0] if ta else a_shape[1]
-    k_b = b_shape[1] if tb else b_shape[0]
-    if k_a != k_b:
-        raise ValueError(
-            f"a and b: inner dimensions differ: {_op_shape('a', a_shape, ta)} but "
-            f"{_op_shape('b', b_shape, tb)}; op(a) must be (M, K) and op(b) (K, N)"
-        )
-    m = a_shape[1] if ta else a_shape[0]
-    n = b_shape[0] if tb else b_shape[1]
-    if c_shape is not None and c_shape != (m, n):
-        raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {c_shape}")
-    bias_columns = ops.bias is not None and _bias_columns(tuple(ops.bias.shape), m, n)
-    return Spec(
-        a_shape=a_shape,
-        b_shape=b_shape,
-        dtype=chk.dtype,
-        transpose_a=ta,
-        transpose_b=tb,
-        distributions=chk.distributions,
-        alpha=chk.alpha,
-        beta=chk.beta,
-        use_c=ops.c is not None and chk.beta != 0,
-        epilog=chk.epilog,
-        algorithm=chk.algorithm,
-        family=ops.family,
-        devices=chk.devices,
-        nprocs=nprocs,
-        precision=chk.precision,
-        bias_columns=bias_columns,
-    )
-
-
-def _bias_columns(shape: tuple[int, ...], m: int, n: int) -> bool:
-    """Whether a bias of ``shape`` holds one value per result column (shape
-    (1, N)) rather than per row ((M,) or (M, 1), also where M = N); a
-    ValueError naming the fix for any other shape."""
-    if shape in ((m,), (m, 1)):
-        return False
-    if shape == (1, n):
-        return True
-    if shape == (n,):
-        raise ValueError(
-            f"bias of shape {shape}: a 1-D bias holds one value per result row, of length M={m}; one value per "
-            f"result column (N={n}, the `x @ W + b` of ML code) is passed as shape (1, N): bias.reshape(1, -1)"
-        )
-    raise ValueError(
-        f"bias must hold one value per result row, shape (M,) or (M, 1) = ({m},) or ({m}, 1), or one value per "
-        f"result column, shape (1, N) = (1, {n}); got shape {shape}"
-    )
-
-
-def _validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tuple[Spec, str | None]:
-    """Check everything that needs no backend; return the plan's Spec, and
-    (several processes) the backend every rank's ``backend=`` found.
-
-    Under several processes one small allgather carries every rank's verdict
-    on its local checks, its call (dtype, transposes, distributions, scalars,
-    epilog, algorithm, backend, precision) and its local shapes, before any
-    collective of the product: a mistake or a difference on one rank raises
-    on every rank, naming the field and the ranks. The global shapes are then
-    inferred from the local ones, as nvmath does.
-    """
-    rt = _runtime.active()
-    if rt is None or rt.size == 1:
-        chk = _check_local(ops, spmd=False, **options)
-        return _check_global(ops, chk, *chk.shapes, nprocs=1), None
-
-    def check() -> tuple[_Checked, str]:
-        chk = _check_local(ops, spmd=True, **options)
-        return chk, _backends.resolve(chk.backend).name  # what "auto" finds on this rank's node
-
-    (chk, runs_on), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]), what)
-    _runtime.require_same_call([call for call, _, _ in shared], what)
-    found = _runtime.disagreement([name for _, _, name in shared], f"the backend that backend={chk.backend!r} finds",
-                                  verbs=("finds", "find"))
-    if found is not None:  # each rank would run another backend's collectives
-        raise ValueError(f"{what}: {found} (this is rank {rt.rank}): every rank needs the same backends installed "
-                         "and usable (`dmatmul info` on each says which), or name one: backend='jax'")
-    gathered = [shapes for _, shapes, _ in shared]
-    dists = chk.distributions
-    assert dists is not None
-
-    def infer() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]:
-        out: list[tuple[int, int]] = []
-        for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
-            try:
-                out.append(dist.global_shape([g[i] for g in gathered]))
-            except DistributionError as e:
-                raise DistributionError(f"{name}: {e} (this is rank {rt.rank})") from None
-        a_shape, b_shape = out
-        if gathered[0][2] is None:  # no c (every rank agreed on that)
-            return a_shape, b_shape, None
-        # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
-        m = a_shape[1] if chk.transpose_a else a_shape[0]
-        n = b_shape[0] if chk.transpose_b else b_shape[1]
-        try:
-            dists[2].check_blocks([g[2] for g in gathered], (m, n), "of the result (M, N), from a and b")
-        except DistributionError as e:
-            raise DistributionError(f"c: {e} (this is rank {rt.rank})") from None
-        return a_shape, b_shape, (m, n)
-
-    a_shape, b_shape, c_shape = infer()
-    return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size), runs_on
 
 
 def _passed_over(backend: str, chosen: str) -> tuple[tuple[str, str], ...]:
@@ -434,61 +74,6 @@ def plan_of(mm: Matmul) -> _backends.BackendPlan:
     assert mm._plan is not None
     return mm._plan
 
-
-#: The options of :func:`matmul` and :class:`Matmul`, documented once for both (as nvmath-python does).
-_DOCS = {
-    "operands": """a, b: the stored matrices (global in one process; this rank's blocks
-            under mpirun). numpy in gives numpy out; ``jax.Array`` in gives
-            ``jax.Array`` out (on the user's mesh when the operands are on one).
-        c: optional, with the result's shape and distribution; read only when
-            ``beta != 0`` (BLAS convention). Never modified.""",
-    "options": """distribution: a Distribution for all three, or ``(dist_a, dist_b,
-            dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
-            one process (read off jax.Array operands' shardings, ``c``'s for
-            the result where ``c`` is read; the cost model picks the rest),
-            required under mpirun.
-        alpha, beta: Python or numpy numbers, complex ones only for complex
-            operands (not arrays, nor traced values: they are compiled into
-            the plan). transpose_a, transpose_b: ``op(x) = x.T``.
-        epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
-            "silu" (``x * sigmoid(x)``), "bias", "relu_bias", "gelu_bias",
-            "silu_bias"; ``bias`` holds one value per result row (shape
-            ``(M,)`` or ``(M, 1)``, added to every column) or one per result
-            column (shape ``(1, N)``, added to every row: ``x @ W + b``), of
-            any of the supported dtypes: converted to the product's (a complex
-            bias on real operands is refused: its imaginary part would be lost).
-        backend: "auto" (nvmath where it can run, else jax; in one process,
-            jax for ``jax.Array`` operands, inside a JAX trace and for
-            ``devices=`` of several or a list of JAX devices), "jax" or "nvmath". algorithm: "auto" or one of
-            ``dmatmul.ALGORITHMS``. precision: None (the framework's
-            default: ``jax.default_matmul_precision`` on JAX, nvmath's default
-            compute type on nvmath), "default", "high" or "highest", as for
-            ``jnp.dot`` (a ``jax.lax.Precision`` or one of JAX's other names,
-            such as "tensorfloat32", is read as the one it stands for).
-        devices: an int N (the first N devices) or a list of JAX devices
-            (one process; default: all local devices).""",
-    "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
-    sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
-    c), M = 0 or N = 0 an empty result. So does ``alpha == 0``: a and b are
-    not read (NaN or Inf in them does not reach the result), on every backend.
-    ``beta != 0`` needs ``c``.""",
-}
-
-
-class MatmulOptions(TypedDict, total=False):
-    """The keyword options of :func:`matmul` and :class:`Matmul` (for type checkers)."""
-
-    distribution: Distribution | Sequence[Distribution] | None
-    alpha: complex
-    beta: complex
-    transpose_a: bool
-    transpose_b: bool
-    epilog: EpilogName | Epilog | None
-    bias: Any
-    backend: BackendName
-    algorithm: AlgorithmName
-    precision: PrecisionName | enum.Enum | None
-    devices: int | Sequence[Any] | None
 
 
 class Matmul:
@@ -531,18 +116,12 @@ class Matmul:
         devices: int | Sequence[Any] | None = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
-        swapped = _byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
-        self._options = dict(
-            distribution=distribution,
-            transpose_a=transpose_a,
-            transpose_b=transpose_b,
-            epilog=epilog,
-            backend=backend,
-            algorithm=algorithm,
-            precision=precision,
+        swapped = byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
+        self._spec, runs_on, self._options = _validate(
+            self._operands, _MAKER.get(), distribution=distribution, alpha=alpha, beta=beta, transpose_a=transpose_a,
+            transpose_b=transpose_b, epilog=epilog, backend=backend, algorithm=algorithm, precision=precision,
             devices=devices,
         )
-        self._spec, runs_on = _validate(self._operands, _MAKER.get(), alpha=alpha, beta=beta, **self._options)
         self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
         # several processes: the backend every rank agreed it finds (resolved once, inside the agreement)
         self._runs_on: Any = _backends.resolve(backend, self._spec) if runs_on is None else _backends.get(runs_on)
@@ -771,6 +350,7 @@ class Matmul:
                 self._told = self._told_now()  # what it was, should none follow
                 self._plan.free()
             self._spec, self._plan, self._agreed = spec, None, False  # scalars are compiled in: re-plan
+            self._options = self._options._scaled_for(spec.alpha, spec.beta)
             self._backend = self._routed()  # (alpha == 0, or no longer)
 
     def _reset(
@@ -778,45 +358,7 @@ class Matmul:
     ) -> tuple[Operands, dict[str, np.ndarray], Spec]:
         """The operands, the byte-swapped arrays among them (see :meth:`_hold`)
         and the spec :meth:`reset_operands` makes (nothing changed yet)."""
-        new = dataclasses.replace(self._operands)
-        swapped = dict(self._swapped)
-        for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
-            if value is None:
-                continue
-            swapped.pop(name, None)
-            swapped.update(_byte_swapped(**{name: value}))
-            old = getattr(self._operands, name)
-            if old is None:
-                raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
-            refuse_unusable(value, name)
-            given = {name: type(value).__name__} if family(value) == "other" else {}
-            if given:
-                value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
-            held = kind(family(value))
-            if held is not None:
-                held.refuse_held(value, name)  # (a tracer would outlive its trace)
-            got = (tuple(value.shape), dtype_name(value.dtype), family(value))
-            want = (tuple(old.shape), dtype_name(old.dtype), family(old))
-            if got != want:
-                read = _read_as(given, name, got[1], repr(want[1])) if got[1] != want[1] else ""
-                raise ValueError(
-                    f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}{read}"
-                )
-            if held is not None:
-                held.refuse_moved(value, old, name)  # (the result would come back where the plan's operands were)
-            setattr(new, name, native_order(value))
-        spec = self._spec
-        if alpha is not None or beta is not None:
-            spec = dataclasses.replace(
-                spec,
-                alpha=spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
-                beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
-            )
-            if spec.beta != 0 and new.c is None:
-                raise ValueError("reset_operands: " + _beta_needs_c(
-                    beta, "the plan was made without c; make a new Matmul with c, or leave beta=0"))
-            spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
-        return new, swapped, spec
+        return check_reset(self._operands, self._swapped, self._spec, a, b, c, bias, alpha, beta)
 
     def free(self) -> None:
         """Release the plan's resources. Idempotent. ``algorithm`` and
@@ -909,7 +451,8 @@ def _product(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
     return (
         ("the global shape of a", spec.a_shape),
         ("the global shape of b", spec.b_shape),
-        *_agreed_fields(spec, backend),
+        ("dtype", spec.dtype),
+        *Options.agreed_in(spec, backend),
         ("whether c is read", spec.use_c),
     )
 
@@ -932,27 +475,10 @@ def _chosen(plan: _backends.BackendPlan) -> tuple[str, str]:
     return plan.algorithm, f"roles a:{kernel.a} b:{kernel.b} result:{kernel.d}" + (f"; moves {moves}" if moves else "")
 
 
-_OPERAND_NAMES = ("a", "b", "c", "bias")
 #: The call that makes a Matmul (:func:`matmul` makes one too), as ranks compare it: a rank in
 #: ``dm.Matmul(...)`` and one in ``dm.matmul(...)`` must not take each other's calls for their own
 #: (the one goes on to plan, which runs collectives on nvmath, the other to its next call)
 _MAKER: contextvars.ContextVar[str] = contextvars.ContextVar("dmatmul_maker", default="dmatmul.Matmul")
-
-
-def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
-            if (x := getattr(ops, name)) is not None}
-
-
-def _byte_swapped(**given: Any) -> dict[str, np.ndarray]:
-    """Those of ``given`` that are numpy arrays in non-native byte order."""
-    return {name: x for name, x in given.items() if isinstance(x, np.ndarray) and not x.dtype.isnative}
-
-
-def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:
-    """Each operand's shape and its dtype object as given: arrays that still hold
-    these have the (shape, dtype name) of :func:`_shapes` (others are compared by it)."""
-    return tuple((name, tuple(x.shape), x.dtype) for name in _OPERAND_NAMES if (x := getattr(ops, name)) is not None)
 
 
 @overload

@@ -364,7 +364,7 @@ def test_describe_is_the_python_call():
                 assert isinstance(x, list) and np.asarray(x).shape == shape, (name, line)
                 assert not x or np.iscomplexobj(np.asarray(x)) == dtype.startswith("complex"), (name, line)
                 continue
-            assert x.shape == shape and x.dtype.name == dtype and dm._matmul.family(x) == fam, (name, line)
+            assert x.shape == shape and x.dtype.name == dtype and dm._options.family(x) == fam, (name, line)
             if fam == "numpy" and min(shape) >= 2:
                 assert _layout_of(x) == (layout if len(shape) == 2 or layout not in ("F", ".T view") else "C"), \
                     (name, layout, line)
@@ -885,11 +885,11 @@ BROKEN = {
     "devices=[...] taken as the first len(devices) devices": (
         lambda c: _passes(c) and c.family == "jax" and c.device_ids is not None and c.nranks > 1
         and 0 not in c.device_ids,
-        lambda mp, J: mp.setattr(dm._matmul, "check_devices",
+        lambda mp, J: mp.setattr(dm._options, "check_devices",
                                  lambda d, spmd: len(d) if isinstance(d, list) else d), "result on devices"),
     "column-major numpy operands read as row-major": (
         lambda c: _passes(c) and c.layouts[0] in ("F", ".T view") and c.m < c.k,
-        lambda mp, J: mp.setattr(dm._matmul, "as_matrix", _read_as_c_order(dm._matmul.as_matrix)), "max error"),
+        lambda mp, J: mp.setattr(dm._options, "as_matrix", _read_as_c_order(dm._options.as_matrix)), "max error"),
     "Matmul.reset_operands(a=...) ignored": (
         lambda c: _passes(c) and c.reset is not None and "a" in c.reset.operands and c.alpha != 0
         and c.reset.alpha != 0,

@@ -1,0 +1,588 @@
+"""The options of :func:`dmatmul.matmul` and :class:`dmatmul.Matmul` as one
+value, :class:`Options`, and the checks of a call (as nvmath-python's
+``_configuration``: a frozen dataclass that normalizes and validates itself).
+
+An :class:`Options` holds every keyword but the operands, each in one
+spelling (a Distribution as a triple, an epilog as an :class:`Epilog`, a
+precision by its name...), so that it is hashable and ranks compare it
+field by field. What needs the operands (the scalars against their dtype,
+shapes, the bias) and the process count (``distribution`` required,
+``devices`` refused under mpiexec) is checked by :func:`validate`, which
+every rank runs inside one agreement, so a mistake on one rank raises on
+every rank, before any collective of the product.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
+
+import numpy as np
+
+from . import _runtime
+from . import algorithms as _algorithms
+from . import backends as _backends
+from ._distribution import Distribution, one_of
+from ._epilogue import EPILOGS, TABLE, Epilog, EpilogName, has_bias
+from ._errors import DistributionError
+from ._spec import (
+    ALGORITHMS,
+    DTYPES,
+    AlgorithmName,
+    BackendName,
+    Operands,
+    PrecisionName,
+    Spec,
+    as_matrix,
+    check_devices,
+    check_distribution,
+    dtype_name,
+    family,
+    kind,
+    native_order,
+    normalize_precision,
+    refuse_spanning,
+    refuse_trace_under_mpi,
+    refuse_unusable,
+    to_numpy,
+)
+
+Triple = tuple[Distribution, Distribution, Distribution]
+
+#: What ranks compare of a field, where that is not the field by its own name: one name per item
+_NAMES = "agreed as"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every keyword of :func:`dmatmul.matmul` and :class:`dmatmul.Matmul` but
+    the operands (their meaning: ``help(dmatmul.matmul)``), normalized and
+    validated when made: a TypeError or ValueError naming the keyword, what
+    it takes and what was given. ``alpha`` and ``beta`` are checked to be
+    numbers here and against the operands' dtype by :func:`validate`, which
+    puts their values for that dtype in their place."""
+
+    distribution: Triple | None = dataclasses.field(default=None, metadata={_NAMES: (
+        "the distribution of a", "the distribution of b", "the distribution of the result")})
+    alpha: complex = 1.0
+    beta: complex = 0.0
+    transpose_a: bool = False
+    transpose_b: bool = False
+    epilog: Epilog | None = None
+    backend: str = "auto"
+    algorithm: str = "auto"
+    precision: str | None = None
+    devices: int | tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("transpose_a", "transpose_b"):
+            self._set(name, _require_bool(getattr(self, name), name))
+        self._set("epilog", _epilog_by_name(self.epilog))
+        for name in ("alpha", "beta"):
+            self._set(name, _require_number(getattr(self, name), name))
+        self._set("distribution", _distribution_as_triple(self.distribution))
+        self._set("backend", _require_backend_name(self.backend))
+        self._set("algorithm", _require_algorithm_name(self.algorithm))
+        self._set("precision", normalize_precision(self.precision))
+        self._set("devices", check_devices(self.devices, spmd=False))
+
+    def _set(self, name: str, value: Any) -> None:
+        if value is not getattr(self, name):
+            object.__setattr__(self, name, value)  # (frozen: only __post_init__ writes, to normalize)
+
+    def _scaled_for(self, alpha: complex, beta: complex) -> Options:
+        """These options with ``alpha`` and ``beta`` as the operands' dtype computes
+        with them (checked by :func:`_scalar`: nothing to check again, as
+        ``dataclasses.replace`` would, on every call)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "alpha", alpha)
+        object.__setattr__(new, "beta", beta)
+        return new
+
+    def agreed(self) -> tuple[tuple[str, Any], ...]:
+        """Every field as ``(name, value)`` pairs, named as the user wrote them:
+        what ranks compare (:func:`dmatmul._runtime.require_same_call`)."""
+        return _agreed(lambda name: getattr(self, name))
+
+    @staticmethod
+    def agreed_in(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
+        """:meth:`agreed` of the options a plan's spec was made with, read off the
+        spec (as the backends have them: ``backend`` is the one that plans)."""
+        return _agreed(lambda name: backend if name == "backend" else getattr(spec, _IN_SPEC.get(name, name)))
+
+
+#: The fields of :class:`Options` that :class:`dmatmul._spec.Spec` names otherwise
+_IN_SPEC = {"distribution": "distributions"}
+
+
+def _agreed(value_of: Callable[[str], Any]) -> tuple[tuple[str, Any], ...]:
+    pairs: list[tuple[str, Any]] = []
+    for field in dataclasses.fields(Options):
+        value = value_of(field.name)
+        names = field.metadata.get(_NAMES)
+        if names is None:
+            pairs.append((field.name, value))
+        else:  # one pair per item (the distribution of a, of b, of the result)
+            pairs.extend(zip(names, value if value is not None else (None,) * len(names)))
+    return tuple(pairs)
+
+
+def _require_bool(flag: Any, name: str) -> bool:
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {flag!r}")
+    return bool(flag)
+
+
+def _epilog_by_name(epilog: Any) -> Epilog | None:
+    if not one_of(epilog, EPILOGS):
+        raise ValueError(f"epilog must be one of {EPILOGS}, got {epilog!r}")
+    return Epilog.of(epilog)
+
+
+def _require_backend_name(backend: Any) -> str:
+    if not one_of(backend, _backends.NAMES):
+        raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
+    return str(backend)
+
+
+def _require_algorithm_name(algorithm: Any) -> str:
+    # the contract's names, and any algorithm registered beside them (dmatmul.algorithms.register)
+    names = (*ALGORITHMS, *(name for name in _algorithms.ALGORITHMS if name not in ALGORITHMS))
+    if not one_of(algorithm, ("auto", *names)):
+        raise ValueError(f"algorithm must be 'auto' or one of {names}, got {algorithm!r}")
+    return str(algorithm)
+
+
+def _require_number(x: Any, name: str) -> Any:
+    """``x`` if it is a Python or numpy number (a bfloat16 scalar as its Python
+    float), else a TypeError; its dtype is checked by :func:`_scalar`."""
+    plain = type(x) is float or type(x) is int  # (a real number, not a bool: the checks below, without the ABCs)
+    if plain:
+        return x
+    if isinstance(x, np.generic) and not isinstance(x, numbers.Number) \
+            and dtype_name(x.dtype) in DTYPES:  # a bfloat16 scalar: ml_dtypes registers it as no numbers type
+        x = x.item()  # (its value, as a Python float)
+    if isinstance(x, bool) or not isinstance(x, numbers.Number):
+        fix = ""
+        if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array (numpy, jax), or a traced value
+            scaled = "dm.matmul(alpha * a, b, ...)" if name == "alpha" else "dm.matmul(a, b, beta * c, beta=1.0, ...)"
+            fix = (f": {name} is compiled into the plan, so it is a Python or numpy number (float({name}) of a "
+                   f"concrete 0-d array); to scale by an array or a traced value, scale the operand: {scaled}")
+        raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__}){fix}")
+    return x
+
+
+def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
+    op = (shape[1], shape[0]) if transposed else shape
+    return f"op({name}) is {op} ({name} stored {shape}, transpose_{name}={transposed})"
+
+
+def _mixed_dtypes(a: str, b: str, given: dict[str, str]) -> str:
+    """The message for operands of two dtypes (the contract: A, B and C alike);
+    ``given``: the operands given as no array (see :func:`_read_as`)."""
+    head = f"a and b must have the same dtype, got a {a} and b {b}"
+    for name, other, read in (("b", "a", b), ("a", "b", a)):
+        if name in given and other not in given:
+            return head + _read_as(given, name, read, f"{other}.dtype")
+    return head + (
+        ": cast one first (e.g. b.astype(a.dtype)); "
+        "inside jax.shard_map, dmatmul.jax's blocks take mixed dtypes with preferred_element_type="
+    )
+
+
+def _given_as(ops: Operands) -> dict[str, str]:
+    """The type of each matrix operand given as no array (a nested list, a
+    memoryview...), which numpy reads with a dtype of its choosing."""
+    return {name: type(x).__name__ for name in ("a", "b", "c")
+            if (x := getattr(ops, name)) is not None and family(x) == "other"}
+
+
+def _read_as(given: dict[str, str], name: str, read: str, want: str) -> str:
+    """What a dtype message adds where ``name`` was given as no array: how
+    numpy read it, and how to pass it as ``want`` (a dtype expression)."""
+    if name not in given:
+        return ""
+    return f" ({name} was given as a {given[name]}, which numpy reads as {read}: pass np.asarray({name}, dtype={want}))"
+
+
+def _scalar(x: Any, name: str, dtype: str) -> complex:
+    """``alpha=`` or ``beta=`` as the value the product of ``dtype`` computes with."""
+    x = _require_number(x, name)
+    if isinstance(x, numbers.Complex) and not isinstance(x, numbers.Real):
+        if not dtype.startswith("complex"):
+            raise TypeError(f"{name}={x!r} is complex but the operands are {dtype}: use a real {name}")
+        try:
+            return complex(x)
+        except OverflowError:
+            raise ValueError(f"{name}={x!r} does not fit a complex double") from None
+    try:
+        # one value for one number whatever its type (ranks compare it): 1.0 and 1+0j alike for complex operands
+        return complex(x) if dtype.startswith("complex") else float(x)
+    except OverflowError:
+        raise ValueError(f"{name}={x!r} does not fit a double") from None
+    except ValueError as e:  # a number that has no float value (Decimal('sNaN'))
+        raise ValueError(f"{name}={x!r} has no floating-point value: {e}") from None
+
+
+def _beta_needs_c(beta: Any, fix: str) -> str:
+    """The message for a ``beta`` that is not 0 where no c is given (c would be read)."""
+    return f"beta={beta!r} needs c: the result is alpha*op(a)@op(b) + beta*c, and no c was given: {fix}"
+
+
+def _distribution_as_triple(distribution: Any) -> Triple | None:
+    if distribution is None:
+        return None
+    if isinstance(distribution, Distribution):
+        return (distribution, distribution, distribution)
+    if isinstance(distribution, (tuple, list)):
+        if len(distribution) != 3:
+            raise ValueError(
+                "distribution must be one Distribution or a triple (dist_a, dist_b, dist_result), "
+                f"got a sequence of length {len(distribution)}"
+            )
+        for name, d in zip(("a", "b", "result"), distribution):
+            check_distribution(d, f"distribution of {name}")
+        return (distribution[0], distribution[1], distribution[2])
+    raise TypeError(
+        "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "
+        f"got {type(distribution).__name__}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """What the local checks established (phase 1 of validation): the options,
+    their scalars as the operands' dtype computes with them, and what the
+    operands tell."""
+
+    dtype: str
+    options: Options
+    shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]  # a, b, c as given here
+    bias_shape: tuple[int, ...] | None
+
+    def call(self) -> tuple[tuple[str, Any], ...]:
+        """The fields every rank's call must agree on (all but the local blocks), named
+        as the user wrote them."""
+        return (("dtype", self.dtype), *self.options.agreed(),
+                ("whether c is given", self.shapes[2] is not None), ("the shape of bias", self.bias_shape))
+
+
+def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> _Checked:
+    """Phase 1: everything one rank can check alone (types, dtypes, names)."""
+    if spmd:
+        refuse_trace_under_mpi(ops.a, ops.b, ops.c, ops.bias)
+    given = _given_as(ops)
+    ops.a = as_matrix(ops.a, "a")
+    ops.b = as_matrix(ops.b, "b")
+    if spmd:
+        for name, x in (("a", ops.a), ("b", ops.b), ("c", ops.c)):
+            refuse_spanning(x, name)
+    dtype = dtype_name(ops.a.dtype)
+    if dtype_name(ops.b.dtype) != dtype:
+        raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype), given))
+    opts = Options(**options)
+    epilog = opts.epilog
+    if epilog is not None and not epilog.info.complex and dtype.startswith("complex"):
+        usable = ", ".join(repr(name) for name, e in TABLE.items() if e.complex)
+        raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or {usable}")
+    if ops.c is not None:
+        ops.c = as_matrix(ops.c, "c")
+        if dtype_name(ops.c.dtype) != dtype:
+            got = dtype_name(ops.c.dtype)
+            raise TypeError(
+                f"c must have the dtype of a and b ({dtype}), got {got}" + _read_as(given, "c", got, "a.dtype")
+            )
+    bias_shape = _check_bias(ops, epilog, dtype)
+    alpha, beta = _scalar(opts.alpha, "alpha", dtype), _scalar(opts.beta, "beta", dtype)
+    if beta != 0 and ops.c is None:
+        raise ValueError(_beta_needs_c(opts.beta, "pass c (an array of the result's shape), or leave beta=0"))
+    if spmd and opts.distribution is None:
+        raise ValueError(
+            "distribution is required when running as several processes (each rank passes its local "
+            "blocks): e.g. distribution=(dm.Slab.X, dm.Slab.Y, dm.Slab.X)"
+        )
+    if spmd:
+        check_devices(opts.devices, spmd=True)
+    shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731
+    return _Checked(
+        dtype=dtype,
+        options=opts._scaled_for(alpha, beta),
+        shapes=(shape(ops.a), shape(ops.b), None if ops.c is None else shape(ops.c)),
+        bias_shape=bias_shape,
+    )
+
+
+def _check_bias(ops: Operands, epilog: Epilog | None, dtype: str) -> tuple[int, ...] | None:
+    """The bias against the epilog and the operands' dtype (put in native order
+    in ``ops``); its shape, or None where there is none."""
+    if has_bias(epilog) and ops.bias is None:
+        raise ValueError(
+            f"epilog={epilog!r} needs bias=<vector of length M> (one value per result row, shape (M,) or (M, 1)) "
+            "or a bias of shape (1, N) (one value per result column), got bias=None"
+        )
+    if ops.bias is None:
+        return None
+    if not has_bias(epilog):
+        with_bias = ", ".join(repr(name) for name, e in TABLE.items() if e.bias)
+        raise ValueError(f"bias is given but epilog={epilog!r}: use one of the epilogs with a bias ({with_bias})")
+    refuse_unusable(ops.bias, "bias")
+    if family(ops.bias) == "other":
+        ops.bias = to_numpy(ops.bias, "bias")
+    if dtype_name(ops.bias.dtype) not in DTYPES:
+        raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {dtype_name(ops.bias.dtype)}")
+    if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
+        raise TypeError(
+            f"bias is complex ({dtype_name(ops.bias.dtype)}) but a and b are real ({dtype}): its imaginary "
+            "part would be lost; pass a real bias, or complex a and b"
+        )
+    ops.bias = native_order(ops.bias)
+    bias_shape = tuple(int(x) for x in ops.bias.shape)
+    length = int(np.prod(bias_shape))
+    if bias_shape not in ((length,), (length, 1), (1, length)):  # per rank, before ranks compare
+        raise ValueError(
+            "bias must be a vector: one value per result row, shape (M,) or (M, 1), or one value per result "
+            f"column, shape (1, N); got shape {bias_shape}"
+        )
+    return bias_shape
+
+
+def _check_global(
+    ops: Operands, chk: _Checked, a_shape: tuple[int, int], b_shape: tuple[int, int],
+    c_shape: tuple[int, int] | None, nprocs: int,
+) -> Spec:
+    """Phase 2: the product's global shapes agree (deterministic on every rank)."""
+    o = chk.options
+    ta, tb = o.transpose_a, o.transpose_b
+    k_a = a_shape[0] if ta else a_shape[1]
+    k_b = b_shape[1] if tb else b_shape[0]
+    if k_a != k_b:
+        raise ValueError(
+            f"a and b: inner dimensions differ: {_op_shape('a', a_shape, ta)} but "
+            f"{_op_shape('b', b_shape, tb)}; op(a) must be (M, K) and op(b) (K, N)"
+        )
+    m = a_shape[1] if ta else a_shape[0]
+    n = b_shape[0] if tb else b_shape[1]
+    if c_shape is not None and c_shape != (m, n):
+        raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {c_shape}")
+    bias_columns = ops.bias is not None and _bias_columns(tuple(ops.bias.shape), m, n)
+    return Spec(
+        a_shape=a_shape,
+        b_shape=b_shape,
+        dtype=chk.dtype,
+        transpose_a=ta,
+        transpose_b=tb,
+        distributions=o.distribution,
+        alpha=o.alpha,
+        beta=o.beta,
+        use_c=ops.c is not None and o.beta != 0,
+        epilog=o.epilog,
+        algorithm=o.algorithm,
+        family=ops.family,
+        devices=o.devices,
+        nprocs=nprocs,
+        precision=o.precision,
+        bias_columns=bias_columns,
+    )
+
+
+def _bias_columns(shape: tuple[int, ...], m: int, n: int) -> bool:
+    """Whether a bias of ``shape`` holds one value per result column (shape
+    (1, N)) rather than per row ((M,) or (M, 1), also where M = N); a
+    ValueError naming the fix for any other shape."""
+    if shape in ((m,), (m, 1)):
+        return False
+    if shape == (1, n):
+        return True
+    if shape == (n,):
+        raise ValueError(
+            f"bias of shape {shape}: a 1-D bias holds one value per result row, of length M={m}; one value per "
+            f"result column (N={n}, the `x @ W + b` of ML code) is passed as shape (1, N): bias.reshape(1, -1)"
+        )
+    raise ValueError(
+        f"bias must hold one value per result row, shape (M,) or (M, 1) = ({m},) or ({m}, 1), or one value per "
+        f"result column, shape (1, N) = (1, {n}); got shape {shape}"
+    )
+
+
+def validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tuple[Spec, str | None, Options]:
+    """Check everything that needs no backend; return the plan's Spec,
+    (several processes) the backend every rank's ``backend=`` found, and the
+    :class:`Options` of the call (its scalars as the operands' dtype has them).
+
+    Under several processes one small allgather carries every rank's verdict
+    on its local checks, its call (dtype, transposes, distributions, scalars,
+    epilog, algorithm, backend, precision) and its local shapes, before any
+    collective of the product: a mistake or a difference on one rank raises
+    on every rank, naming the field and the ranks. The global shapes are then
+    inferred from the local ones, as nvmath does.
+    """
+    rt = _runtime.active()
+    if rt is None or rt.size == 1:
+        chk = _check_local(ops, options, spmd=False)
+        return _check_global(ops, chk, *chk.shapes, nprocs=1), None, chk.options
+
+    def check() -> tuple[_Checked, str]:
+        chk = _check_local(ops, options, spmd=True)
+        return chk, _backends.resolve(chk.options.backend).name  # what "auto" finds on this rank's node
+
+    (chk, runs_on), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]), what)
+    _runtime.require_same_call([call for call, _, _ in shared], what)
+    found = _runtime.disagreement([name for _, _, name in shared], f"the backend that backend={chk.options.backend!r} finds",
+                                  verbs=("finds", "find"))
+    if found is not None:  # each rank would run another backend's collectives
+        raise ValueError(f"{what}: {found} (this is rank {rt.rank}): every rank needs the same backends installed "
+                         "and usable (`dmatmul info` on each says which), or name one: backend='jax'")
+    gathered = [shapes for _, shapes, _ in shared]
+    dists = chk.options.distribution
+    assert dists is not None
+
+    def infer() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]:
+        out: list[tuple[int, int]] = []
+        for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
+            try:
+                out.append(dist.global_shape([g[i] for g in gathered]))
+            except DistributionError as e:
+                raise DistributionError(f"{name}: {e} (this is rank {rt.rank})") from None
+        a_shape, b_shape = out
+        if gathered[0][2] is None:  # no c (every rank agreed on that)
+            return a_shape, b_shape, None
+        # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
+        m = a_shape[1] if chk.options.transpose_a else a_shape[0]
+        n = b_shape[0] if chk.options.transpose_b else b_shape[1]
+        try:
+            dists[2].check_blocks([g[2] for g in gathered], (m, n), "of the result (M, N), from a and b")
+        except DistributionError as e:
+            raise DistributionError(f"c: {e} (this is rank {rt.rank})") from None
+        return a_shape, b_shape, (m, n)
+
+    a_shape, b_shape, c_shape = infer()
+    return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size), runs_on, chk.options
+
+
+
+def check_reset(
+    ops: Operands, swapped: dict[str, np.ndarray], spec: Spec, a: Any, b: Any, c: Any, bias: Any,
+    alpha: complex | None, beta: complex | None,
+) -> tuple[Operands, dict[str, np.ndarray], Spec]:
+    """The checks of :meth:`dmatmul.Matmul.reset_operands`: the new operands of
+    the plan of ``spec`` (made on ``ops``, of which ``swapped`` are the
+    caller's byte-swapped arrays), the byte-swapped arrays among them, and the
+    spec they make (``ops`` and ``swapped`` are left as they are)."""
+    new = dataclasses.replace(ops)
+    swapped = dict(swapped)
+    for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
+        if value is None:
+            continue
+        swapped.pop(name, None)
+        swapped.update(byte_swapped(**{name: value}))
+        old = getattr(ops, name)
+        if old is None:
+            raise ValueError(f"reset_operands: {name} was not given when the plan was made; make a new Matmul")
+        refuse_unusable(value, name)
+        given = {name: type(value).__name__} if family(value) == "other" else {}
+        if given:
+            value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
+        held = kind(family(value))
+        if held is not None:
+            held.refuse_held(value, name)  # (a tracer would outlive its trace)
+        got = (tuple(value.shape), dtype_name(value.dtype), family(value))
+        want = (tuple(old.shape), dtype_name(old.dtype), family(old))
+        if got != want:
+            read = _read_as(given, name, got[1], repr(want[1])) if got[1] != want[1] else ""
+            raise ValueError(
+                f"reset_operands: {name} must match the planned (shape, dtype, family) {want}, got {got}{read}"
+            )
+        if held is not None:
+            held.refuse_moved(value, old, name)  # (the result would come back where the plan's operands were)
+        setattr(new, name, native_order(value))
+    if alpha is not None or beta is not None:
+        spec = dataclasses.replace(
+            spec,
+            alpha=spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
+            beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
+        )
+        if spec.beta != 0 and new.c is None:
+            raise ValueError("reset_operands: " + _beta_needs_c(
+                beta, "the plan was made without c; make a new Matmul with c, or leave beta=0"))
+        spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
+    return new, swapped, spec
+
+
+_OPERAND_NAMES = ("a", "b", "c", "bias")
+
+
+def _shapes(ops: Operands) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name: (tuple(x.shape), dtype_name(x.dtype)) for name in _OPERAND_NAMES
+            if (x := getattr(ops, name)) is not None}
+
+
+def _held(ops: Operands) -> tuple[tuple[str, tuple[int, ...], Any], ...]:
+    """Each operand's shape and its dtype object as given: arrays that still hold
+    these have the (shape, dtype name) of :func:`_shapes` (others are compared by it)."""
+    return tuple((name, tuple(x.shape), x.dtype) for name in _OPERAND_NAMES if (x := getattr(ops, name)) is not None)
+
+
+def byte_swapped(**given: Any) -> dict[str, np.ndarray]:
+    """Those of ``given`` that are numpy arrays in non-native byte order."""
+    return {name: x for name, x in given.items() if isinstance(x, np.ndarray) and not x.dtype.isnative}
+
+
+#: The options of :func:`matmul` and :class:`Matmul`, documented once for both (as nvmath-python does).
+_DOCS = {
+    "operands": """a, b: the stored matrices (global in one process; this rank's blocks
+            under mpirun). numpy in gives numpy out; ``jax.Array`` in gives
+            ``jax.Array`` out (on the user's mesh when the operands are on one).
+        c: optional, with the result's shape and distribution; read only when
+            ``beta != 0`` (BLAS convention). Never modified.""",
+    "options": """distribution: a Distribution for all three, or ``(dist_a, dist_b,
+            dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
+            one process (read off jax.Array operands' shardings, ``c``'s for
+            the result where ``c`` is read; the cost model picks the rest),
+            required under mpirun.
+        alpha, beta: Python or numpy numbers, complex ones only for complex
+            operands (not arrays, nor traced values: they are compiled into
+            the plan). transpose_a, transpose_b: ``op(x) = x.T``.
+        epilog: None, "relu", "gelu" (tanh approximation, as cuBLASLt),
+            "silu" (``x * sigmoid(x)``), "bias", "relu_bias", "gelu_bias",
+            "silu_bias"; ``bias`` holds one value per result row (shape
+            ``(M,)`` or ``(M, 1)``, added to every column) or one per result
+            column (shape ``(1, N)``, added to every row: ``x @ W + b``), of
+            any of the supported dtypes: converted to the product's (a complex
+            bias on real operands is refused: its imaginary part would be lost).
+        backend: "auto" (nvmath where it can run, else jax; in one process,
+            jax for ``jax.Array`` operands, inside a JAX trace and for
+            ``devices=`` of several or a list of JAX devices), "jax" or "nvmath". algorithm: "auto" or one of
+            ``dmatmul.ALGORITHMS``. precision: None (the framework's
+            default: ``jax.default_matmul_precision`` on JAX, nvmath's default
+            compute type on nvmath), "default", "high" or "highest", as for
+            ``jnp.dot`` (a ``jax.lax.Precision`` or one of JAX's other names,
+            such as "tensorfloat32", is read as the one it stands for).
+        devices: an int N (the first N devices) or a list of JAX devices
+            (one process; default: all local devices).""",
+    "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
+    sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
+    c), M = 0 or N = 0 an empty result. So does ``alpha == 0``: a and b are
+    not read (NaN or Inf in them does not reach the result), on every backend.
+    ``beta != 0`` needs ``c``.""",
+}
+
+
+class MatmulOptions(TypedDict, total=False):
+    """The keyword options of :func:`matmul` and :class:`Matmul` (for type checkers)."""
+
+    distribution: Distribution | Sequence[Distribution] | None
+    alpha: complex
+    beta: complex
+    transpose_a: bool
+    transpose_b: bool
+    epilog: EpilogName | Epilog | None
+    bias: Any
+    backend: BackendName
+    algorithm: AlgorithmName
+    precision: PrecisionName | enum.Enum | None
+    devices: int | Sequence[Any] | None
+
