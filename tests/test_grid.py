@@ -22,6 +22,7 @@ from dmatmul._lru import LRU  # noqa: E402
 from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 _layout = importlib.import_module("dmatmul.backends.jax._layout")
+_exchange = importlib.import_module("dmatmul.backends.jax._exchange")
 
 GRIDS = [(2, 2), (2, 4), (4, 2), (1, 4), (4, 1)]
 BLOCKS = [(1, 1), (3, 5), (4, 4)]
@@ -330,7 +331,7 @@ def test_redistribution_puts_each_block_on_its_device(src, dst):
     x = np.arange(130, dtype=np.float32).reshape(shape) + 1
     ps = _layout.placement_of(src, geom, shape, (None, None))
     pd = _layout.placement_of(dst, geom, shape, (None, None))
-    moved = jax.jit(lambda v: _layout.redistribute(v, ps, pd, geom), out_shardings=geom.sharding(pd))(
+    moved = jax.jit(lambda v: _exchange.redistribute(v, ps, pd, geom), out_shardings=geom.sharding(pd))(
         _layout.host_to_device(x, ps, geom)
     )
     want = dm.split(x, dst, nranks=8)
@@ -347,7 +348,7 @@ def test_redistribution_puts_each_block_on_its_device(src, dst):
 def test_exchange_rounds_are_permutations_as_few_as_the_busiest_device(edges):
     """König's colouring: every pair once, no device sending or receiving twice
     in one round, and as many rounds as a device has partners on one side."""
-    rounds = _layout._colour(sorted(edges))
+    rounds = _exchange._colour(sorted(edges))
     assert sorted(e for r in rounds for e in r) == sorted(edges)
     for r in rounds:
         assert len({s for s, _ in r}) == len(r) == len({t for _, t in r})

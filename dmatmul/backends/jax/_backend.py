@@ -20,7 +20,7 @@ from ..._lru import LRU
 from ..._spec import Operands, Spec, check_fit
 from ._arrays import context_mesh, in_program
 from ._arrays import in_trace as in_jax_trace
-from . import _kernels, _layout, _start
+from . import _exchange, _kernels, _layout, _start
 from . import _redistribute as _moves
 
 __all__ = ["JaxBackend", "JaxPlan"]
@@ -629,7 +629,7 @@ class JaxPlan:
 
     ``given`` holds where each operand is (its distribution's placement),
     ``kernel`` where the chosen algorithm needs it; the jitted function moves
-    operands from one to the other (:func:`_layout.redistribute`), runs the
+    operands from one to the other (:func:`_exchange.redistribute`), runs the
     ``shard_map`` kernel, and moves the result back.
     """
 
@@ -1054,7 +1054,7 @@ class JaxPlan:
         given, kern_pl, ep = self.given, self.kernel, self.epilogue
         fused = kern_pl["d"] == given["d"]
         body = _kernels.body(self.local, ep if fused else None)
-        redistribute = _layout.redistribute
+        redistribute = _exchange.redistribute
 
         def core(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
             args = [redistribute(a, given["a"], kern_pl["a"], geom), redistribute(b, given["b"], kern_pl["b"], geom)]
