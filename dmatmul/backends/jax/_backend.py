@@ -624,6 +624,10 @@ def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSc
     )
 
 
+#: SUMMA's placements of a, b and the result, and its schedule of K panels
+_SummaLayout = tuple[dict[str, _layout.Placement], _kernels.SummaSchedule]
+
+
 class JaxPlan:
     """A compiled product on a set of JAX devices (one or several processes).
 
@@ -632,6 +636,8 @@ class JaxPlan:
     operands from one to the other (:func:`_exchange.redistribute`), runs the
     ``shard_map`` kernel, and moves the result back.
     """
+
+    plan: _plan.Plan  # the chosen algorithm and its cost (:meth:`_choose`)
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
@@ -651,6 +657,33 @@ class JaxPlan:
         # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
         itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else info.itemsize
         self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, info.acc_itemsize, pads=True)
+        grid, laid = self._lay_out(operands)
+        kern, summa, shared = self._choose(grid, laid)
+        schedule = self._place(kern, summa, shared)
+        self.local = self._local_problem(kern, shared, schedule, acc_dtype)
+        self.epilogue = _kernels.Epilogue(
+            alpha=spec.alpha,
+            beta=spec.beta,
+            epilog=spec.epilog,
+            use_c=spec.use_c,
+            has_bias=spec.has_bias,
+            out_dtype=jnp.dtype(spec.dtype),
+            bias_columns=spec.bias_columns,
+        )
+        if ALGORITHMS[kern.algorithm].grid and p > 1:
+            self.plan = self._summa_cost(self.plan)
+        self.algorithm = self.plan.algorithm
+        self._compiled: dict[str, Any] = {}
+        self._needs: tuple[list[_memory.Need], dict[str, _memory.Probe]] | None = None
+        self._targets: dict[str, NamedSharding] = {}  # where each jax.Array operand goes (_device_operand)
+
+    def _lay_out(
+        self, operands: Operands
+    ) -> tuple[ProcessGrid | None, tuple[Distribution, Distribution, Distribution]]:
+        """The distributions, the product's grid and mesh, and what each operand is
+        taken as (``planned``); the grid, and the triple before operands taken
+        replicated are substituted."""
+        spec, p = self.spec, self.nranks
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions)  # a 1x1 grid on one rank too: SUMMA is named there as well
@@ -692,8 +725,17 @@ class JaxPlan:
         if grid is not None:
             rows, cols = grid.shape  # the product's grid is 2-D
             self.problem = dataclasses.replace(self.problem, grid=(rows, cols))
+        return grid, (pa, pb, pd)
+
+    def _choose(
+        self, grid: ProcessGrid | None, laid: tuple[Distribution, Distribution, Distribution]
+    ) -> tuple[_plan.Kernel, _SummaLayout | None, dict[str, _layout.DimMap | None]]:
+        """Choose the algorithm (``self.plan``); its kernel, SUMMA's placements
+        (on a grid) and the padded map each logical dim shares."""
+        spec, p = self.spec, self.nranks
+        pa, pb, pd = laid
         roles = self._roles(self.planned)
-        transposes, shapes = spec.transposes, spec.shapes
+        shapes = spec.shapes
 
         # the operands laid out on the product's grid, which SUMMA takes as they are. A named SUMMA takes
         # also those a 1-D role describes for the other kernels (BlockNonCyclic on a (P, 1) or (1, P) grid
@@ -722,6 +764,17 @@ class JaxPlan:
             for dim, size in (("M", spec.m), ("K", spec.k), ("N", spec.n))
         }
 
+        return kern, summa, shared
+
+    def _place(
+        self, kern: _plan.Kernel, summa: _SummaLayout | None,
+        shared: dict[str, _layout.DimMap | None],
+    ) -> _kernels.SummaSchedule | None:
+        """Where each operand is (``given``, ``unpadded``) and where the kernel
+        takes it (``kernel``); SUMMA's schedule, or None."""
+        spec = self.spec
+        transposes, shapes = spec.transposes, spec.shapes
+
         def placement(op: str, dist: Distribution) -> _layout.Placement:
             dims = _plan.stored_dims(op, transposes[op])  # type: ignore[arg-type]
             return _layout.placement_of(dist, self.geom, shapes[op], (shared[dims[0]], shared[dims[1]]))
@@ -739,10 +792,18 @@ class JaxPlan:
                 op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in _plan.OPERANDS
             }
             schedule = None
+        return schedule
+
+    def _local_problem(
+        self, kern: _plan.Kernel, shared: dict[str, _layout.DimMap | None],
+        schedule: _kernels.SummaSchedule | None, acc_dtype: Any,
+    ) -> _kernels.LocalProblem:
+        """What the kernel body of each rank needs to know."""
+        spec, p = self.spec, self.nranks
         # the bias runs along the result's rows, or its columns (a bias of shape (1, N))
         along = 1 if spec.bias_columns else 0
         d_kernel = self.kernel["d"]
-        self.local = _kernels.LocalProblem(
+        return _kernels.LocalProblem(
             kernel=kern,
             nranks=p,
             axis=self.geom.rank_axis,
@@ -757,21 +818,6 @@ class JaxPlan:
             summa=schedule,
             overlap=self.devices[0].platform != "cpu",
         )
-        self.epilogue = _kernels.Epilogue(
-            alpha=spec.alpha,
-            beta=spec.beta,
-            epilog=spec.epilog,
-            use_c=spec.use_c,
-            has_bias=spec.has_bias,
-            out_dtype=jnp.dtype(spec.dtype),
-            bias_columns=spec.bias_columns,
-        )
-        if ALGORITHMS[kern.algorithm].grid and p > 1:
-            self.plan = self._summa_cost(self.plan)
-        self.algorithm = self.plan.algorithm
-        self._compiled: dict[str, Any] = {}
-        self._needs: tuple[list[_memory.Need], dict[str, _memory.Probe]] | None = None
-        self._targets: dict[str, NamedSharding] = {}  # where each jax.Array operand goes (_device_operand)
 
     # -- planning -------------------------------------------------------------
     def _replicated_result(self, grid: ProcessGrid | None) -> str | None:
