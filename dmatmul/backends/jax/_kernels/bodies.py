@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .common import Epilogue, LocalProblem, _rounds_in_the_gemm, contract, finish, varying_zeros
+from . import common
+from .common import Epilogue, LocalProblem, _rounds_in_the_gemm, varying_zeros
 from .ring import ring_allgathers, ring_parts, ring_pieces, ring_reduce_scatters
 from .summa import _summa
 
@@ -39,7 +40,7 @@ def _reduce_scatter_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> ja
     kern, ax, axis = lp.kernel, lp.axes, lp.axis
     if kern.d == "M":
         return lax.psum_scatter(lp.mm(a, b), axis, scatter_dimension=0, tiled=True)
-    dt = contract(b, a, ax["bK"], ax["aK"], lp.precision, lp.acc_dtype)  # (N, M): the product transposed
+    dt = common.contract(b, a, ax["bK"], ax["aK"], lp.precision, lp.acc_dtype)  # (N, M): the product transposed
     return lax.psum_scatter(dt, axis, scatter_dimension=0, tiled=True).T
 
 
@@ -62,7 +63,7 @@ def _allgather_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Arr
         if stored == 0:
             return lp.mm(a, g)
         if kern.b == "N":  # b (K, n): blocks (P, K, n) meet a -> (m, P, n), the result's column blocks in order
-            d = contract(a, g, ax["aK"], 1, lp.precision, lp.acc_dtype)
+            d = common.contract(a, g, ax["aK"], 1, lp.precision, lp.acc_dtype)
             return d.reshape(d.shape[0], -1)
         return lp.mm(a, laid(g))  # b stored (N, k): K blocks side by side
     stored = ax["aK"] if kern.a == "K" else ax["aM"]
@@ -70,7 +71,7 @@ def _allgather_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Arr
     if stored == 0:
         return lp.mm(g, b)
     if kern.a == "M":  # op(A) stored (K, m): blocks (P, K, m) -> (P, m, n), the result's row blocks in order
-        d = contract(g, b, 1, ax["bK"], lp.precision, lp.acc_dtype)
+        d = common.contract(g, b, 1, ax["bK"], lp.precision, lp.acc_dtype)
         return d.reshape(-1, d.shape[-1])
     return lp.mm(laid(g), b)  # a stored (M, k): K blocks side by side
 
@@ -93,7 +94,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
             # float32, and rounds once, as the cast would), as jnp.dot does; a float32 result and a separate
             # cast cost 5-8% at n = 8192 on an H200
             ax = lp.axes
-            return contract(a, b, ax["aK"], ax["bK"], lp.precision, ep.out_dtype)
+            return common.contract(a, b, ax["aK"], ax["bK"], lp.precision, ep.out_dtype)
         acc = product(lp, a, b)
         if ep is None:
             return acc
@@ -102,7 +103,7 @@ def body(lp: LocalProblem, ep: Epilogue | None) -> Callable[..., jax.Array]:
         bias = rest_list.pop(0) if ep.has_bias else None
         if bias is not None and lp.bias_axis is not None:
             bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(lp.bias_axis) * lp.bias_block, lp.bias_block)
-        return finish(ep, acc, c, bias)
+        return common.finish(ep, acc, c, bias)
 
     return run
 
