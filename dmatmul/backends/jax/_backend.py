@@ -30,6 +30,9 @@ class JaxPlan(ExplainedProduct):
     ``kernel`` where the chosen algorithm needs it; the jitted function moves
     operands from one to the other (:func:`_exchange.redistribute`), runs the
     ``shard_map`` kernel, and moves the result back.
+
+    Its layers, one module each: planned (:mod:`._planning`), compiled
+    (:mod:`._compile`), executed (:mod:`._execute`), explained (:mod:`._explain`).
     """
 
     def free(self) -> None:

@@ -16,9 +16,8 @@ from jax.sharding import Mesh, NamedSharding
 from ... import _plan
 from ..._spec import Operands
 from ._arrays import in_trace as in_jax_trace
-from . import _layout
+from . import _layout, _mesh
 from . import _redistribute as _moves
-from . import _mesh
 from ._mesh import _concrete, _same, _traced, _tracing, depending_on, mesh_of
 from ._shardings import _on_mesh
 from ._planning import _OPERANDS, _x64

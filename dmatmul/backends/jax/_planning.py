@@ -17,8 +17,7 @@ from ... import _cost, _memory, _plan
 from ...algorithms import ALGORITHMS
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 from ..._spec import Operands, Spec, check_fit
-from . import _kernels, _layout
-from . import _mesh
+from . import _kernels, _layout, _mesh
 from ._mesh import _tracing, mesh_of, plan_devices, trace_mesh
 from ._shardings import _given_distributions, _plain, _sharding_of, _unexpressed
 
