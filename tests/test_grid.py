@@ -265,7 +265,7 @@ def test_generated_grid_products(rows, layout, mb, nb, kb, m, n, k, ta, tb, data
     a, b, c = operands(m * n * k, m, n, k, ta, tb)
     shipped, overlap = _kernels.summa, data.draw(st.booleans())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_kernels, "summa", lambda lp, x, y: shipped(dataclasses.replace(lp, overlap=overlap), x, y))
+        mp.setattr(_kernels.grid, "summa", lambda lp, x, y: shipped(dataclasses.replace(lp, overlap=overlap), x, y))
         mp.setattr(dm.backends.get("jax"), "_plans", LRU())  # no plan compiled with the other order
         got = dm.matmul(a, b, c, distribution=(da, db, dd), beta=1.0, transpose_a=ta, transpose_b=tb, devices=8)
     assert_close(got, reference(a, b, c, beta=1.0, transpose_a=ta, transpose_b=tb), "float32")
@@ -467,7 +467,7 @@ def test_summa_ring_choices(ring, gather, overlap, shape, layout, blocks, monkey
     def kernel(lp, a, b):
         return shipped(dataclasses.replace(lp, overlap=overlap), a, b, ring=ring, gather=gather)
 
-    monkeypatch.setattr(_kernels, "summa", kernel)
+    monkeypatch.setattr(_kernels.grid, "summa", kernel)  # where the summa body looks it up
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())  # no plan compiled with another kernel
     k = 17 if blocks else 24  # 24: every travelling block meets one owner's run (the per-step broadcast)
     a, b, c = operands(hash((ring, gather, shape, layout)) % 1000, 13, 11, k, False, True)

@@ -350,7 +350,7 @@ class PlannedProduct:
         unpadded. The ring (:meth:`_kernels.SummaRoute.traffic`) broadcasts in
         ppermute rounds that every rank receives; both schedules move op(A)'s
         and op(B)'s local K as the panels read it (padded to whole panels:
-        :func:`_kernels.summa._pad_to_extents`), and the one-shot one gathers them
+        :func:`_kernels.grid._pad_to_extents`), and the one-shot one gathers them
         whole along the grid row and column (``cols - 1`` and ``rows - 1``
         blocks), block-cyclic padding included."""
         sched = self.local.summa

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .bodies import BODIES, body, one_shot
 from .common import Epilogue, LocalProblem, SummaSchedule, contract, finish, traced_platform, varying_zeros
 from .ring import ring_allgather, ring_allgathers, ring_order, ring_parts, ring_pieces, ring_reduce_scatters
-from .summa import SummaRoute, rooted_broadcast, summa, summa_one_shot, summa_owners, summa_route, summa_tables
+from .grid import SummaRoute, rooted_broadcast, summa, summa_one_shot, summa_owners, summa_route, summa_tables
 
 __all__ = [
     "BODIES",

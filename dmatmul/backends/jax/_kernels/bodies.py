@@ -12,7 +12,7 @@ from jax import lax
 from . import common
 from .common import Epilogue, LocalProblem, _rounds_in_the_gemm, varying_zeros
 from .ring import ring_allgathers, ring_parts, ring_pieces, ring_reduce_scatters
-from .summa import _summa
+from .grid import _summa
 
 
 def one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
