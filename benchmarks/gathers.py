@@ -9,7 +9,7 @@ in seeded random order on simulated CPU devices (inputs already placed).
 XLA gathers a split of columns through a transposed copy of the whole matrix
 before and after its all-gather, about 5x the time of a split of rows on CPU;
 dmatmul gathers the column blocks stacked and puts them side by side in one
-copy (``_layout._gather_columns``).
+copy (``_exchange._gather_columns``).
 
     python benchmarks/gathers.py --n 2048 --reps 15
 """

@@ -814,7 +814,7 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
     the plan also takes replicated (one no sharding lays out, a block-cyclic one)
     meets no sharding of dmatmul's mesh, and passes even so."""
     pytest.importorskip("jax")
-    from dmatmul.backends.jax import _backend
+    from dmatmul.backends.jax import _mesh
 
     cases = []
     for i in range(3000):
@@ -828,7 +828,7 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
             cases.append(case)
         if len(cases) == 6:
             break
-    monkeypatch.setattr(_backend, "_auto_typed", lambda x: x)
+    monkeypatch.setattr(_mesh, "_auto_typed", lambda x: x)
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
     assert [ck.run_case(c).status for c in cases].count("failed") >= 3
     monkeypatch.undo()
@@ -876,7 +876,7 @@ BROKEN = {
     "distributions read off the shardings as Replicated()": (  # then none is refused
         lambda c: c.distributions is None and c.on_mesh is not None and c.on_mesh.call == "eager"
         and [r.why.split()[0] for r in c.refusals()[0]] in (["a's"], ["b's"]),
-        lambda mp, J: mp.setattr(J._backend, "_infer_distribution", lambda *a, **k: dm.Replicated()),
+        lambda mp, J: mp.setattr(J._shardings, "_infer_distribution", lambda *a, **k: dm.Replicated()),
         "no error, expected one: "),
     "results replicated where a NamedSharding says the distribution": (
         lambda c: _passes(c) and c.family == "jax" and c.on_mesh is None and not c.jit
@@ -990,14 +990,16 @@ def _splits_the_batch(case):
 BROKEN_TRANSFORMS = {
     "the local products' derivative doubled": (
         lambda c: _passes(c) and c.transform is not None and c.transform.kind in ("vjp", "jvp") and c.alpha != 0,
-        lambda mp, J: mp.setattr(J._kernels, "contract", _doubled_derivative(J._kernels.contract)), "max error"),
+        lambda mp, J: mp.setattr(J._kernels.common, "contract", _doubled_derivative(J._kernels.common.contract)),
+        "max error"),
     "the bias's derivative dropped": (
         lambda c: _passes(c) and c.transform is not None and c.transform.kind in ("vjp", "jvp")
         and "bias" in c.traced,
-        lambda mp, J: mp.setattr(J._kernels, "finish", _bias_derivative_dropped(J._kernels.finish)), "max error"),
+        lambda mp, J: mp.setattr(J._kernels.common, "finish", _bias_derivative_dropped(J._kernels.common.finish)),
+        "max error"),
     "vmap's batch axis split by a matrix's sharding (device_put under vmap)": (
         lambda c: _passes(c) and _splits_the_batch(c),
-        lambda mp, J: mp.setattr(J._backend, "_in_vmap", lambda: False), "IndivisibleError"),
+        lambda mp, J: mp.setattr(J._mesh, "_in_vmap", lambda: False), "IndivisibleError"),
 }
 
 

@@ -22,6 +22,7 @@ from dmatmul._lru import LRU  # noqa: E402
 from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 _layout = importlib.import_module("dmatmul.backends.jax._layout")
+_exchange = importlib.import_module("dmatmul.backends.jax._exchange")
 
 GRIDS = [(2, 2), (2, 4), (4, 2), (1, 4), (4, 1)]
 BLOCKS = [(1, 1), (3, 5), (4, 4)]
@@ -264,7 +265,7 @@ def test_generated_grid_products(rows, layout, mb, nb, kb, m, n, k, ta, tb, data
     a, b, c = operands(m * n * k, m, n, k, ta, tb)
     shipped, overlap = _kernels.summa, data.draw(st.booleans())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_kernels, "summa", lambda lp, x, y: shipped(dataclasses.replace(lp, overlap=overlap), x, y))
+        mp.setattr(_kernels.grid, "summa", lambda lp, x, y: shipped(dataclasses.replace(lp, overlap=overlap), x, y))
         mp.setattr(dm.backends.get("jax"), "_plans", LRU())  # no plan compiled with the other order
         got = dm.matmul(a, b, c, distribution=(da, db, dd), beta=1.0, transpose_a=ta, transpose_b=tb, devices=8)
     assert_close(got, reference(a, b, c, beta=1.0, transpose_a=ta, transpose_b=tb), "float32")
@@ -330,7 +331,7 @@ def test_redistribution_puts_each_block_on_its_device(src, dst):
     x = np.arange(130, dtype=np.float32).reshape(shape) + 1
     ps = _layout.placement_of(src, geom, shape, (None, None))
     pd = _layout.placement_of(dst, geom, shape, (None, None))
-    moved = jax.jit(lambda v: _layout.redistribute(v, ps, pd, geom), out_shardings=geom.sharding(pd))(
+    moved = jax.jit(lambda v: _exchange.redistribute(v, ps, pd, geom), out_shardings=geom.sharding(pd))(
         _layout.host_to_device(x, ps, geom)
     )
     want = dm.split(x, dst, nranks=8)
@@ -347,7 +348,7 @@ def test_redistribution_puts_each_block_on_its_device(src, dst):
 def test_exchange_rounds_are_permutations_as_few_as_the_busiest_device(edges):
     """König's colouring: every pair once, no device sending or receiving twice
     in one round, and as many rounds as a device has partners on one side."""
-    rounds = _layout._colour(sorted(edges))
+    rounds = _exchange._colour(sorted(edges))
     assert sorted(e for r in rounds for e in r) == sorted(edges)
     for r in rounds:
         assert len({s for s, _ in r}) == len(r) == len({t for _, t in r})
@@ -466,7 +467,7 @@ def test_summa_ring_choices(ring, gather, overlap, shape, layout, blocks, monkey
     def kernel(lp, a, b):
         return shipped(dataclasses.replace(lp, overlap=overlap), a, b, ring=ring, gather=gather)
 
-    monkeypatch.setattr(_kernels, "summa", kernel)
+    monkeypatch.setattr(_kernels.grid, "summa", kernel)  # where the summa body looks it up
     monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())  # no plan compiled with another kernel
     k = 17 if blocks else 24  # 24: every travelling block meets one owner's run (the per-step broadcast)
     a, b, c = operands(hash((ring, gather, shape, layout)) % 1000, 13, 11, k, False, True)

@@ -869,7 +869,7 @@ def test_a_plain_half_precision_gemm_on_an_accelerator_writes_its_dtype(monkeypa
     the result's dtype (the library accumulates in float32 and rounds once), as
     jnp.dot's is: a float32 result cast after cost 5-8% at n = 8192 on an H200.
     With an epilogue, or on CPU, the GEMM writes float32 and the epilogue rounds."""
-    from dmatmul.backends.jax import _kernels
+    from dmatmul.backends.jax._kernels import common as kernels_common  # where contract() looks it up
 
     rng = np.random.default_rng(17)
     a, b, _ = operands(rng, 11, 5, 3, ta, tb, dtype=dtype)  # sizes no other test plans (a fresh trace)
@@ -880,7 +880,7 @@ def test_a_plain_half_precision_gemm_on_an_accelerator_writes_its_dtype(monkeypa
         return f, f.lower(ja, jb).as_text()
 
     short = {"bfloat16": "bf16", "float16": "f16"}[dtype]
-    monkeypatch.setattr(_kernels, "traced_platform", lambda: "gpu")
+    monkeypatch.setattr(kernels_common, "traced_platform", lambda: "gpu")
     f, text = lowered()
     dots = [line for line in text.splitlines() if "dot_general" in line]
     assert dots and all(f"x{short}>" in line.split("->")[-1] for line in dots), dots

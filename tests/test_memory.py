@@ -149,7 +149,7 @@ def test_an_operand_gathered_whole_on_every_device_is_named(monkeypatch):
 
 
 def test_devices_that_report_their_memory_are_judged_on_it(monkeypatch):
-    from dmatmul.backends.jax import _backend
+    from dmatmul.backends.jax import _backend, _compile
 
     a, b = np.ones((64, 32), np.float32), np.ones((32, 48), np.float32)
     plan = _backend.JaxBackend().plan(
@@ -168,8 +168,8 @@ def test_devices_that_report_their_memory_are_judged_on_it(monkeypatch):
         def memory_stats(self):
             return self.stats
 
-    assert _backend._device_room([Device(100, 10), Device(100, 40)]) == 60
-    assert _backend._device_room([Device(100, 10), type("Cpu", (), {"memory_stats": lambda self: None})()]) is None
+    assert _compile._device_room([Device(100, 10), Device(100, 40)]) == 60
+    assert _compile._device_room([Device(100, 10), type("Cpu", (), {"memory_stats": lambda self: None})()]) is None
 
 
 def test_the_repeated_call_path_does_not_judge_again(monkeypatch):

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from ..._distribution import Distribution, Slab
-from . import _layout
+from . import _exchange, _layout
 
 
 def _steps(
@@ -39,7 +39,7 @@ def _jitted(
     def move(v: jax.Array) -> jax.Array:
         if pad:
             v = _layout.pad(v, src)
-        v = _layout.redistribute(v, src, dst, geom)
+        v = _exchange.redistribute(v, src, dst, geom)
         return _layout.unpad(v, dst) if unpad else v
 
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
