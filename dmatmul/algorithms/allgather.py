@@ -4,9 +4,7 @@ all-gather and one GEMM; bidirectional, two rings, half of each block each way).
 
 from __future__ import annotations
 
-import dataclasses
-
-from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D, Role
+from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D, Role, ring_schedules
 
 _RINGS = (
     Kernel("allgather", "M", "N", "M", moving="b"),
@@ -19,11 +17,7 @@ _RINGS = (
 class AllGather(Algorithm):
     name = "allgather"
     summary = "AllGather+GEMM: the moving operand's blocks travel a ring, each beside a GEMM"
-    kernels = (
-        *_RINGS,
-        *(dataclasses.replace(kern, schedule="one_shot") for kern in _RINGS),
-        *(dataclasses.replace(kern, schedule="bidirectional") for kern in _RINGS),
-    )
+    kernels = ring_schedules(_RINGS)
 
     def cost(self, problem: Problem1D, kernel: Kernel, steps: float) -> tuple[float, float]:
         p = problem.p

@@ -16,7 +16,10 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Literal
 
-__all__ = ["Role", "Schedule", "SCHEDULES", "Operand", "OPERANDS", "Kernel", "Problem1D", "GemmShape", "Algorithm"]
+__all__ = [
+    "Role", "Schedule", "SCHEDULES", "Operand", "OPERANDS", "Kernel", "Problem1D", "GemmShape", "Algorithm",
+    "ring_schedules",
+]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
 #: How a kernel communicates: "ring", P - 1 point-to-point steps, each beside a GEMM of one block;
@@ -50,6 +53,12 @@ class Kernel:
 
     def role(self, operand: Operand) -> Role:
         return {"a": self.a, "b": self.b, "d": self.d}[operand]
+
+
+def ring_schedules(rings: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """A ring algorithm's kernels under each schedule: ring, one-shot, bidirectional."""
+    return (*rings, *(dataclasses.replace(kern, schedule="one_shot") for kern in rings),
+            *(dataclasses.replace(kern, schedule="bidirectional") for kern in rings))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,9 +4,7 @@ one-shot, one GEMM of the whole partial product and one reduce-scatter)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D
+from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D, ring_schedules
 
 _RINGS = (
     Kernel("reduce_scatter", "K", "K", "M"),
@@ -17,11 +15,7 @@ _RINGS = (
 class ReduceScatter(Algorithm):
     name = "reduce_scatter"
     summary = "GEMM+ReduceScatter: partial sums of the result's blocks travel a ring"
-    kernels = (
-        *_RINGS,
-        *(dataclasses.replace(kern, schedule="one_shot") for kern in _RINGS),
-        *(dataclasses.replace(kern, schedule="bidirectional") for kern in _RINGS),
-    )
+    kernels = ring_schedules(_RINGS)
 
     def cost(self, problem: Problem1D, kernel: Kernel, steps: float) -> tuple[float, float]:
         p = problem.p
