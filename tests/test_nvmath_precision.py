@@ -128,7 +128,7 @@ def test_precision_reaches_the_translation_options(precision, want):
     from dmatmul.backends.nvmath._translate import Problem, translate
 
     ops = Operands(np.ones((8, 4), np.float32), np.ones((4, 6), np.float32))
-    spec, _ = _validate(ops, distribution=dm.Slab.X, alpha=1.0, beta=0.0, transpose_a=False, transpose_b=False,
+    spec, _, _ = _validate(ops, distribution=dm.Slab.X, alpha=1.0, beta=0.0, transpose_a=False, transpose_b=False,
                      epilog=None, backend="nvmath", algorithm="auto", precision=precision, devices=None)
     tr = translate(Problem.from_spec(spec, 2, ("C", "C", None)))
     assert dict(tr.options).get("compute_type") == want
