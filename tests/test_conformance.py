@@ -186,7 +186,7 @@ _JAX_NAMES = {"jax", "jnp", "jaxlib"}
 #: (which *are* the JAX backend's kernels) and the differential driver of
 #: ``dmatmul check``, which makes jax.Arrays and JAX transformations of
 #: dm.matmul on purpose (a test harness, as the CLI is).
-_NOT_CORE = {"jax.py", "_check.py"}
+_NOT_CORE = {"jax.py"}  # (dmatmul.testing, a package of its own, builds JAX operands on purpose)
 
 
 def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
