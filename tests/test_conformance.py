@@ -183,10 +183,10 @@ def test_no_front_end_module_reaches_into_a_backend():
 
 _JAX_NAMES = {"jax", "jnp", "jaxlib"}
 #: Modules of dmatmul/ outside the neutral core: the public JAX building blocks
-#: (which *are* the JAX backend's kernels) and the differential driver of
-#: ``dmatmul check``, which makes jax.Arrays and JAX transformations of
+#: (which *are* the JAX backend's kernels). dmatmul.testing, a package of its
+#: own and not read here, makes jax.Arrays and JAX transformations of
 #: dm.matmul on purpose (a test harness, as the CLI is).
-_NOT_CORE = {"jax.py"}  # (dmatmul.testing, a package of its own, builds JAX operands on purpose)
+_NOT_CORE = {"jax.py"}
 
 
 def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
