@@ -81,7 +81,8 @@ def test_gloo_connection_lines_stay_out_of_the_output(n):
     if n == 2:
         loud = launch(n, "tests/mpi/quiet.py", timeout=180, env={"DMATMUL_VERBOSE": "1"})
         assert loud.returncode == 0, loud.stdout + loud.stderr
-        assert "[Gloo] Rank 0 is connected to 1 peer ranks" in loud.stdout, loud.stdout + loud.stderr
+        # (the two ranks' gloo lines come through mpiexec, which may interleave them mid-line: count their ends)
+        assert loud.stdout.count("connected peer ranks is : 1") >= n, loud.stdout + loud.stderr
 
 
 @pytest.mark.parametrize("n, mode", [(2, "full"), (4, "--quick")])
