@@ -20,7 +20,8 @@ import numpy as np
 from . import _runtime
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
-from ._spec import Operands, Spec, array_module, check_fit, numpy_dtype, precise
+from ._problem import Spec
+from ._spec import Operands, array_module, check_fit, numpy_dtype, precise
 
 __all__ = ["EmptyProduct", "EmptyPlan"]
 
@@ -46,8 +47,8 @@ class EmptyProduct:
         return EmptyPlan(spec, getattr(self.backend, "place", None))
 
 
-def _at_least_1(shape: tuple[int, int]) -> tuple[int, int]:
-    return (max(shape[0], 1), max(shape[1], 1))
+def _at_least_1(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(max(d, 1) for d in shape)
 
 
 class EmptyPlan:

@@ -32,9 +32,10 @@ from ._empty import EmptyProduct
 from ._epilogue import EPILOGS, Epilog, EpilogName
 from ._errors import PlanFreedError
 from ._lru import LRU
-from ._options import _DOCS, _OPERAND_NAMES, MatmulOptions, Options, byte_swapped, check_reset
+from ._options import _DOCS, _OPERAND_NAMES, MatmulOptions, byte_swapped, check_reset
 from ._options import _held, _shapes
 from ._options import validate as _validate
+from ._problem import Spec
 from ._spec import (
     DTYPES,
     KINDS,
@@ -42,7 +43,6 @@ from ._spec import (
     BackendName,
     Operands,
     PrecisionName,
-    Spec,
     refuse_trace_under_mpi,
     refuse_unusable,
 )
@@ -117,7 +117,7 @@ class Matmul:
     ) -> None:
         self._operands = Operands(a, b, c, bias)
         swapped = byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
-        self._spec, runs_on, self._options = _validate(
+        self._spec, runs_on = _validate(
             self._operands, _MAKER.get(), distribution=distribution, alpha=alpha, beta=beta, transpose_a=transpose_a,
             transpose_b=transpose_b, epilog=epilog, backend=backend, algorithm=algorithm, precision=precision,
             devices=devices,
@@ -350,7 +350,6 @@ class Matmul:
                 self._told = self._told_now()  # what it was, should none follow
                 self._plan.free()
             self._spec, self._plan, self._agreed = spec, None, False  # scalars are compiled in: re-plan
-            self._options = self._options._scaled_for(spec.alpha, spec.beta)
             self._backend = self._routed()  # (alpha == 0, or no longer)
 
     def _reset(
@@ -452,7 +451,7 @@ def _product(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
         ("the global shape of a", spec.a_shape),
         ("the global shape of b", spec.b_shape),
         ("dtype", spec.dtype),
-        *Options.agreed_in(spec, backend),
+        *spec.options.agreed(backend),
         ("whether c is read", spec.use_c),
     )
 

@@ -14,167 +14,37 @@ every rank, before any collective of the product.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import enum
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import numpy as np
 
 from . import _runtime
-from . import algorithms as _algorithms
 from . import backends as _backends
-from ._distribution import Distribution, one_of
-from ._epilogue import EPILOGS, TABLE, Epilog, EpilogName, has_bias
+from ._distribution import Distribution
+from ._epilogue import TABLE, Epilog, EpilogName, has_bias
 from ._errors import DistributionError
+from ._problem import Options, Spec, _require_number
 from ._spec import (
-    ALGORITHMS,
     DTYPES,
     AlgorithmName,
     BackendName,
     Operands,
     PrecisionName,
-    Spec,
     as_matrix,
     check_devices,
-    check_distribution,
     dtype_name,
     family,
     kind,
     native_order,
-    normalize_precision,
     refuse_spanning,
     refuse_trace_under_mpi,
     refuse_unusable,
     to_numpy,
 )
-
-Triple = tuple[Distribution, Distribution, Distribution]
-
-#: What ranks compare of a field, where that is not the field by its own name: one name per item
-_NAMES = "agreed as"
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Every keyword of :func:`dmatmul.matmul` and :class:`dmatmul.Matmul` but
-    the operands (their meaning: ``help(dmatmul.matmul)``), normalized and
-    validated when made: a TypeError or ValueError naming the keyword, what
-    it takes and what was given. ``alpha`` and ``beta`` are checked to be
-    numbers here and against the operands' dtype by :func:`validate`, which
-    puts their values for that dtype in their place."""
-
-    distribution: Triple | None = dataclasses.field(default=None, metadata={_NAMES: (
-        "the distribution of a", "the distribution of b", "the distribution of the result")})
-    alpha: complex = 1.0
-    beta: complex = 0.0
-    transpose_a: bool = False
-    transpose_b: bool = False
-    epilog: Epilog | None = None
-    backend: str = "auto"
-    algorithm: str = "auto"
-    precision: str | None = None
-    devices: int | tuple[Any, ...] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("transpose_a", "transpose_b"):
-            self._set(name, _require_bool(getattr(self, name), name))
-        self._set("epilog", _epilog_by_name(self.epilog))
-        for name in ("alpha", "beta"):
-            self._set(name, _require_number(getattr(self, name), name))
-        self._set("distribution", _distribution_as_triple(self.distribution))
-        self._set("backend", _require_backend_name(self.backend))
-        self._set("algorithm", _require_algorithm_name(self.algorithm))
-        self._set("precision", normalize_precision(self.precision))
-        self._set("devices", check_devices(self.devices, spmd=False))
-
-    def _set(self, name: str, value: Any) -> None:
-        if value is not getattr(self, name):
-            object.__setattr__(self, name, value)  # (frozen: only __post_init__ writes, to normalize)
-
-    def _scaled_for(self, alpha: complex, beta: complex) -> Options:
-        """These options with ``alpha`` and ``beta`` as the operands' dtype computes
-        with them (checked by :func:`_scalar`: nothing to check again, as
-        ``dataclasses.replace`` would, on every call)."""
-        new = copy.copy(self)
-        object.__setattr__(new, "alpha", alpha)
-        object.__setattr__(new, "beta", beta)
-        return new
-
-    def agreed(self) -> tuple[tuple[str, Any], ...]:
-        """Every field as ``(name, value)`` pairs, named as the user wrote them:
-        what ranks compare (:func:`dmatmul._runtime.require_same_call`)."""
-        return _agreed(lambda name: getattr(self, name))
-
-    @staticmethod
-    def agreed_in(spec: Spec, backend: str) -> tuple[tuple[str, Any], ...]:
-        """:meth:`agreed` of the options a plan's spec was made with, read off the
-        spec (as the backends have them: ``backend`` is the one that plans)."""
-        return _agreed(lambda name: backend if name == "backend" else getattr(spec, _IN_SPEC.get(name, name)))
-
-
-#: The fields of :class:`Options` that :class:`dmatmul._spec.Spec` names otherwise
-_IN_SPEC = {"distribution": "distributions"}
-
-
-def _agreed(value_of: Callable[[str], Any]) -> tuple[tuple[str, Any], ...]:
-    pairs: list[tuple[str, Any]] = []
-    for field in dataclasses.fields(Options):
-        value = value_of(field.name)
-        names = field.metadata.get(_NAMES)
-        if names is None:
-            pairs.append((field.name, value))
-        else:  # one pair per item (the distribution of a, of b, of the result)
-            pairs.extend(zip(names, value if value is not None else (None,) * len(names)))
-    return tuple(pairs)
-
-
-def _require_bool(flag: Any, name: str) -> bool:
-    if not isinstance(flag, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {flag!r}")
-    return bool(flag)
-
-
-def _epilog_by_name(epilog: Any) -> Epilog | None:
-    if not one_of(epilog, EPILOGS):
-        raise ValueError(f"epilog must be one of {EPILOGS}, got {epilog!r}")
-    return Epilog.of(epilog)
-
-
-def _require_backend_name(backend: Any) -> str:
-    if not one_of(backend, _backends.NAMES):
-        raise ValueError(f"backend must be one of {_backends.NAMES}, got {backend!r}")
-    return str(backend)
-
-
-def _require_algorithm_name(algorithm: Any) -> str:
-    # the contract's names, and any algorithm registered beside them (dmatmul.algorithms.register)
-    names = (*ALGORITHMS, *(name for name in _algorithms.ALGORITHMS if name not in ALGORITHMS))
-    if not one_of(algorithm, ("auto", *names)):
-        raise ValueError(f"algorithm must be 'auto' or one of {names}, got {algorithm!r}")
-    return str(algorithm)
-
-
-def _require_number(x: Any, name: str) -> Any:
-    """``x`` if it is a Python or numpy number (a bfloat16 scalar as its Python
-    float), else a TypeError; its dtype is checked by :func:`_scalar`."""
-    plain = type(x) is float or type(x) is int  # (a real number, not a bool: the checks below, without the ABCs)
-    if plain:
-        return x
-    if isinstance(x, np.generic) and not isinstance(x, numbers.Number) \
-            and dtype_name(x.dtype) in DTYPES:  # a bfloat16 scalar: ml_dtypes registers it as no numbers type
-        x = x.item()  # (its value, as a Python float)
-    if isinstance(x, bool) or not isinstance(x, numbers.Number):
-        fix = ""
-        if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array (numpy, jax), or a traced value
-            scaled = "dm.matmul(alpha * a, b, ...)" if name == "alpha" else "dm.matmul(a, b, beta * c, beta=1.0, ...)"
-            fix = (f": {name} is compiled into the plan, so it is a Python or numpy number (float({name}) of a "
-                   f"concrete 0-d array); to scale by an array or a traced value, scale the operand: {scaled}")
-        raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__}){fix}")
-    return x
-
 
 def _op_shape(name: str, shape: tuple[int, int], transposed: bool) -> str:
     op = (shape[1], shape[0]) if transposed else shape
@@ -233,46 +103,9 @@ def _beta_needs_c(beta: Any, fix: str) -> str:
     return f"beta={beta!r} needs c: the result is alpha*op(a)@op(b) + beta*c, and no c was given: {fix}"
 
 
-def _distribution_as_triple(distribution: Any) -> Triple | None:
-    if distribution is None:
-        return None
-    if isinstance(distribution, Distribution):
-        return (distribution, distribution, distribution)
-    if isinstance(distribution, (tuple, list)):
-        if len(distribution) != 3:
-            raise ValueError(
-                "distribution must be one Distribution or a triple (dist_a, dist_b, dist_result), "
-                f"got a sequence of length {len(distribution)}"
-            )
-        for name, d in zip(("a", "b", "result"), distribution):
-            check_distribution(d, f"distribution of {name}")
-        return (distribution[0], distribution[1], distribution[2])
-    raise TypeError(
-        "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "
-        f"got {type(distribution).__name__}"
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Checked:
-    """What the local checks established (phase 1 of validation): the options,
-    their scalars as the operands' dtype computes with them, and what the
-    operands tell."""
-
-    dtype: str
-    options: Options
-    shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]  # a, b, c as given here
-    bias_shape: tuple[int, ...] | None
-
-    def call(self) -> tuple[tuple[str, Any], ...]:
-        """The fields every rank's call must agree on (all but the local blocks), named
-        as the user wrote them."""
-        return (("dtype", self.dtype), *self.options.agreed(),
-                ("whether c is given", self.shapes[2] is not None), ("the shape of bias", self.bias_shape))
-
-
-def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> _Checked:
-    """Phase 1: everything one rank can check alone (types, dtypes, names)."""
+def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
+    """Phase 1: everything one rank can check alone (types, dtypes, names); the
+    Spec of this rank's blocks (its shapes are theirs)."""
     if spmd:
         refuse_trace_under_mpi(ops.a, ops.b, ops.c, ops.bias)
     given = _given_as(ops)
@@ -307,13 +140,9 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> _Chec
         )
     if spmd:
         check_devices(opts.devices, spmd=True)
-    shape = lambda x: (int(x.shape[0]), int(x.shape[1]))  # noqa: E731
-    return _Checked(
-        dtype=dtype,
-        options=opts._scaled_for(alpha, beta),
-        shapes=(shape(ops.a), shape(ops.b), None if ops.c is None else shape(ops.c)),
-        bias_shape=bias_shape,
-    )
+    shape = lambda x: tuple(int(d) for d in x.shape)  # noqa: E731
+    return Spec(shape(ops.a), shape(ops.b), dtype, opts._scaled_for(alpha, beta), family=ops.family,
+                c_shape=None if ops.c is None else shape(ops.c), bias_shape=bias_shape)
 
 
 def _check_bias(ops: Operands, epilog: Epilog | None, dtype: str) -> tuple[int, ...] | None:
@@ -350,43 +179,21 @@ def _check_bias(ops: Operands, epilog: Epilog | None, dtype: str) -> tuple[int, 
     return bias_shape
 
 
-def _check_global(
-    ops: Operands, chk: _Checked, a_shape: tuple[int, int], b_shape: tuple[int, int],
-    c_shape: tuple[int, int] | None, nprocs: int,
-) -> Spec:
-    """Phase 2: the product's global shapes agree (deterministic on every rank)."""
-    o = chk.options
-    ta, tb = o.transpose_a, o.transpose_b
-    k_a = a_shape[0] if ta else a_shape[1]
-    k_b = b_shape[1] if tb else b_shape[0]
-    if k_a != k_b:
+def _check_global(ops: Operands, spec: Spec, nprocs: int) -> Spec:
+    """Phase 2: the product's global shapes (``spec``'s, once ranks agreed) fit
+    together (deterministic on every rank); the Spec on ``nprocs`` processes."""
+    ta, tb = spec.transpose_a, spec.transpose_b
+    if spec.k != (spec.b_shape[-1] if tb else spec.b_shape[-2]):
         raise ValueError(
-            f"a and b: inner dimensions differ: {_op_shape('a', a_shape, ta)} but "
-            f"{_op_shape('b', b_shape, tb)}; op(a) must be (M, K) and op(b) (K, N)"
+            f"a and b: inner dimensions differ: {_op_shape('a', spec.shapes['a'], ta)} but "
+            f"{_op_shape('b', spec.shapes['b'], tb)}; op(a) must be (M, K) and op(b) (K, N)"
         )
-    m = a_shape[1] if ta else a_shape[0]
-    n = b_shape[0] if tb else b_shape[1]
-    if c_shape is not None and c_shape != (m, n):
-        raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {c_shape}")
-    bias_columns = ops.bias is not None and _bias_columns(tuple(ops.bias.shape), m, n)
-    return Spec(
-        a_shape=a_shape,
-        b_shape=b_shape,
-        dtype=chk.dtype,
-        transpose_a=ta,
-        transpose_b=tb,
-        distributions=o.distribution,
-        alpha=o.alpha,
-        beta=o.beta,
-        use_c=ops.c is not None and o.beta != 0,
-        epilog=o.epilog,
-        algorithm=o.algorithm,
-        family=ops.family,
-        devices=o.devices,
-        nprocs=nprocs,
-        precision=o.precision,
-        bias_columns=bias_columns,
-    )
+    m, n = spec.m, spec.n
+    if spec.c_shape is not None and spec.c_shape != spec.result_shape:
+        raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {spec.c_shape}")
+    if spec.bias_shape is not None:
+        _bias_columns(spec.bias_shape, m, n)  # a bias that fits neither way raises
+    return dataclasses.replace(spec, nprocs=nprocs) if nprocs != spec.nprocs else spec
 
 
 def _bias_columns(shape: tuple[int, ...], m: int, n: int) -> bool:
@@ -408,10 +215,10 @@ def _bias_columns(shape: tuple[int, ...], m: int, n: int) -> bool:
     )
 
 
-def validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tuple[Spec, str | None, Options]:
-    """Check everything that needs no backend; return the plan's Spec,
-    (several processes) the backend every rank's ``backend=`` found, and the
-    :class:`Options` of the call (its scalars as the operands' dtype has them).
+def validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tuple[Spec, str | None]:
+    """Check everything that needs no backend; return the plan's Spec (its
+    :class:`Options` with the scalars as the operands' dtype has them) and
+    (several processes) the backend every rank's ``backend=`` found.
 
     Under several processes one small allgather carries every rank's verdict
     on its local checks, its call (dtype, transposes, distributions, scalars,
@@ -422,46 +229,48 @@ def validate(ops: Operands, what: str = "dmatmul.Matmul", **options: Any) -> tup
     """
     rt = _runtime.active()
     if rt is None or rt.size == 1:
-        chk = _check_local(ops, options, spmd=False)
-        return _check_global(ops, chk, *chk.shapes, nprocs=1), None, chk.options
+        return _check_global(ops, _check_local(ops, options, spmd=False), nprocs=1), None
 
-    def check() -> tuple[_Checked, str]:
-        chk = _check_local(ops, options, spmd=True)
-        return chk, _backends.resolve(chk.options.backend).name  # what "auto" finds on this rank's node
+    def check() -> tuple[Spec, str]:
+        local = _check_local(ops, options, spmd=True)
+        return local, _backends.resolve(local.options.backend).name  # what "auto" finds on this rank's node
 
-    (chk, runs_on), shared = _runtime.agree_and_share(check, lambda got: (got[0].call(), got[0].shapes, got[1]), what)
+    def told(got: tuple[Spec, str]) -> tuple[Any, ...]:
+        return got[0].call(), (got[0].a_shape, got[0].b_shape, got[0].c_shape), got[1]
+
+    (local, runs_on), shared = _runtime.agree_and_share(check, told, what)
     _runtime.require_same_call([call for call, _, _ in shared], what)
-    found = _runtime.disagreement([name for _, _, name in shared], f"the backend that backend={chk.options.backend!r} finds",
-                                  verbs=("finds", "find"))
+    found = _runtime.disagreement([name for _, _, name in shared],
+                                  f"the backend that backend={local.options.backend!r} finds", verbs=("finds", "find"))
     if found is not None:  # each rank would run another backend's collectives
         raise ValueError(f"{what}: {found} (this is rank {rt.rank}): every rank needs the same backends installed "
                          "and usable (`dmatmul info` on each says which), or name one: backend='jax'")
-    gathered = [shapes for _, shapes, _ in shared]
-    dists = chk.options.distribution
+    a_shape, b_shape, c_shape = _global_shapes(local, [shapes for _, shapes, _ in shared], rt.rank)
+    return _check_global(ops, dataclasses.replace(local, a_shape=a_shape, b_shape=b_shape, c_shape=c_shape),
+                         nprocs=rt.size), runs_on
+
+
+def _global_shapes(local: Spec, gathered: list[tuple[Any, ...]], rank: int) -> tuple[Any, ...]:
+    """The global shapes of a, b and c from every rank's blocks (``gathered``:
+    each rank's (a, b, c) shapes), as nvmath infers them."""
+    dists = local.distributions
     assert dists is not None
-
-    def infer() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]:
-        out: list[tuple[int, int]] = []
-        for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
-            try:
-                out.append(dist.global_shape([g[i] for g in gathered]))
-            except DistributionError as e:
-                raise DistributionError(f"{name}: {e} (this is rank {rt.rank})") from None
-        a_shape, b_shape = out
-        if gathered[0][2] is None:  # no c (every rank agreed on that)
-            return a_shape, b_shape, None
-        # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
-        m = a_shape[1] if chk.options.transpose_a else a_shape[0]
-        n = b_shape[0] if chk.options.transpose_b else b_shape[1]
+    out: list[tuple[int, ...]] = []
+    for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
         try:
-            dists[2].check_blocks([g[2] for g in gathered], (m, n), "of the result (M, N), from a and b")
+            out.append(dist.global_shape([g[i] for g in gathered]))
         except DistributionError as e:
-            raise DistributionError(f"c: {e} (this is rank {rt.rank})") from None
-        return a_shape, b_shape, (m, n)
-
-    a_shape, b_shape, c_shape = infer()
-    return _check_global(ops, chk, a_shape, b_shape, c_shape, nprocs=rt.size), runs_on, chk.options
-
+            raise DistributionError(f"{name}: {e} (this is rank {rank})") from None
+    a_shape, b_shape = out
+    if gathered[0][2] is None:  # no c (every rank agreed on that)
+        return a_shape, b_shape, None
+    # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
+    result = dataclasses.replace(local, a_shape=a_shape, b_shape=b_shape).shapes["d"]
+    try:
+        dists[2].check_blocks([g[2] for g in gathered], result, "of the result (M, N), from a and b")
+    except DistributionError as e:
+        raise DistributionError(f"c: {e} (this is rank {rank})") from None
+    return a_shape, b_shape, result
 
 
 def check_reset(
@@ -500,15 +309,13 @@ def check_reset(
             held.refuse_moved(value, old, name)  # (the result would come back where the plan's operands were)
         setattr(new, name, native_order(value))
     if alpha is not None or beta is not None:
-        spec = dataclasses.replace(
-            spec,
-            alpha=spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
-            beta=spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
-        )
-        if spec.beta != 0 and new.c is None:
+        spec = dataclasses.replace(spec, options=spec.options._scaled_for(
+            spec.alpha if alpha is None else _scalar(alpha, "alpha", spec.dtype),
+            spec.beta if beta is None else _scalar(beta, "beta", spec.dtype),
+        ))
+        if spec.beta != 0 and spec.c_shape is None:
             raise ValueError("reset_operands: " + _beta_needs_c(
                 beta, "the plan was made without c; make a new Matmul with c, or leave beta=0"))
-        spec = dataclasses.replace(spec, use_c=new.c is not None and spec.beta != 0)
     return new, swapped, spec
 
 

@@ -28,14 +28,13 @@ from typing import Any, Literal, cast, get_args
 import numpy as np
 
 from ._distribution import Distribution, to_numpy
-from ._epilogue import Epilog, has_bias
 from ._errors import DistributionError
 
 __all__ = [
-    "DTYPES", "ALGORITHMS", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
+    "DTYPES", "ALGORITHMS", "BACKENDS", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
     "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
     "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
-    "family", "dtype_name", "as_matrix", "native_order", "Operands", "Spec", "check_distribution", "check_fit",
+    "family", "dtype_name", "as_matrix", "native_order", "Operands", "check_distribution", "check_fit",
 ]
 
 DtypeName = Literal["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
@@ -48,6 +47,8 @@ Family = Literal["numpy", "jax", "cupy", "other"]
 
 DTYPES: tuple[str, ...] = get_args(DtypeName)
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+#: The ``backend=`` values (:data:`dmatmul.backends.NAMES` is the table's, and tests hold them equal)
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 #: ``precision=``: None follows the framework's default; the others mean what they mean for ``jnp.dot``
 PRECISIONS: tuple[str | None, ...] = (None, *get_args(PrecisionName))
 #: the other names ``jax.lax.Precision`` takes, each for one of :data:`PRECISIONS`
@@ -165,8 +166,8 @@ class ArrayKind:
         """Whether ``x`` is one of its arrays."""
         return False
 
-    def claims(self, spec: Spec) -> bool:
-        """Whether a product of ``spec`` is its backend's to run, whatever
+    def claims(self, spec: Any) -> bool:
+        """Whether a product of ``spec`` (a :class:`dmatmul._problem.Spec`) is its backend's to run, whatever
         ``backend="auto"`` would prefer (JAX: a trace's, or one on jax.Arrays)."""
         return False
 
@@ -336,78 +337,6 @@ class Operands:
             if f in fams:
                 return f
         return "numpy"
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """Everything a backend needs to plan one product; hashable (a cache key).
-
-    Shapes are global and *stored* (``a_shape`` is ``(K, M)`` when
-    ``transpose_a``). ``distributions`` is ``(dist_a, dist_b, dist_result)``
-    or None (one process: the planner picks).
-    """
-
-    a_shape: tuple[int, int]
-    b_shape: tuple[int, int]
-    dtype: str
-    transpose_a: bool
-    transpose_b: bool
-    distributions: tuple[Distribution, Distribution, Distribution] | None
-    alpha: complex
-    beta: complex
-    use_c: bool
-    epilog: Epilog | None
-    algorithm: str
-    family: str
-    devices: Any = None
-    nprocs: int = 1  # > 1: several processes, operands are local blocks
-    precision: str | None = None
-    bias_columns: bool = False  # the bias holds one value per result column (shape (1, N)), not per row
-
-    @property
-    def spmd(self) -> bool:
-        return self.nprocs > 1
-
-    @property
-    def m(self) -> int:
-        return self.a_shape[1] if self.transpose_a else self.a_shape[0]
-
-    @property
-    def k(self) -> int:
-        return self.a_shape[0] if self.transpose_a else self.a_shape[1]
-
-    @property
-    def n(self) -> int:
-        return self.b_shape[0] if self.transpose_b else self.b_shape[1]
-
-    @property
-    def has_bias(self) -> bool:
-        return has_bias(self.epilog)
-
-    @property
-    def degenerate(self) -> bool:
-        """An empty product (K = 0: the result is ``beta*C``; M or N = 0: empty)."""
-        return 0 in (self.m, self.n, self.k)
-
-    @property
-    def reads_ab(self) -> bool:
-        """Whether A and B are read: not where the product is empty, nor where
-        ``alpha == 0`` (BLAS: the result is then ``epilog(beta*C [+ bias])``,
-        NaN or Inf in A and B do not reach it)."""
-        return not self.degenerate and self.alpha != 0
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, int]]:
-        """The stored global shapes of "a", "b" and the result "d"."""
-        return {"a": self.a_shape, "b": self.b_shape, "d": (self.m, self.n)}
-
-    @property
-    def transposes(self) -> dict[str, bool]:
-        return {"a": self.transpose_a, "b": self.transpose_b, "d": False}
-
-    @property
-    def dtype_info(self) -> DtypeInfo:
-        return DTYPE_INFO[self.dtype]
 
 
 def check_distribution(d: Any, what: str) -> Distribution:

@@ -15,8 +15,8 @@ N = 4
 
 
 def _tr(dists, orders=("C", "C", None), nranks=N, epilog=None):
-    return translate(Problem(16, 8, 12, nranks, False, False, dists, orders, epilog=epilog) if epilog
-                     else Problem(16, 8, 12, nranks, False, False, dists, orders))
+    return translate(Problem.of(16, 8, 12, nranks, False, False, dists, orders, epilog=epilog) if epilog
+                     else Problem.of(16, 8, 12, nranks, False, False, dists, orders))
 
 
 AG = (Replicated(), Slab.Y, Slab.X)  # AllGather+GEMM, not swapped: nvmath B is the user's b
@@ -85,7 +85,7 @@ UNEVEN = (16, 8, 10)  # n = 10 on 4 ranks as [3, 3, 2, 2]: rank 3 pads its B (th
 
 def _ag(n):
     m, k, _ = UNEVEN
-    t = translate(Problem(m, n, k, N, False, False, AG, ("F", "F", None)))
+    t = translate(Problem.of(m, n, k, N, False, False, AG, ("F", "F", None)))
     assert t.path == "AG+GEMM" and not t.swapped and t.handover("b").slot == "B"
     return t
 

@@ -86,8 +86,8 @@ def test_precision_spellings():
         HIGH = 1
         HIGHEST = 2
 
-    assert P.compute_type("float32", Precision.HIGH) == "COMPUTE_32F_FAST_TF32"
-    assert P.compute_type("float32", Precision.DEFAULT) is None
+    assert P.compute_type("float32", P.normalize_precision(Precision.HIGH)) == "COMPUTE_32F_FAST_TF32"
+    assert P.compute_type("float32", P.normalize_precision(Precision.DEFAULT)) is None
     assert P.compute_type("float32", "highest") == "COMPUTE_32F"
     for alias, level in (("tensorfloat32", "high"), ("float32", "highest"), ("bfloat16", "default"),
                          ("fastest", "default"), ("bfloat16_3x", "high")):
@@ -103,7 +103,7 @@ def test_jax_precision_enum():
 @pytest.mark.parametrize("bad", ["medium", "", 3, ("high", "high"), "HIGHEST", " high"])
 def test_bad_precision_names_the_keyword_and_the_choices(bad):
     with pytest.raises(ValueError, match=r"precision must be one of None, 'default', 'high', 'highest' .*got"):
-        P.compute_type("float32", bad)
+        P.normalize_precision(bad)
 
 
 @pytest.mark.parametrize("bad", ["int32", np.int8, "float8_e4m3fn"])
@@ -128,7 +128,7 @@ def test_precision_reaches_the_translation_options(precision, want):
     from dmatmul.backends.nvmath._translate import Problem, translate
 
     ops = Operands(np.ones((8, 4), np.float32), np.ones((4, 6), np.float32))
-    spec, _, _ = _validate(ops, distribution=dm.Slab.X, alpha=1.0, beta=0.0, transpose_a=False, transpose_b=False,
+    spec, _ = _validate(ops, distribution=dm.Slab.X, alpha=1.0, beta=0.0, transpose_a=False, transpose_b=False,
                      epilog=None, backend="nvmath", algorithm="auto", precision=precision, devices=None)
     tr = translate(Problem.from_spec(spec, 2, ("C", "C", None)))
     assert dict(tr.options).get("compute_type") == want

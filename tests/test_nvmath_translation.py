@@ -46,8 +46,8 @@ TRANSPOSES = list(itertools.product((False, True), repeat=2))
 # independent helpers
 # --------------------------------------------------------------------------- #
 def problem(m, n, k, P, dists, ta=False, tb=False, orders=("C", "C", None), **kw):
-    return T.Problem(m=m, n=n, k=k, nranks=P, transpose_a=ta, transpose_b=tb, distributions=dists,
-                     orders=orders, **kw)
+    return T.Problem.of(m, n, k, P, ta, tb, dists,
+                        orders, **kw)
 
 
 def stored(operand, ta, tb):

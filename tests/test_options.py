@@ -80,8 +80,32 @@ def test_ranks_compare_every_option_of_a_call_and_of_a_plan():
         if name == "backend":
             other = _matmul._product(spec, "nvmath")
         else:
-            field = "distributions" if name == "distribution" else name
             got = getattr(Options(**{name: OTHER[name]}), name)
-            other = _matmul._product(dataclasses.replace(spec, **{field: got}), "jax")
+            other = _matmul._product(dataclasses.replace(spec, options=dataclasses.replace(
+                spec.options, **{name: got})), "jax")
         assert other != product, name
     assert dict(Options(distribution=(X, Y, X)).agreed())["the distribution of b"] == Y
+
+
+def test_one_value_describes_the_product_from_the_call_to_the_kernels():
+    """The Spec the call makes is the one the planner sizes, the kernels read
+    (their per-rank problem, their epilogue) and nvmath's translation takes:
+    no copy of its fields on the way."""
+    from dmatmul._spec import BACKENDS
+    from dmatmul.backends import NAMES
+    from dmatmul.backends.nvmath._translate import Problem
+
+    assert BACKENDS == NAMES  # the backend= names Options checks are the table's
+    a, b, c = np.ones((8, 4), np.float32), np.ones((4, 6), np.float32), np.ones((8, 6), np.float32)
+    with dm.Matmul(a, b, c, beta=0.5, epilog="relu", precision="highest", backend="jax", devices=2,
+                   distribution=dm.Slab.X) as mm:
+        spec, plan = mm._spec, _matmul.plan_of(mm)
+        assert plan.local.spec is spec and plan.epilogue.spec is spec
+        assert (spec.m, spec.n, spec.k, spec.beta, spec.use_c) == (8, 6, 4, 0.5, True)
+        assert (plan.problem.m, plan.problem.n, plan.problem.k) == (spec.m, spec.n, spec.k)
+        problem = Problem.from_spec(spec, 2, ("C", "C", "C"))
+        assert problem.spec is spec and problem.distributions == spec.distributions
+    # the batch dims of a stored shape are the leading ones, broadcast as numpy.matmul does
+    batched = dataclasses.replace(spec, a_shape=(3, 1, 8, 4), b_shape=(5, 4, 6))
+    assert (batched.batch_shape, batched.result_shape, batched.m, batched.k, batched.n) == \
+        ((3, 5), (3, 5, 8, 6), 8, 4, 6)

@@ -27,7 +27,8 @@ from .. import _spec, _world
 
 if TYPE_CHECKING:
     from .._plan import Plan
-    from .._spec import Operands, Spec
+    from .._problem import Spec
+    from .._spec import Operands
     from .._world import Runtime
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..._spec import ArrayKind
 
 if TYPE_CHECKING:
-    from ..._spec import Spec
+    from ..._problem import Spec
 
 __all__ = ["KIND", "JaxArrays", "in_trace", "context_mesh", "in_program"]
 

@@ -10,7 +10,8 @@ from jax.sharding import Mesh
 from ... import _memory, _plan, _runtime
 from ..._distribution import Distribution, Replicated
 from ..._lru import LRU
-from ..._spec import Operands, Spec
+from ..._problem import Spec
+from ..._spec import Operands
 from ._arrays import in_program
 from ._arrays import in_trace as in_jax_trace
 from . import _layout, _start

@@ -52,7 +52,7 @@ class CompiledProduct(PlannedProduct):
         dtype), for ``local`` nothing."""
         spec, p = self.spec, self.nranks
         info = spec.dtype_info
-        shapes = {"a": spec.a_shape, "b": spec.b_shape, "d": (spec.m, spec.n)}
+        shapes = spec.shapes
         blocks = 0
         for op, dist in zip("abd", self.distributions):
             blocks += max(int(np.prod(dist.shape(r, shapes[op], p))) for r in range(p))
@@ -251,7 +251,7 @@ class CompiledProduct(PlannedProduct):
         spec = self.spec
         on_user = {
             op: _on_mesh(dist, user, shape)
-            for op, dist, shape in zip("abd", self.planned, (spec.a_shape, spec.b_shape, (spec.m, spec.n)))
+            for op, dist, shape in zip("abd", self.planned, spec.shapes.values())
         }
         # the result as its distribution says (one on another grid than the product's is computed as Slab.X)
         result = _on_mesh(Replicated() if self.replicated_result is not None else self.distributions[2], user,

@@ -212,7 +212,7 @@ class ExecutingProduct(CompiledProduct):
         """This rank's block of ``op`` as the plan lays it out (from another grid's layout)."""
         if op not in self.foreign:
             return x
-        shape = {"a": self.spec.a_shape, "b": self.spec.b_shape, "d": (self.spec.m, self.spec.n)}[op]
+        shape = self.spec.shapes[op]
         return _moves.redistribute(
             x, self.foreign[op], self.planned["abd".index(op)], shape=shape, family="numpy",
             devices=self.devices, rank=rank,

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ..._spec import Operands, Spec
+from ..._problem import Spec
+from ..._spec import Operands
 from ._arrays import context_mesh, in_program
 from ._arrays import in_trace as in_jax_trace
 from . import _layout

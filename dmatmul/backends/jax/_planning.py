@@ -9,14 +9,14 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from ... import _cost, _memory, _plan
 from ...algorithms import ALGORITHMS
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
-from ..._spec import Operands, Spec, check_fit
+from ..._problem import Spec
+from ..._spec import Operands, check_fit
 from . import _kernels, _layout, _mesh
 from ._mesh import _tracing, mesh_of, plan_devices, trace_mesh
 from ._shardings import _given_distributions, _plain, _sharding_of, _unexpressed
@@ -30,12 +30,6 @@ def _x64(dtype: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-_PRECISIONS = {
-    None: None,  # jax.default_matmul_precision, as jnp.dot
-    "default": jax.lax.Precision.DEFAULT,
-    "high": jax.lax.Precision.HIGH,
-    "highest": jax.lax.Precision.HIGHEST,
-}
 
 
 _OPERANDS = ("a", "b", "d", "bias")  # the compiled function's arguments: a, b, C (as "d": D's layout), bias
@@ -116,25 +110,15 @@ class PlannedProduct:
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, self.user_mesh)
         self.nranks = p = len(self.devices)
         self.model = _cost.model_for(self.devices[0].platform, p)
-        info = spec.dtype_info
-        acc_dtype = jnp.dtype(info.accumulator)
         # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
         # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
-        itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else info.itemsize
-        self.problem = _plan.Problem1D(spec.m, spec.n, spec.k, p, itemsize, info.acc_itemsize, pads=True)
+        itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else None
+        self.problem = spec.sizes(p, itemsize=itemsize, pads=True)
         grid, laid = self._lay_out(operands)
         kern, summa, shared = self._choose(grid, laid)
         schedule = self._place(kern, summa, shared)
-        self.local = self._local_problem(kern, shared, schedule, acc_dtype)
-        self.epilogue = _kernels.Epilogue(
-            alpha=spec.alpha,
-            beta=spec.beta,
-            epilog=spec.epilog,
-            use_c=spec.use_c,
-            has_bias=spec.has_bias,
-            out_dtype=jnp.dtype(spec.dtype),
-            bias_columns=spec.bias_columns,
-        )
+        self.local = self._local_problem(kern, shared, schedule)
+        self.epilogue = _kernels.Epilogue(spec)
         if ALGORITHMS[kern.algorithm].grid and p > 1:
             self.plan = self._summa_cost(self.plan)
         self.algorithm = self.plan.algorithm
@@ -261,7 +245,7 @@ class PlannedProduct:
 
     def _local_problem(
         self, kern: _plan.Kernel, shared: dict[str, _layout.DimMap | None],
-        schedule: _kernels.SummaSchedule | None, acc_dtype: Any,
+        schedule: _kernels.SummaSchedule | None,
     ) -> _kernels.LocalProblem:
         """What the kernel body of each rank needs to know."""
         spec, p = self.spec, self.nranks
@@ -269,15 +253,12 @@ class PlannedProduct:
         along = 1 if spec.bias_columns else 0
         d_kernel = self.kernel["d"]
         return _kernels.LocalProblem(
+            spec=spec,
             kernel=kern,
             nranks=p,
             axis=self.geom.rank_axis,
-            transpose_a=spec.transpose_a,
-            transpose_b=spec.transpose_b,
             block={dim: (m.block if m is not None else size)
                    for (dim, m), size in zip(shared.items(), (spec.m, spec.k, spec.n))},
-            acc_dtype=acc_dtype,
-            precision=_PRECISIONS[spec.precision],
             bias_axis=d_kernel.axes[along],
             bias_block=d_kernel.maps[along].block,
             summa=schedule,

@@ -12,7 +12,8 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from ... import _plan
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ..._spec import Operands, Spec, check_fit
+from ..._problem import Spec
+from ..._spec import Operands, check_fit
 from . import _layout, _mesh
 from ._mesh import (
     _explicit, _mesh_axes, _spec_axes, _staging, _traced, depending_on, mesh_of, plan_devices, trace_mesh,

@@ -12,7 +12,8 @@ import numpy as np
 
 from ... import _runtime
 from ..._lru import LRU
-from ..._spec import Operands, Spec, family
+from ..._problem import Spec
+from ..._spec import Operands, family
 from . import _engine, _pipeline
 from ._translate import Problem, Translation, as_dense, combine_orders, order_of, overlap, translate
 

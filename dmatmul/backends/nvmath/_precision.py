@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._spec import normalize_precision
+from ..._spec import PrecisionName, normalize_precision
 
 __all__ = ["compute_type", "normalize_precision"]
 
@@ -49,9 +49,10 @@ def _dtype_name(dtype: Any) -> str:
     return str(name)
 
 
-def compute_type(dtype: Any, precision: Any) -> str | None:
-    """The ``nvmath...ComputeType`` member name for ``dtype`` at ``precision``,
-    or None for nvmath's default (leave ``compute_type`` unset).
+def compute_type(dtype: Any, precision: PrecisionName | None) -> str | None:
+    """The ``nvmath...ComputeType`` member name for ``dtype`` at ``precision``
+    (a name as :class:`dmatmul._options.Options` holds it, normalized once
+    there), or None for nvmath's default (leave ``compute_type`` unset).
 
     >>> compute_type("float32", "high"), compute_type("float32", "highest"), compute_type("float32", None)
     ('COMPUTE_32F_FAST_TF32', 'COMPUTE_32F', None)
@@ -59,8 +60,7 @@ def compute_type(dtype: Any, precision: Any) -> str | None:
     ('COMPUTE_32F', 'COMPUTE_64F')
     """
     name = _dtype_name(dtype)
-    level = normalize_precision(precision)
-    if level is None or level == "default":
+    if precision is None or precision == "default":
         return None
     high, highest = _COMPUTE_TYPES[name]
-    return high if level == "high" else highest
+    return high if precision == "high" else highest

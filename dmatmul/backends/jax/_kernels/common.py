@@ -12,6 +12,12 @@ from jax import lax
 
 from .... import _epilogue
 from ...._plan import Kernel
+from ...._problem import Spec
+
+#: ``precision=`` as :class:`dmatmul._options.Options` holds it, as ``lax.dot_general`` takes it
+PRECISIONS: dict[str | None, lax.Precision | None] = {
+    None: None, "default": lax.Precision.DEFAULT, "high": lax.Precision.HIGH, "highest": lax.Precision.HIGHEST,
+}
 
 
 def traced_platform() -> str:
@@ -40,15 +46,37 @@ def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype
 
 @dataclasses.dataclass(frozen=True)
 class Epilogue:
-    """``epilog(alpha * acc + beta * C + bias)``, cast to ``out_dtype``."""
+    """``epilog(alpha * acc + beta * C + bias)`` of one product, cast to its dtype."""
 
-    alpha: complex
-    beta: complex
-    epilog: str | None
-    use_c: bool
-    has_bias: bool
-    out_dtype: Any
-    bias_columns: bool = False  # one bias value per result column (a bias of shape (1, N)), not per row
+    spec: Spec
+
+    @property
+    def alpha(self) -> complex:
+        return self.spec.alpha
+
+    @property
+    def beta(self) -> complex:
+        return self.spec.beta
+
+    @property
+    def epilog(self) -> Any:
+        return self.spec.epilog
+
+    @property
+    def use_c(self) -> bool:
+        return self.spec.use_c
+
+    @property
+    def has_bias(self) -> bool:
+        return self.spec.has_bias
+
+    @property
+    def bias_columns(self) -> bool:
+        return self.spec.bias_columns
+
+    @property
+    def out_dtype(self) -> Any:
+        return jnp.dtype(self.spec.dtype)
 
 
 def finish(ep: Epilogue, acc: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
@@ -96,14 +124,11 @@ class SummaSchedule:
 class LocalProblem:
     """What a body needs to know: ranks, transposes, padded block sizes."""
 
+    spec: Spec
     kernel: Kernel
     nranks: int
     axis: Any  # the mesh axis (or axes) that enumerates the ranks
-    transpose_a: bool
-    transpose_b: bool
     block: dict[str, int]  # padded block length of each split logical dim ("M", "K", "N")
-    acc_dtype: Any
-    precision: Any
     bias_axis: Any = None  # the mesh axis splitting the result's dimension the bias runs along (sliced along it)
     bias_block: int = 0
     summa: SummaSchedule | None = None
@@ -112,6 +137,22 @@ class LocalProblem:
     # overlaps anyway: each SUMMA step then receives its block and multiplies it, so the block
     # sent and the step's product never coexist (peak one block lower)
     overlap: bool = True
+
+    @property
+    def transpose_a(self) -> bool:
+        return self.spec.transpose_a
+
+    @property
+    def transpose_b(self) -> bool:
+        return self.spec.transpose_b
+
+    @property
+    def acc_dtype(self) -> Any:
+        return jnp.dtype(self.spec.dtype_info.accumulator)
+
+    @property
+    def precision(self) -> lax.Precision | None:
+        return PRECISIONS[self.spec.precision]
 
     @property
     def axes(self) -> dict[str, int]:

@@ -64,7 +64,7 @@ padded matrix is uniform (3, 3, 3, 3), and strips the padding from the
 result: zero rows/columns of K add nothing, those of M and N are dropped.
 
 >>> from dmatmul import Slab
->>> t = translate(Problem(m=10, n=8, k=6, nranks=4, transpose_a=False, transpose_b=False,
+>>> t = translate(Problem.of(m=10, n=8, k=6, nranks=4, transpose_a=False, transpose_b=False,
 ...                       distributions=(Slab.X, Slab.Y, Slab.X), orders=("C", "C", None)))
 >>> t.algorithm, t.path, t.swapped, t.qualifiers
 ('allgather', 'AG+GEMM', False, (True, True, False))

@@ -34,14 +34,14 @@ def refused_epilog(p: Problem) -> str | None:
     at *execute* (too late for a plan-time fallback), and cuBLASLt's fused
     GELU is not float64-accurate.
 
-    >>> import dataclasses
     >>> from dmatmul import Replicated
-    >>> p = Problem(4, 4, 4, 1, False, False, (Replicated(),) * 3, ("C", "C", None))
-    >>> refused_epilog(dataclasses.replace(p, dtype="complex64", epilog="relu_bias"))
+    >>> def p(dtype, epilog):
+    ...     return Problem.of(4, 4, 4, 1, False, False, (Replicated(),) * 3, ("C", "C", None), dtype=dtype, epilog=epilog)
+    >>> refused_epilog(p("complex64", "relu_bias"))
     'cuBLASMp refuses a bias epilog on complex64 (NOT_SUPPORTED at execute)'
-    >>> refused_epilog(dataclasses.replace(p, dtype="float64", epilog="gelu"))
+    >>> refused_epilog(p("float64", "gelu"))
     "cuBLASLt's fused GELU is not float64-accurate"
-    >>> refused_epilog(dataclasses.replace(p, dtype="float32", epilog="gelu_bias")) is None
+    >>> refused_epilog(p("float32", "gelu_bias")) is None
     True
     """
     ep = p.epilog
@@ -160,5 +160,5 @@ def _epilog_notes(p: Problem, path: Path, swapped: bool, fused: str | None, post
 
 def options(p: Problem) -> tuple[tuple[str, Any], ...]:
     """nvmath's MatmulOptions: never in place (c is the user's); the compute type ``precision`` asks for."""
-    ct = compute_type(p.dtype, p.precision)
+    ct = compute_type(p.dtype, p.precision)  # type: ignore[arg-type]  # (Options holds a PrecisionName)
     return (("inplace", False),) + ((("compute_type", ct),) if ct is not None else ())

@@ -160,7 +160,7 @@ def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     """The cheapest fast path the given ``roles`` (a, b, result) fit, else the general path.
 
     >>> from dmatmul import Replicated, Slab
-    >>> p = Problem(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None))
+    >>> p = Problem.of(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None))
     >>> t = one_d(p, ("R", "N", "M"))  # a is cut to its rows: a view, no communication
     >>> t.path, t.kernel, t.handover("a").target, t.handover("a").copy, t.gather
     ('AG+GEMM', ('M', 'N', 'M'), Slab.X, None, False)
@@ -209,9 +209,9 @@ def shared_grid(p: Problem) -> ProcessGrid | None:
 
     >>> from dmatmul import BlockNonCyclic, ProcessGrid, Replicated, Slab
     >>> d = BlockNonCyclic(ProcessGrid((4, 1)))
-    >>> shared_grid(Problem(8, 8, 8, 4, False, False, (d, Replicated(), d), ("C", "C", None)))
+    >>> shared_grid(Problem.of(8, 8, 8, 4, False, False, (d, Replicated(), d), ("C", "C", None)))
     ProcessGrid((4, 1), layout='row')
-    >>> shared_grid(Problem(8, 8, 8, 4, False, False, (d, Slab.X, d), ("C", "C", None))) is None
+    >>> shared_grid(Problem.of(8, 8, 8, 4, False, False, (d, Slab.X, d), ("C", "C", None))) is None
     True
     """
     grids = {d.grid for d in p.distributions if not isinstance(d, Replicated)}
@@ -231,14 +231,14 @@ def _summa_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
 
     >>> from dmatmul import BlockNonCyclic, ProcessGrid
     >>> d = BlockNonCyclic(ProcessGrid((4, 1)))
-    >>> t = one_d(Problem(10, 8, 6, 4, False, False, (d, d, d), ("C", "C", None), algorithm="summa"), ("M", "K", "M"))
+    >>> t = one_d(Problem.of(10, 8, 6, 4, False, False, (d, d, d), ("C", "C", None), algorithm="summa"), ("M", "K", "M"))
     >>> t.algorithm, t.path, t.handover("a").target, t.cost.kernel.algorithm, t.cost.moves
     ('summa', 'general', Slab.X, 'summa', ())
     """
     grid = shared_grid(p)
     if grid is None:
         raise ValueError(_needs_message(p))
-    auto = dataclasses.replace(p, algorithm="auto")
+    auto = p.with_options(algorithm="auto")
     # only cuBLASMp's distributed paths: a local cuBLASLt GEMM per rank is no SUMMA
     t = _cheapest(auto, roles, tuple(k for k in KERNELS if k.algorithm != "local")) or _general_1d(auto, roles)
     summa = next(k for k in _plan.KERNELS if k.algorithm == "summa")

@@ -84,10 +84,10 @@ def overlap(t: Translation, mem: Memory) -> str:
 
     >>> from dmatmul import Replicated, Slab
     >>> from dmatmul.backends.nvmath._translate import Problem, translate
-    >>> t = translate(Problem(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None)))
+    >>> t = translate(Problem.of(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None)))
     >>> overlap(t, Memory("nccl", "user"))[:61]
     'yes: AllGather+GEMM is pipelined by cuBLASMp (its workspace i'
-    >>> t1 = translate(Problem(16, 8, 12, 1, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None)))
+    >>> t1 = translate(Problem.of(16, 8, 12, 1, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None)))
     >>> overlap(t1, Memory("nccl", "user"))
     'no: one rank, nothing is communicated'
     """

@@ -63,7 +63,7 @@ def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
     block sizes). Only sizes fixed by axes of several processes must agree.
 
     >>> from dmatmul import BlockNonCyclic, ProcessGrid
-    >>> p = Problem(8, 12, 16, 4, False, False, (BlockNonCyclic(ProcessGrid((4, 1))),
+    >>> p = Problem.of(8, 12, 16, 4, False, False, (BlockNonCyclic(ProcessGrid((4, 1))),
     ...             BlockNonCyclic(ProcessGrid((1, 4))), BlockNonCyclic(ProcessGrid((4, 1)))), ("C", "C", None))
     >>> nv = {op: _as_block_cyclic(p, op, op, d) for op, d in zip("abc", p.distributions)}
     >>> _agreed_blocks(p, nv, {"a": "a", "b": "b", "c": "result"})  # b's N blocks of 3 win over the result's one block of 12
@@ -97,7 +97,7 @@ def _refuse_empty_blocks(p: Problem, nv: dict[str, NvDistribution | None], names
 
     >>> from dmatmul import BlockCyclic, ProcessGrid
     >>> bc = BlockCyclic(ProcessGrid((2, 2)), (4, 4))
-    >>> two_d(Problem(4, 8, 8, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
+    >>> two_d(Problem.of(4, 8, 8, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
     Traceback (most recent call last):
     ...
     NotImplementedError: distribution of a: BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)) leaves process row 1 of its 2x2 grid without any of M=4 (blocks of 4): cuBLASMp needs a part of every operand on every process; use blocks of at most 2 along M
@@ -122,7 +122,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
 
     >>> from dmatmul import BlockCyclic, ProcessGrid
     >>> bc = BlockCyclic(ProcessGrid((2, 2)), (4, 4))
-    >>> t = two_d(Problem(16, 16, 16, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
+    >>> t = two_d(Problem.of(16, 16, 16, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
     >>> t.algorithm, t.path, t.swapped, t.result.grid_layout  # C-order blocks: the swapped frame, grid transposed
     ('summa', 'SUMMA', True, 'COL_MAJOR')
     """

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from .... import _cost, _plan
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, Distribution, ProcessGrid, Replicated
-from ...._spec import DTYPE_INFO
+from ...._epilogue import Epilog, has_bias
+from ...._problem import Spec
 
 __all__ = [
     "Order", "Role", "Path", "MODEL", "PATHS", "KERNELS", "Problem", "DimPlan", "NvDistribution", "Handover",
@@ -59,51 +60,101 @@ KERNELS: tuple[_plan.Kernel, ...] = tuple(PATHS)
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """What the translation needs: a :class:`dmatmul._spec.Spec` plus the
-    number of ranks and the memory orders of the local blocks.
+    """What the translation needs: the product (the front end's
+    :class:`dmatmul._problem.Spec`) placed on ``nranks`` ranks.
 
-    ``orders`` is ``(order of a, order of b, order of c or None)``, agreed on
-    by all ranks (:func:`combine_orders`). ``distributions`` describe the
-    *stored* ``a`` and ``b`` (as in the front end).
+    ``distributions`` describe the *stored* ``a`` and ``b`` (as in the front
+    end): the call's, or the planner's choice where it gave none
+    (``chosen``). ``orders`` is ``(order of a, order of b, order of c or
+    None)``, agreed on by all ranks (:func:`combine_orders`).
     """
 
-    m: int
-    n: int
-    k: int
+    spec: Spec
     nranks: int
-    transpose_a: bool
-    transpose_b: bool
     distributions: tuple[Distribution, Distribution, Distribution]
     orders: tuple[Order, Order, Order | None]
-    use_c: bool = False
-    epilog: str | None = None
-    algorithm: str = "auto"
-    dtype: str = "float32"
-    alpha: complex = 1.0
-    beta: complex = 0.0
-    precision: str | None = None
-    chosen: bool = False  # the distributions are the planner's choice (the call gave none)
-    bias_columns: bool = False  # the bias holds one value per result column (shape (1, N)), not per row
+    chosen: bool = False
 
     @classmethod
-    def from_spec(cls, spec: Any, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
+    def from_spec(cls, spec: Spec, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
         """The problem of a front-end Spec on ``nranks`` ranks; without
         distributions (one process) the planner chooses them among what
         cuBLASMp runs (on one rank: everything Replicated)."""
-        dists, chosen = spec.distributions, False
-        if dists is None:
-            info = DTYPE_INFO[spec.dtype]
-            sizes = _plan.Problem1D(spec.m, spec.n, spec.k, nranks, info.itemsize, info.acc_itemsize)
-            transposes = (spec.transpose_a, spec.transpose_b)
-            dists, chosen = _plan.choose_distributions(
-                sizes, MODEL, transposes=transposes, kernels=KERNELS, algorithm=spec.algorithm), True
-        return cls(
-            m=spec.m, n=spec.n, k=spec.k, nranks=nranks, transpose_a=spec.transpose_a,
-            transpose_b=spec.transpose_b, distributions=tuple(dists), orders=orders, use_c=spec.use_c,
-            epilog=spec.epilog, algorithm=spec.algorithm, dtype=spec.dtype, alpha=spec.alpha, beta=spec.beta,
-            precision=getattr(spec, "precision", None), chosen=chosen,
-            bias_columns=getattr(spec, "bias_columns", False),
-        )
+        if spec.distributions is not None:
+            return cls(spec, nranks, spec.distributions, orders)
+        dists = _plan.choose_distributions(spec.sizes(nranks), MODEL, transposes=(spec.transpose_a, spec.transpose_b),
+                                           kernels=KERNELS, algorithm=spec.algorithm)
+        return cls(spec, nranks, tuple(dists), orders, chosen=True)  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, m: int, n: int, k: int, nranks: int, transpose_a: bool, transpose_b: bool,
+           distributions: tuple[Distribution, Distribution, Distribution], orders: tuple[Order, Order, Order | None],
+           *, use_c: bool = False, dtype: str = "float32", bias_columns: bool = False, **options: Any) -> Problem:
+        """The problem of an M x N x K product with :func:`dmatmul.matmul`'s
+        keywords (for tools and tests); ``use_c``: c is read (beta 1 unless given)."""
+        if use_c:
+            options.setdefault("beta", 1.0)
+        bias = (1, n) if bias_columns else ((m,) if has_bias(options.get("epilog")) else None)
+        spec = Spec.of((k, m) if transpose_a else (m, k), (n, k) if transpose_b else (k, n), dtype, c=use_c,
+                       bias_shape=bias, transpose_a=transpose_a, transpose_b=transpose_b, **options)
+        return cls(spec, nranks, distributions, orders)
+
+    def with_options(self, **changes: Any) -> Problem:
+        """This problem with some of the call's keywords changed."""
+        return dataclasses.replace(self, spec=dataclasses.replace(
+            self.spec, options=dataclasses.replace(self.spec.options, **changes)))
+
+    @property
+    def m(self) -> int:
+        return self.spec.m
+
+    @property
+    def n(self) -> int:
+        return self.spec.n
+
+    @property
+    def k(self) -> int:
+        return self.spec.k
+
+    @property
+    def transpose_a(self) -> bool:
+        return self.spec.transpose_a
+
+    @property
+    def transpose_b(self) -> bool:
+        return self.spec.transpose_b
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
+
+    @property
+    def alpha(self) -> complex:
+        return self.spec.alpha
+
+    @property
+    def beta(self) -> complex:
+        return self.spec.beta
+
+    @property
+    def use_c(self) -> bool:
+        return self.spec.use_c
+
+    @property
+    def epilog(self) -> Epilog | None:
+        return self.spec.epilog
+
+    @property
+    def bias_columns(self) -> bool:
+        return self.spec.bias_columns
+
+    @property
+    def algorithm(self) -> str:
+        return self.spec.algorithm
+
+    @property
+    def precision(self) -> str | None:
+        return self.spec.precision
 
     @property
     def transposes(self) -> tuple[bool, bool]:
@@ -130,15 +181,11 @@ class Problem:
 
     @property
     def itemsize(self) -> int:
-        return DTYPE_INFO[self.dtype].itemsize
-
-    @property
-    def acc_itemsize(self) -> int:
-        return DTYPE_INFO[self.dtype].acc_itemsize
+        return self.spec.dtype_info.itemsize
 
     def sizes(self) -> _plan.Problem1D:
         """The sizes the planner costs."""
-        return _plan.Problem1D(self.m, self.n, self.k, self.nranks, self.itemsize, self.acc_itemsize)
+        return self.spec.sizes(self.nranks)
 
     def given(self) -> str:
         """The given distributions, as an error message names them."""
@@ -372,7 +419,7 @@ def describe(t: Translation) -> list[str]:
 
     >>> from dmatmul import Replicated, Slab
     >>> from dmatmul.backends.nvmath._translate import Problem, translate
-    >>> t = translate(Problem(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None)))
+    >>> t = translate(Problem.of(16, 8, 12, 4, False, False, (Replicated(), Slab.Y, Slab.X), ("C", "C", None)))
     >>> print("\\n".join(describe(t)[:2]))
     engine:     cuBLASMp via nvmath.distributed.linalg.advanced.Matmul on 4 rank(s), one GPU each
     path:       AllGather+GEMM (cuBLASMp fast path: 1-D, non-cyclic, uniform, first_process (0, 0))
