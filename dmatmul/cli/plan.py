@@ -182,7 +182,7 @@ def format_projection(pr: Projection, machine: _machines.Profile, nodes: int = 1
     how = "chosen by the planner (distribution=None)" if not pr.given_layout else "as given"
     lines = [
         f"dmatmul plan: {pr.m} x {pr.k} @ {pr.k} x {pr.n}, {pr.dtype}, on {machine.name} ({where})",
-        f"machine: {machine.summary}",
+        *([] if machine.simulated else [f"machine: {machine.summary}"]),
         f"model: {pr.model.describe()}",
         f"layout (a, b, result): {_layout_names(pr.chosen)}, {how}",
         f"algorithm: {_kernel(plan)}" + "".join(f"; then {mv.describe()}" for mv in plan.moves),
@@ -203,7 +203,8 @@ def format_projection(pr: Projection, machine: _machines.Profile, nodes: int = 1
             one_shot=plan.kernel.schedule == "one_shot")
         lines.append(f"memory per GPU: {held / 2**30:.2f} GiB of {machine.memory / 1e9:.0f} GB")
     if pr.runners_up:
-        lines.append("runners-up: each algorithm's cheapest plan" + ("" if pr.given_layout else " on any layout, ranked as the planner ranks layouts (its time plus placing a and b there)"))
+        lines.append("runners-up: each algorithm's cheapest plan" + ("" if pr.given_layout else (
+            " on any layout, ranked as the planner ranks layouts (its time plus placing a and b there)")))
         head = (f"  {'algorithm':34s} {'a, b, result':22s} {'time':>10s} {'x chosen':>8s} {'MiB/rank':>9s}  "
                 "vs the bound")
         lines.append(head)
@@ -231,9 +232,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         layout = None if args.layout is None else parse_layout(args.layout)
         if args.machine.strip().lower() == "here":
-            from .here import ensure_calibrated
+            from .bench.calibration import ensure_calibrated
 
-            ensure_calibrated()
+            ensure_calibrated([8])
         prof, model, p = machine_model(args.machine, args.dtype, args.nodes)
         prof.peak_for(args.dtype)
     except ValueError as e:

@@ -1,5 +1,0 @@
-"""Placeholder replaced below."""
-
-
-def ensure_calibrated() -> None:
-    return None
