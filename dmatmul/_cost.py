@@ -291,8 +291,8 @@ def _load(path: str | os.PathLike[str] | None = None) -> tuple[dict[str, Machine
     key = (str(p), p.stat().st_mtime)
     if key not in _loaded:
         data, models = _read(p)
-        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
-        kinds = meta.get("device_kinds") if isinstance(meta.get("device_kinds"), dict) else {}
+        meta: dict[str, Any] = data["meta"] if isinstance(data.get("meta"), dict) else {}
+        kinds: dict[str, Any] = meta["device_kinds"] if isinstance(meta.get("device_kinds"), dict) else {}
         _loaded[key] = (models, {str(k): str(v) for k, v in kinds.items()})
     return _loaded[key]
 

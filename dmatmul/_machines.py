@@ -130,7 +130,6 @@ class Profile:
 _HOPPER = {"float16": 989 * TF, "bfloat16": 989 * TF, "float8": 1979 * TF, "float32": 495 * TF, "float64": 67 * TF}
 _BLACKWELL = {"float16": 2250 * TF, "bfloat16": 2250 * TF, "float8": 4500 * TF, "float32": 1100 * TF,
               "float64": 40 * TF}
-_NDR = {"network": 50 * GB, "network_alpha": 10 * US, "network_collective_alpha": 20 * US}
 
 #: The built-in GPU machines, by name.
 PROFILES: dict[str, Profile] = {
@@ -138,13 +137,16 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("h100-nvl8", "8 x H100 SXM 80 GB, NVLink 4 (450 GB/s each way), IB NDR 400 Gb/s per GPU",
                 _HOPPER, 0.65, hbm=3.35e12, memory=80 * GB, link=450 * GB, link_alpha=5 * US,
-                link_collective_alpha=10 * US, **_NDR),
+                link_collective_alpha=10 * US, network=50 * GB, network_alpha=10 * US,
+                network_collective_alpha=20 * US),
         Profile("h200-nvl8", "8 x H200 SXM 141 GB, NVLink 4 (450 GB/s each way), IB NDR 400 Gb/s per GPU",
                 _HOPPER, 0.65, hbm=4.8e12, memory=141 * GB, link=450 * GB, link_alpha=5 * US,
-                link_collective_alpha=10 * US, **_NDR),
+                link_collective_alpha=10 * US, network=50 * GB, network_alpha=10 * US,
+                network_collective_alpha=20 * US),
         Profile("b200-nvl8", "8 x B200 180 GB, NVLink 5 (900 GB/s each way), IB NDR 400 Gb/s per GPU",
                 _BLACKWELL, 0.70, hbm=8e12, memory=180 * GB, link=900 * GB, link_alpha=5 * US,
-                link_collective_alpha=10 * US, **_NDR),
+                link_collective_alpha=10 * US, network=50 * GB, network_alpha=10 * US,
+                network_collective_alpha=20 * US),
     )
 }
 
