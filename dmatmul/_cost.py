@@ -41,10 +41,13 @@ import itertools
 import json
 import math
 import os
+import re
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import _world
 from .algorithms import ALGORITHMS
 
 __all__ = [
@@ -65,6 +68,9 @@ __all__ = [
 ]
 
 MODEL_ENV = "DMATMUL_COST_MODEL"
+#: ``DMATMUL_CALIBRATE=1``: measure this machine again (``dmatmul bench``, ``dmatmul plan --machine here``)
+#: even where its calibration file has the constants already
+CALIBRATE_ENV = "DMATMUL_CALIBRATE"
 _FORMAT_VERSION = 1
 
 
@@ -189,19 +195,31 @@ def _platform(platform: str) -> str:
 # --------------------------------------------------------------------------- #
 # calibration files
 # --------------------------------------------------------------------------- #
+def machine_key() -> str:
+    """This machine's name in its calibration file's name: the host and its core
+    count (``node17-16cores``), so that a home directory shared by several
+    machines holds one calibration per machine, and a machine's constants are
+    never another's. Its devices' kind keys each entry inside the file
+    (:func:`model_for`'s ``kind``)."""
+    host = re.sub(r"[^A-Za-z0-9_.-]+", "_", socket.gethostname() or "host")
+    return f"{host}-{os.cpu_count() or 1}cores"
+
+
 def calibration_path() -> Path | None:
-    """Where calibrated models are read and written; None when
-    ``DMATMUL_COST_MODEL`` is ``default`` (or ``none``/empty): defaults only."""
+    """Where calibrated models are read and written: ``$DMATMUL_COST_MODEL``
+    when set (None when it is ``default``, ``none`` or empty: defaults only),
+    else this machine's file in the user cache
+    (``$XDG_CACHE_HOME/dmatmul/cost_model-<machine_key()>.json``)."""
     env = os.environ.get(MODEL_ENV)
     if env is not None:
         if env.strip().lower() in ("", "default", "defaults", "none", "0"):
             return None
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "dmatmul" / "cost_model.json"
+    return Path(cache) / "dmatmul" / f"cost_model-{machine_key()}.json"
 
 
-_loaded: dict[tuple[str, float], dict[str, MachineModel]] = {}
+_loaded: dict[tuple[str, float], tuple[dict[str, MachineModel], dict[str, str]]] = {}
 
 #: the fields of one entry of a calibration file: the constants (s/message, s/byte, s/flop; None: not given)
 #: and the flags (true/false)
@@ -262,15 +280,50 @@ def load_models(path: str | os.PathLike[str] | None = None) -> dict[str, Machine
     non-negative constants (a model that would plan nonsense), raises
     ValueError naming it and the field.
     """
+    return _load(path)[0]
+
+
+def _load(path: str | os.PathLike[str] | None = None) -> tuple[dict[str, MachineModel], dict[str, str]]:
+    """:func:`load_models`, and the device kind each entry was measured on (``meta.device_kinds``)."""
     p = Path(path).expanduser() if path is not None else calibration_path()
     if p is None or not p.exists():
-        return {}
+        return {}, {}
     key = (str(p), p.stat().st_mtime)
-    if key in _loaded:
-        return _loaded[key]
-    _, models = _read(p)
-    _loaded[key] = models
-    return models
+    if key not in _loaded:
+        data, models = _read(p)
+        meta: dict[str, Any] = data["meta"] if isinstance(data.get("meta"), dict) else {}
+        kinds: dict[str, Any] = meta["device_kinds"] if isinstance(meta.get("device_kinds"), dict) else {}
+        _loaded[key] = (models, {str(k): str(v) for k, v in kinds.items()})
+    return _loaded[key]
+
+
+def share_calibration(comm: Any) -> tuple[dict[str, MachineModel], dict[str, str]] | str:
+    """Rank 0's calibration, broadcast on ``comm`` (every rank calls it, when
+    the runtime starts): the models every rank then plans with
+    (:func:`model_for`), so that ranks on machines with different files, or
+    none, plan alike. A file rank 0 cannot read is its error message, raised
+    on every rank where a plan asks for the model."""
+    payload: Any = None
+    if comm.Get_rank() == 0:
+        try:
+            models, kinds = _load()
+            payload = ({k: m.to_dict() for k, m in models.items()}, kinds, str(calibration_path()))
+        except ValueError as e:
+            payload = str(e)
+    payload = comm.bcast(payload, root=0)
+    if isinstance(payload, str):
+        return payload
+    entries, kinds, where = payload
+    return {k: _entry(k, e, f"calibrated {where} (rank 0's)") for k, e in entries.items()}, dict(kinds)
+
+
+def _calibrated() -> tuple[Mapping[str, MachineModel], Mapping[str, str]]:
+    """The calibration plans read: under a multi-process runtime rank 0's
+    (:func:`share_calibration`), else this process's file."""
+    shared = getattr(_world.runtime(), "cost_models", None)
+    if isinstance(shared, str):
+        raise ValueError(shared)
+    return shared if shared is not None else _load()
 
 
 def save_models(
@@ -297,27 +350,38 @@ def save_models(
             old_meta = dict(old["meta"]) if isinstance(old.get("meta"), dict) else {}
     entries.update({k: m.to_dict() for k, m in models.items()})
     p.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"version": _FORMAT_VERSION, "models": entries, "meta": {**old_meta, **dict(meta or {})}}
+    new_meta = {**old_meta, **dict(meta or {})}
+    if isinstance(old_meta.get("device_kinds"), dict) and isinstance((meta or {}).get("device_kinds"), dict):
+        new_meta["device_kinds"] = {**old_meta["device_kinds"], **dict(meta or {})["device_kinds"]}
+    doc = {"version": _FORMAT_VERSION, "models": entries, "meta": new_meta}
     tmp = p.with_suffix(p.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     tmp.replace(p)
     return p
 
 
-def model_for(platform: str, nranks: int | None = None, *, calibrated: bool = True) -> MachineModel:
+def model_for(platform: str, nranks: int | None = None, *, calibrated: bool = True,
+              kind: str | None = None) -> MachineModel:
     """The model for a platform name ("cpu", "gpu"/"cuda"/"rocm", "tpu").
 
-    A calibration (see :func:`calibration_path`) wins over the defaults: its
+    A calibration (see :func:`calibration_path`; under ``mpiexec`` rank 0's,
+    :func:`share_calibration`) wins over the defaults: its
     ``"<platform>/<nranks>"`` entry first, then ``"<platform>"``; then the
-    defaults in the same order. ``calibrated=False``: the defaults only (the
-    same on every process, whatever file each one finds).
+    defaults in the same order. ``kind``: the devices' kind (JAX's
+    ``device_kind``); an entry measured on another kind is passed over.
+    ``calibrated=False``: the defaults only (the same on every process,
+    whatever file each one finds).
     """
     platform = _platform(platform)
     keys = ([f"{platform}/{nranks}"] if nranks is not None else []) + [platform]
-    for models in ((load_models(),) if calibrated else ()) + (DEFAULT_MODELS,):
+    if calibrated:
+        models, kinds = _calibrated()
         for key in keys:
-            if key in models:
+            if key in models and (kind is None or kinds.get(key, kind) == kind):
                 return models[key]
+    for key in keys:
+        if key in DEFAULT_MODELS:
+            return DEFAULT_MODELS[key]
     return DEFAULT_MODELS["cpu"]
 
 

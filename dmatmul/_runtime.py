@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-from . import _quiet, _world, backends
+from . import _cost, _quiet, _world, backends
 from ._world import (
     Runtime,
     agree,
@@ -118,10 +118,11 @@ def init(comm: Any = None, *, start: Sequence[str] | None = None) -> Runtime:
         # backend's verdict on the ranks' placement (nvmath: one GPU per rank) is then the same on
         # every rank, and asks no collective later, in a product one rank may leave early
         nodes = tuple(comm.allgather((node, local_rank, backends.node_view())))
+        models = _cost.share_calibration(comm)  # rank 0's constants: every rank plans alike
         if comm.Get_size() > 1:
             _abort_on_uncaught(comm)
         state = _world.begin(Runtime(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm,
-                                     local_rank=local_rank, nodes=nodes))
+                                     local_rank=local_rank, nodes=nodes, cost_models=models))
     for name in _default_start() if start is None else start:
         state = ensure(name)
     return state

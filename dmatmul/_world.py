@@ -44,6 +44,9 @@ class Runtime:
     #: every rank's (node: the lowest rank on its node, rank on its node, what it told of its node for
     #: each backend: :func:`dmatmul.backends.node_view`), gathered once when the runtime starts
     nodes: tuple[tuple[int, int, tuple[tuple[str, Any], ...]], ...] = ()
+    #: rank 0's calibration of the cost model (:func:`dmatmul._cost.share_calibration`), broadcast when the
+    #: runtime starts, so that every rank plans with the same constants; a str: why rank 0 could not read it
+    cost_models: Any = None
 
 
 _state: Runtime | None = None

@@ -193,7 +193,7 @@ def test_model_env_default_ignores_files(tmp_path, monkeypatch):
 def test_default_path_is_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.delenv(_cost.MODEL_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert _cost.calibration_path() == tmp_path / "dmatmul" / "cost_model.json"
+    assert _cost.calibration_path() == tmp_path / "dmatmul" / f"cost_model-{_cost.machine_key()}.json"
 
 
 def test_a_broken_model_file_says_how_to_fix_it(tmp_path, monkeypatch):

@@ -411,7 +411,7 @@ def test_cli_help_and_version(capsys):
         with pytest.raises(SystemExit):
             cli.main(argv)
         helps[argv[0]] = capsys.readouterr().out
-    assert "``" not in helps["--help"] and "The dmatmul command: info, demo, check and bench." in helps["--help"]
+    assert "``" not in helps["--help"] and "The dmatmul command: info, demo, check, bench and plan." in helps["--help"]
     assert "Every algorithm" in helps["demo"]  # a description, not just the usage
     bench = " ".join(helps["bench"].split())
     assert "(default: None)" not in bench and "(default: False)" not in bench

@@ -1,11 +1,11 @@
-"""The ``dmatmul`` command: ``info``, ``demo``, ``check`` and ``bench``.
+"""The ``dmatmul`` command: ``info``, ``demo``, ``check``, ``bench`` and ``plan``.
 
 ``dmatmul demo`` runs every algorithm on simulated CPU devices (JAX), checks
 each result against numpy and exits non-zero on any mismatch. ``dmatmul
 check`` does the same for random products over the whole layout space.
 
-One module per command (:mod:`.info`, :mod:`.demo`, :mod:`.check`, and the
-package :mod:`.bench`), what they share in :mod:`.common`.
+One module per command (:mod:`.info`, :mod:`.demo`, :mod:`.check`, :mod:`.plan`,
+and the package :mod:`.bench`), what they share in :mod:`.common`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Sequence
 
 from .. import _version, backends
-from . import bench, check, demo, info
+from . import bench, check, demo, info, plan
 from .common import DEFAULT_DEVICES, MAX_CPU_DEVICES, at_least, run_command
 
 __all__ = ["main"]
@@ -64,5 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_cmd.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     check_cmd.set_defaults(func=check.cmd_check)
     bench.add_parser(sub)
+    plan.add_parser(sub)
     args = parser.parse_args(argv)
     return run_command(args, f"dmatmul {args.command}")

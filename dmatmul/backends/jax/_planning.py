@@ -109,7 +109,7 @@ class PlannedProduct:
         self.traced = self.user_mesh is not None and _tracing(operands)
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, self.user_mesh)
         self.nranks = p = len(self.devices)
-        self.model = _cost.model_for(self.devices[0].platform, p)
+        self.model = _cost.model_for(self.devices[0].platform, p, kind=getattr(self.devices[0], "device_kind", None))
         # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
         # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
         itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else None

@@ -142,6 +142,27 @@ def with_default_collectives(model: _cost.MachineModel, platform: str, p: int) -
     )
 
 
+def measure(p: int, platform_name: str, *, quick: bool, before: Callable[[], None] | None = None,
+            ) -> tuple[_cost.MachineModel, float]:
+    """This machine's model on ``p`` devices, fitted from :func:`calibration_samples`, and its RMS
+    relative residual."""
+    model, res = _cost.fit(calibration_samples(p, quick=quick, before=before))
+    return with_default_collectives(dataclasses.replace(model, source="calibrated"), platform_name, p), res
+
+
+def _save(models: dict[str, _cost.MachineModel], path: Any, jax: Any) -> Any:
+    kind = jax.devices()[0].device_kind
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        # the device kind each entry was measured on: model_for passes over an entry of another kind
+        "device_kinds": {key: kind for key in models},
+    }
+    return _cost.save_models(models, path, meta=meta)
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from ..._runtime import launched_size
 
@@ -158,23 +179,48 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
     for p in args.devices:
         waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
-        samples = calibration_samples(p, quick=args.quick, before=waiter)
-        model, res = _cost.fit(samples)
-        model = with_default_collectives(dataclasses.replace(model, source="calibrated"), platform_name, p)
+        model, res = measure(p, platform_name, quick=args.quick, before=waiter)
         models[f"{platform_name}/{p}"] = model
         bw = 1 / model.beta / 1e9 if model.beta else float("inf")
         speed = 1 / model.gamma / 1e9 if model.gamma else float("inf")
         print(f"{p:5d} {model.alpha * 1e6:11.2f} {bw:14.2f} {speed:23.2f} {res:12.3f}")
     models[platform_name] = models[f"{platform_name}/{max(args.devices)}"]
-    meta = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpus": os.cpu_count(),
-        "jax": jax.__version__,
-    }
-    path = _cost.save_models(models, args.model_out, meta=meta)
+    path = _save(models, args.model_out, jax)
     print(f"saved to {path}; algorithm='auto' plans with it (set {_cost.MODEL_ENV}=default to ignore it)")
     return 0
+
+
+def missing_counts(counts: Sequence[int], platform_name: str, kind: str, path: Any) -> list[int]:
+    """The device counts of ``counts`` that the calibration file at ``path`` has no
+    entry of this device ``kind`` for (all of them with ``DMATMUL_CALIBRATE=1``,
+    or where the file cannot be read: measuring replaces it)."""
+    if os.environ.get(_cost.CALIBRATE_ENV, "").strip() not in ("", "0"):
+        return list(counts)
+    try:
+        models, kinds = _cost._load(path)
+    except ValueError:
+        return list(counts)
+    return [p for p in counts
+            if f"{platform_name}/{p}" not in models or kinds.get(f"{platform_name}/{p}", kind) != kind]
+
+
+def ensure_calibrated(counts: Sequence[int], say: Callable[[str], None] = print) -> None:
+    """Measure this machine once (quick: a few seconds per device count) for each of ``counts``
+    simulated devices its calibration file lacks, and save them there; nothing where
+    ``DMATMUL_COST_MODEL=default`` (the defaults asked for) or where the file has them.
+    ``DMATMUL_CALIBRATE=1`` measures again."""
+    path = _cost.calibration_path()
+    if path is None:
+        return
+    jax = start_jax(max(counts))
+    platform_name, kind = jax.devices()[0].platform, jax.devices()[0].device_kind
+    todo = missing_counts(counts, platform_name, kind, path)
+    if not todo:
+        return
+    say(f"calibrating the cost model on this machine ({kind}, {os.cpu_count()} cores) for "
+        f"{','.join(map(str, todo))} devices, once (saved to {path}; {_cost.CALIBRATE_ENV}=1 measures again)")
+    models = {f"{platform_name}/{p}": measure(p, platform_name, quick=True)[0] for p in todo}
+    _save(models, path, jax)
 
 
 def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "cpu") -> str:

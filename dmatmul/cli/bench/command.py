@@ -19,7 +19,7 @@ from typing import Any
 from ... import _cost
 from ..._spec import ALGORITHMS
 from ..common import MAX_CPU_DEVICES, at_least, require_backend, require_cost_model, run_command
-from .calibration import run_calibrate, run_costs
+from .calibration import ensure_calibrated, run_calibrate, run_costs
 from .devices import run_devices, start_jax
 from .mpi import run_processes
 from .peers import PEERS
@@ -225,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
         require_backend("bench")
     if args.calibrate:  # (it replaces a file that cannot be read)
         return run_calibrate(args)
+    if not args.costs and launched_size() <= 1:  # this machine's constants, measured once (under mpiexec:
+        ensure_calibrated(args.devices)           # rank 0's file, broadcast when the runtime starts)
     require_cost_model("bench")
     if args.costs:
         return run_costs(args)

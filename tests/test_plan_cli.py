@@ -1,0 +1,203 @@
+"""``dmatmul plan`` (named machines, the projection) and the calibration that
+follows the machine (its file's key, the device kind, rank 0's broadcast).
+Pure Python: no JAX, no timing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dmatmul import _cost, _machines, _plan, _world
+from dmatmul.cli import main
+from dmatmul.cli import plan as plan_cli
+from dmatmul.cli.bench import calibration
+
+
+# --------------------------------------------------------------------------- #
+# dmatmul plan
+# --------------------------------------------------------------------------- #
+def _run(capsys, *argv: str) -> str:
+    assert main(["plan", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_prints_the_planners_own_choice(capsys):
+    """The algorithm, layout, time and bytes printed are those of the plan
+    ``choose_distributions`` + ``choose`` make on the machine's model."""
+    out = _run(capsys, "-m", "8192", "-n", "8192", "-k", "8192", "--machine", "h100-nvl8", "--dtype", "bfloat16")
+    model = _machines.PROFILES["h100-nvl8"].model("bfloat16")
+    problem = _plan.Problem1D(8192, 8192, 8192, 8, 2, 4)
+    triple = _plan.choose_distributions(problem, model, transposes=(False, False))
+    chosen = _plan.choose(problem, _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model,
+                          transposes=(False, False))
+    assert f"algorithm: {chosen.algorithm} (" in out
+    assert f"layout (a, b, result): {', '.join(map(repr, triple))}," in out
+    assert f"predicted: {chosen.time * 1e6:.1f} us" in out
+    assert f"bytes per rank: {chosen.nbytes / 2**20:.2f} MiB" in out
+    bound = _cost.lower_bounds(8192, 8192, 8192, 8, 2)["memory_independent"]
+    assert f"{chosen.nbytes / bound:.2f}x the bound" in out
+    peak = 989e12
+    assert f"= {chosen.flops / chosen.time / peak:.0%} of peak" in out
+    assert "runners-up" in out and "summa" in out.split("runners-up")[1]
+
+
+def test_plan_on_a_given_layout_and_runners_up_are_each_algorithms_best(capsys):
+    pr = plan_cli.project(4096, 4096, 4096, 8, "float32", _machines.PROFILES["b200-nvl8"].model("float32"), "GGG")
+    problem = _plan.Problem1D(4096, 4096, 4096, 8, 4, 4, grid=(2, 4))
+    every = _plan.plans(problem, {"a": "G", "b": "G", "d": "G"}, pr.model, native=frozenset("abd"),
+                        grid_ops=frozenset("abd"))
+    assert pr.chosen.plan == every[0] and pr.given_layout
+    names = [c.plan.algorithm for c in pr.runners_up]
+    assert len(names) == len(set(names)) and pr.chosen.plan.algorithm not in names
+    for c in pr.runners_up:  # each the cheapest of its algorithm
+        assert c.plan.time == min(pl.time for pl in every if pl.algorithm == c.plan.algorithm)
+    out = _run(capsys, "-m", "4096", "-n", "4096", "-k", "4096", "--machine", "b200-nvl8", "--layout", "G,G,G")
+    assert "BlockNonCyclic(2x4 grid)" in out and "as given" in out
+
+
+def test_machine_and_nodes_change_the_constants(capsys):
+    args = ("-m", "16384", "-n", "16384", "-k", "16384", "--dtype", "bfloat16")
+    outs = {name: _run(capsys, *args, "--machine", name) for name in ("h100-nvl8", "b200-nvl8", "cpu")}
+    assert len({o.split("model: ")[1].splitlines()[0] for o in outs.values()}) == 3
+    two = _run(capsys, *args, "--machine", "h100-nvl8", "--nodes", "2")
+    assert "16 GPUs: 2 nodes of 8" in two and "beta 50 GB/s" in two and "beta 450 GB/s" in outs["h100-nvl8"]
+    h100, b200 = (_machines.PROFILES[n].model("bfloat16") for n in ("h100-nvl8", "b200-nvl8"))
+    assert b200.gamma < h100.gamma and b200.beta < h100.beta
+    # one node is NVLink, several InfiniBand per GPU (a collective spanning nodes pays IB)
+    assert _machines.PROFILES["h200-nvl8"].model("float16", 4).beta == 1 / _machines.PROFILES["h200-nvl8"].network
+
+
+def test_profiles_state_published_rates_and_efficiency():
+    h100, h200, b200 = (_machines.PROFILES[n] for n in ("h100-nvl8", "h200-nvl8", "b200-nvl8"))
+    assert h100.peak_for("bfloat16") == 989e12 and h100.peak_for("float32") == 495e12
+    assert h100.peak_for("complex64") == h100.peak_for("float32") / 4
+    assert h200.peak == h100.peak and h200.memory == 141e9 and h200.hbm == 4.8e12
+    assert b200.peak_for("bfloat16") == 2250e12 and b200.link == 2 * h100.link
+    assert h100.model("bfloat16").gamma == pytest.approx(1 / (0.65 * 989e12))
+    assert {"h100-nvl8", "h200-nvl8", "b200-nvl8", "cpu", "here"} <= set(_machines.MACHINES)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--machine", "h900"], "unknown machine 'h900'; known machines: h100-nvl8, h200-nvl8, b200-nvl8, cpu, here"),
+    (["--layout", "X,Q,X"], "--layout 'X,Q,X': expected three letters"),
+    (["--machine", "cpu", "--nodes", "2"], "--nodes 2: machine 'cpu' is one host's simulated devices"),
+])
+def test_plan_errors_say_what_is_known(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "-m", "64", "-n", "64", "-k", "64", *argv])
+    assert message in str(e.value)
+
+
+def test_plan_imports_no_jax():
+    code = ("import sys; from dmatmul.cli import main; main(['plan', '-m', '512', '-n', '512', '-k', '512']); "
+            "assert 'jax' not in sys.modules, 'jax imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "algorithm:" in done.stdout
+
+
+def test_published_points_of_scale_md_are_what_the_model_says():
+    """docs/scale.md's predictions are the model's (recomputed here, so the doc cannot drift)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "scale.md").read_text()
+    model = _machines.PROFILES["h100-nvl8"].model("float16")
+    for p in (2, 4, 8):
+        for schedule in ("ring", "one_shot"):
+            with _plan.schedule(schedule):
+                pr = plan_cli.project(1024 * p, 4096 * p, 4096, p, "float16", model, "XYY")
+            assert f"{pr.chosen.plan.time * 1e6:.0f} us" in text, (p, schedule)
+
+
+# --------------------------------------------------------------------------- #
+# calibration that follows the machine
+# --------------------------------------------------------------------------- #
+def test_calibration_file_is_keyed_by_host_and_cores(monkeypatch, tmp_path):
+    monkeypatch.delenv(_cost.MODEL_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(_cost.socket, "gethostname", lambda: "node 7/a")
+    monkeypatch.setattr(_cost.os, "cpu_count", lambda: 16)
+    sixteen = _cost.calibration_path()
+    assert sixteen == tmp_path / "dmatmul" / "cost_model-node_7_a-16cores.json"
+    monkeypatch.setattr(_cost.os, "cpu_count", lambda: 2)
+    assert _cost.calibration_path() != sixteen  # another machine: another file
+    _cost.save_models({"cpu/8": _cost.MachineModel(1e-5, 1e-9, 1e-10)})
+    assert _cost.model_for("cpu", 8).gamma == 1e-10
+    monkeypatch.setattr(_cost.os, "cpu_count", lambda: 16)
+    assert _cost.model_for("cpu", 8) is _cost.DEFAULT_MODELS["cpu/8"]  # the 2-core file is not this machine's
+
+
+def test_an_entry_of_another_device_kind_is_passed_over(monkeypatch, tmp_path):
+    monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "m.json"))
+    mine = _cost.MachineModel(1e-5, 1e-9, 1e-10)
+    _cost.save_models({"gpu/8": mine}, meta={"device_kinds": {"gpu/8": "NVIDIA H100"}})
+    _cost.save_models({"gpu/4": mine}, meta={"device_kinds": {"gpu/4": "NVIDIA H100"}})  # merged, not replaced
+    assert json.loads((tmp_path / "m.json").read_text())["meta"]["device_kinds"] == {
+        "gpu/8": "NVIDIA H100", "gpu/4": "NVIDIA H100"}
+    assert _cost.model_for("gpu", 8, kind="NVIDIA H100").gamma == 1e-10
+    assert _cost.model_for("gpu", 8, kind="NVIDIA H200") is _cost.DEFAULT_MODELS["gpu"]
+    assert calibration.missing_counts([4, 8], "gpu", "NVIDIA H200", tmp_path / "m.json") == [4, 8]
+    assert calibration.missing_counts([4, 8, 2], "gpu", "NVIDIA H100", tmp_path / "m.json") == [2]
+    monkeypatch.setenv(_cost.CALIBRATE_ENV, "1")
+    assert calibration.missing_counts([4, 8], "gpu", "NVIDIA H100", tmp_path / "m.json") == [4, 8]
+
+
+class _FakeComm:
+    """One rank's view of a broadcast: rank 0 sends, the others receive ``root_payload``."""
+
+    def __init__(self, rank: int, root_payload=None):
+        self.rank, self.root_payload, self.sent = rank, root_payload, None
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def bcast(self, obj, root=0):
+        assert root == 0
+        if self.rank == 0:
+            self.sent = obj
+            return obj
+        assert obj is None  # only rank 0's value travels
+        return self.root_payload
+
+
+def test_every_rank_plans_with_rank_0s_calibration(monkeypatch, tmp_path):
+    rank0 = _cost.MachineModel(3e-5, 1 / 7e9, 1 / 33e9)
+    monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "rank0.json"))
+    _cost.save_models({"cpu/4": rank0})
+    root = _FakeComm(0)
+    shared0 = _cost.share_calibration(root)
+    # rank 1 has a file of its own, with other constants: rank 0's win
+    monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "rank1.json"))
+    _cost.save_models({"cpu/4": _cost.MachineModel(1e-3, 1e-8, 1e-8)})
+    shared1 = _cost.share_calibration(_FakeComm(1, root.sent))
+    for shared in (shared0, shared1):
+        assert not isinstance(shared, str)
+        _world.begin(_world.Runtime(rank=1, size=4, comm=None, local_rank=1, cost_models=shared))
+        try:
+            got = _cost.model_for("cpu", 4)
+        finally:
+            _world.end()
+        assert (got.alpha, got.beta, got.gamma) == (rank0.alpha, rank0.beta, rank0.gamma)
+    assert _cost.model_for("cpu", 4).alpha == 1e-3  # outside the runtime: this process's file
+
+
+def test_a_file_rank_0_cannot_read_raises_on_every_rank(monkeypatch, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    monkeypatch.setenv(_cost.MODEL_ENV, str(bad))
+    root = _FakeComm(0)
+    assert isinstance(_cost.share_calibration(root), str)
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")  # rank 1 itself has none
+    shared = _cost.share_calibration(_FakeComm(1, root.sent))
+    _world.begin(_world.Runtime(rank=1, size=2, comm=None, local_rank=1, cost_models=shared))
+    try:
+        with pytest.raises(ValueError, match="is not a dmatmul calibration"):
+            _cost.model_for("cpu", 2)
+    finally:
+        _world.end()
+
+
