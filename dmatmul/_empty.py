@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _runtime
+from . import backends as _backends
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
 from ._problem import Spec
@@ -26,7 +27,7 @@ from ._spec import Operands, array_module, check_fit, numpy_dtype, precise
 __all__ = ["EmptyProduct", "EmptyPlan"]
 
 
-class EmptyProduct:
+class EmptyProduct(_backends.Backend):
     """The "backend" of a product that reads no A nor B (:attr:`Spec.reads_ab`),
     standing in for ``backend``."""
 
@@ -39,19 +40,18 @@ class EmptyProduct:
         ranks = self.backend.ranks(spec, operands)  # (refuses operands whose layout the backend refuses)
         if spec.distributions is not None:
             check_fit(spec.distributions, ranks, spmd=spec.spmd)
-            fits = getattr(self.backend, "fits", None)
-            if spec.algorithm != "auto" and fits is not None:
+            if spec.algorithm != "auto":
                 # a named algorithm fits the layouts or not whatever the sizes: as for one element each
-                fits(dataclasses.replace(spec, a_shape=_at_least_1(spec.a_shape), b_shape=_at_least_1(spec.b_shape)),
+                self.backend.fits(dataclasses.replace(spec, a_shape=_at_least_1(spec.a_shape), b_shape=_at_least_1(spec.b_shape)),
                      operands)
-        return EmptyPlan(spec, getattr(self.backend, "place", None))
+        return EmptyPlan(spec, self.backend.place)
 
 
 def _at_least_1(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(max(d, 1) for d in shape)
 
 
-class EmptyPlan:
+class EmptyPlan(_backends.BackendPlan):
     algorithm = "local"
     cost = None  # nothing is communicated
 

@@ -185,9 +185,8 @@ class Matmul:
         cannot fit raises on every rank)."""
         if to_run and self._fits is not self._spec:
             rt = _runtime.active() if self._spec.spmd else None
-            fit = functools.partial(_memory.check_product, self._backend, self._spec, self._operands,
-                                    None if rt is None else rt.rank)
-            if rt is not None and self._plan is None and getattr(self._backend, "plans_collectively", False):
+            fit = functools.partial(_memory.check_product, self._backend, self._spec, self._operands)
+            if rt is not None and self._plan is None and self._backend.plans_collectively:
                 _runtime.agree(fit, "dmatmul (memory)")  # every rank's verdict before the plan's collectives
             else:
                 fit()
@@ -271,8 +270,7 @@ class Matmul:
             self._agree_on_the_plan("Matmul.execute", self._ready)
         d = self._execute()
         if one and not self._swapped and self._plan is not None:
-            again = getattr(self._plan, "repeat", None)  # (optional in the backend protocol)
-            run = again(self._operands) if again is not None else None
+            run = self._plan.repeat(self._operands)
             self._fast = None if run is None else (self._plan, self._operands, run)
         return d
 
@@ -410,7 +408,7 @@ class Matmul:
         collective; else what the backend tells without one."""
         # (read off the spec, not the runtime: asking that after dm.finalize() starts it again, collectively)
         if self._plan is None and self._spec.spmd:
-            if getattr(self._backend, "plans_collectively", False):
+            if self._backend.plans_collectively:
                 algorithm, lines = self._backend.preview(self._spec, self._operands)
                 return algorithm, self._explanation(algorithm, lines)
             self._refuse_finalized("explain")  # (planning would start the process group again, collectively)
@@ -571,8 +569,7 @@ class _Recent:
 
     def keep(self, key: Hashable, plan: Any, operands: Operands) -> None:
         """Keep ``plan``'s runner for operands laid out as ``operands`` (those of the call that made ``key``)."""
-        again = getattr(plan, "repeat", None)  # (optional in the backend protocol)
-        run = None if again is None else again(operands)
+        run = plan.repeat(operands)
         if run is not None:
             self._runs.add(key, run, bound=self.size)
 

@@ -218,13 +218,10 @@ def fixes_for(spec: Any) -> dict[str, str]:
     return out
 
 
-def check_product(backend: Any, spec: Any, operands: Any, rank: int | None) -> None:
+def check_product(backend: Any, spec: Any, operands: Any) -> None:
     """:func:`check` on what ``backend`` says the product of ``spec`` takes
-    (its optional ``memory(spec, operands)``: needs and the probes of their
-    places), else on its result coming back on the host; ``rank``: this
-    process's, under several processes."""
-    memory = getattr(backend, "memory", None)
-    needs, probes = (result_on_host(spec, rank), {}) if memory is None else memory(spec, operands)
+    (its ``memory(spec, operands)``: needs and the probes of their places)."""
+    needs, probes = backend.memory(spec, operands)
     if needs:
         check(needs, probes, shapes=operand_words(spec), fixes=fixes_for(spec))
 

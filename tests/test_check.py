@@ -885,7 +885,7 @@ BROKEN = {
     "devices=[...] taken as the first len(devices) devices": (
         lambda c: _passes(c) and c.family == "jax" and c.device_ids is not None and c.nranks > 1
         and 0 not in c.device_ids,
-        lambda mp, J: mp.setattr(dm._options, "check_devices",
+        lambda mp, J: mp.setattr(dm._problem, "check_devices",
                                  lambda d, spmd: len(d) if isinstance(d, list) else d), "result on devices"),
     "column-major numpy operands read as row-major": (
         lambda c: _passes(c) and c.layouts[0] in ("F", ".T view") and c.m < c.k,

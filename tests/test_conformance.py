@@ -18,6 +18,7 @@ of the operands' array family that the caller owns.
 from __future__ import annotations
 
 import ast
+import importlib
 import dataclasses
 import os
 import pathlib
@@ -179,6 +180,27 @@ def test_no_front_end_module_reaches_into_a_backend():
             continue
         for mod in _imports(path):
             assert not mod.startswith("dmatmul.backends."), f"dmatmul/{rel} imports {mod}"
+
+
+def test_the_front_end_never_asks_whether_a_backend_has_a_member():
+    """Every member of the backend protocol has a default on its base class
+    (:class:`dmatmul.backends.Backend`, :class:`~dmatmul.backends.BackendPlan`),
+    and every backend derives from it: no module outside dmatmul/backends/
+    looks one up with getattr or hasattr."""
+    members = {name for cls in (backends.Backend, backends.BackendPlan) for name in vars(cls)
+               if not name.startswith("__")}
+    assert {"place", "fits", "memory", "preview", "plans_collectively", "repeat"} <= members
+    for row in backends.TABLE:  # (each backend's package module is light: nvmath's imports no nvmath)
+        assert isinstance(importlib.import_module(row.module).BACKEND, backends.Backend), row.name
+    for path in sorted((ROOT / "dmatmul").rglob("*.py")):
+        rel = path.relative_to(ROOT / "dmatmul")
+        if rel.parts[0] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2 \
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in members:
+                raise AssertionError(f"dmatmul/{rel}:{node.lineno}: {ast.unparse(node)}")
 
 
 _JAX_NAMES = {"jax", "jnp", "jaxlib"}

@@ -21,7 +21,8 @@ import functools
 import importlib
 import importlib.util
 import sys
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import _spec, _world
 
@@ -37,36 +38,46 @@ __all__ = [
 ]
 
 
-@runtime_checkable
-class BackendPlan(Protocol):
-    """A planned product: what :class:`dmatmul.Matmul` holds.
+class BackendPlan:
+    """A planned product: what :class:`dmatmul.Matmul` holds. A backend's plan
+    derives from it; every member the front end calls has a default here, so
+    none is looked for.
 
     ``algorithm`` is one of :data:`dmatmul.ALGORITHMS`; ``cost`` the planner's
     :class:`dmatmul._plan.Plan` (modelled bytes, messages, flops, time) or
     None where the backend plans no communication of its own; ``explain()``
     the lines :meth:`dmatmul.Matmul.explain` prints after its header.
-    Optionally ``repeat(operands)``: a runner that computes the product, in
-    one process, of operands laid out as ``operands`` without the front end's
-    checks (they passed for these operands, or for a call of the same shapes,
-    dtypes, placements and options: :meth:`dmatmul.Matmul.execute`,
-    :func:`dmatmul.matmul`), returning None where it may not
-    (docs/architecture.md).
+    ``repeat(operands)``: a runner that computes the product, in one process,
+    of operands laid out as ``operands`` without the front end's checks (they
+    passed for these operands, or for a call of the same shapes, dtypes,
+    placements and options: :meth:`dmatmul.Matmul.execute`,
+    :func:`dmatmul.matmul`), or None where it may not (the default: every
+    call is checked; docs/architecture.md).
     """
 
-    algorithm: str
+    algorithm: str = "local"
 
     @property
-    def cost(self) -> Plan | None: ...
+    def cost(self) -> Plan | None:
+        return None
 
-    def execute(self, operands: Operands) -> Any: ...
+    def execute(self, operands: Operands) -> Any:
+        raise NotImplementedError
 
-    def explain(self) -> list[str]: ...
+    def explain(self) -> list[str]:
+        return []
 
-    def free(self) -> None: ...
+    def free(self) -> None:
+        """Release what the plan holds (nothing, by default)."""
+
+    def repeat(self, operands: Operands) -> Callable[[Operands], Any] | None:
+        return None
 
 
-class Backend(Protocol):
-    """What a backend provides.
+class Backend:
+    """What a backend provides. A backend derives from it; every member the
+    front end calls has a default here (so none is looked for), but
+    ``plan`` and ``ranks``, which each backend says.
 
     * ``plan(spec, operands)``: a :class:`BackendPlan` for a validated product.
     * ``ranks(spec, operands)``: how many ranks a product of ``spec`` on
@@ -74,37 +85,61 @@ class Backend(Protocol):
       own layouts, as ``plan`` would: an empty product asks only this).
     * ``start(runtime)``: bring the backend's own process group up under a
       multi-process launch (called once, before its first product); returns
-      the runtime, with this process's device filled in where it has one.
-      ``stop()`` undoes what ``start`` did (:func:`dmatmul.finalize`).
+      the runtime, with this process's device filled in where it has one
+      (default: the runtime as it is). ``stop()`` undoes what ``start`` did
+      (:func:`dmatmul.finalize`).
     * ``redistribute(...)`` (only backends whose row says ``redistributes``):
       a matrix from one distribution to another, for :func:`dmatmul.redistribute`.
-    * ``place(result, spec, operands)`` (optional): where the result of an
-      empty product (K, M or N = 0: computed without the backend) goes, in one
-      process (the JAX backend: a jax.Array on the user's mesh).
-    * ``fits(spec, operands)`` (optional): raise what :meth:`plan` raises when
+    * ``place(result, spec, operands)``: where the result of an empty product
+      (K, M or N = 0: computed without the backend) goes, in one process (the
+      JAX backend: a jax.Array on the user's mesh; default: as it is).
+    * ``fits(spec, operands)``: raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for
-      an empty product, which is never planned, with its sizes made 1).
-    * ``memory(spec, operands)`` (optional): what the product takes, as
+      an empty product, which is never planned, with its sizes made 1;
+      default: nothing to refuse).
+    * ``memory(spec, operands)``: what the product takes, as
       :class:`dmatmul._memory.Need` per place, and a probe per place other
       than the host of what it has free; pure (nothing allocated, nothing
       compiled): the front end judges it before the plan is made to run.
-      Without it, the result on the host is judged.
-    * ``plans_collectively`` and ``preview(spec, operands)`` (optional): where
-      making a plan runs collectives under several processes (nvmath's), the
+      Default: the result (this rank's block of it) on the host.
+    * ``plans_collectively`` and ``preview(spec, operands)``: where making a
+      plan runs collectives under several processes (nvmath's), the
       algorithm and ``explain()`` lines of the plan :meth:`plan` would make,
       told from this rank alone, with no collective: ``Matmul.algorithm`` and
-      ``explain()`` before the plan is made, which one rank may ask alone.
+      ``explain()`` before the plan is made, which one rank may ask alone
+      (default: no collective in a plan, so the plan itself tells).
     """
 
-    name: str
+    name: str = ""
+    plans_collectively: bool = False
 
-    def plan(self, spec: Spec, operands: Operands) -> BackendPlan: ...
+    def plan(self, spec: Spec, operands: Operands) -> BackendPlan:
+        raise NotImplementedError
 
-    def ranks(self, spec: Spec, operands: Operands) -> int: ...
+    def ranks(self, spec: Spec, operands: Operands) -> int:
+        raise NotImplementedError
 
-    def start(self, runtime: Runtime) -> Runtime: ...
+    def start(self, runtime: Runtime) -> Runtime:
+        return runtime
 
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Nothing started, nothing to stop (by default)."""
+
+    def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
+        return result
+
+    def fits(self, spec: Spec, operands: Operands) -> None:
+        """Nothing to refuse (by default)."""
+
+    def memory(self, spec: Spec, operands: Operands) -> tuple[list[Any], dict[str, Any]]:
+        from .. import _memory
+
+        rt = _world.runtime() if spec.spmd else None
+        return _memory.result_on_host(spec, None if rt is None else rt.rank), {}
+
+    def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
+        plan = self.plan(spec, operands)
+        return plan.algorithm, plan.explain()
 
 
 @dataclasses.dataclass(frozen=True)

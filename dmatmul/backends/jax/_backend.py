@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 from ... import _memory, _plan, _runtime
 from ..._distribution import Distribution, Replicated
 from ..._lru import LRU
+from .. import Backend, BackendPlan
 from ..._problem import Spec
 from ..._spec import Operands
 from ._arrays import in_program
@@ -24,7 +25,7 @@ from ._planning import _x64
 
 __all__ = ["JaxBackend", "JaxPlan"]
 
-class JaxPlan(ExplainedProduct):
+class JaxPlan(ExplainedProduct, BackendPlan):
     """A compiled product on a set of JAX devices (one or several processes).
 
     ``given`` holds where each operand is (its distribution's placement),
@@ -40,7 +41,7 @@ class JaxPlan(ExplainedProduct):
         """Nothing to release: compiled functions live in the backend's plan cache."""
 
 
-class JaxBackend:
+class JaxBackend(Backend):
     """Plans are cached per (Spec, layouts of the jax.Array operands): repeated
     ``dm.matmul`` calls on the same problem compile once. Past ``cache_size``
     plans, the one unused longest goes."""

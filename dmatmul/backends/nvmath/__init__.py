@@ -27,6 +27,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from .. import Backend
+
 if TYPE_CHECKING:
     from ._probe import Installation
 
@@ -180,7 +182,7 @@ def _whose() -> str:
     return "this rank's" if rt is None else f"rank {rt.rank}'s"
 
 
-class _LazyBackend:
+class _LazyBackend(Backend):
     """``BACKEND``: the registry reads ``.name`` and calls ``.plan``; the
     backend module (and with it nvmath's) is imported on the first plan."""
 

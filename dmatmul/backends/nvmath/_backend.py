@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ... import _runtime
+from .. import BackendPlan
 from ..._lru import LRU
 from ..._problem import Spec
 from ..._spec import Operands, family
@@ -85,7 +86,7 @@ def _to_family(d: Any, fam: str) -> Any:
     return d
 
 
-class NvmathPlan:
+class NvmathPlan(BackendPlan):
     """One product planned with nvmath: the Translation plus the nvmath object."""
 
     borrows = 0  # Matmuls holding this plan (see _Borrowed)
@@ -221,7 +222,7 @@ class NvmathPlan:
                 self._engine = None  # type: ignore[assignment]
 
 
-class _Borrowed:
+class _Borrowed(BackendPlan):
     """What a :class:`dmatmul.Matmul` holds: a borrow of a cached plan.
 
     Ownership rule: the backend's cache owns every plan it makes. ``free()``
@@ -245,11 +246,22 @@ class _Borrowed:
             raise RuntimeError("dmatmul internal error: a returned nvmath plan borrow was used")
         return self._p
 
+    @property
+    def algorithm(self) -> str:  # type: ignore[override]
+        return self._live().algorithm
+
+    @property
+    def cost(self) -> Any:
+        return self._live().cost
+
     def execute(self, operands: Operands) -> Any:
         return self._live().execute(operands)
 
     def explain(self) -> list[str]:
         return self._live().explain()
+
+    def repeat(self, operands: Operands) -> Any:
+        return self._live().repeat(operands)
 
     def free(self) -> None:
         plan, self._p = self._p, None
