@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import enum
 import numbers
-import sys
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal, cast, get_args
 
@@ -117,15 +116,9 @@ def numpy_dtype(name: str) -> Any:
 
 
 def array_module(fam: str) -> Any:
-    """numpy, a kind's module (jax.numpy) or cupy for an array family."""
+    """numpy, or a kind's module (jax.numpy, cupy), for an array family."""
     held = kind(fam)
-    if held is not None:
-        return held.array_module()
-    if fam == "cupy":
-        import cupy
-
-        return cupy
-    return np
+    return np if held is None else held.array_module()
 
 
 # --------------------------------------------------------------------------- #
@@ -212,15 +205,12 @@ def kind(fam: str) -> ArrayKind | None:
 
 
 def family(x: Any) -> Family:
-    """The array family of ``x``: "numpy", a backend's kind's, or "cupy" (without importing any), else "other"."""
+    """The array family of ``x``: "numpy", a backend's kind's ("jax", "cupy": without importing any), else "other"."""
     if isinstance(x, np.ndarray):
         return "numpy"
     for k in KINDS:
         if k.owns(x):
             return cast(Family, k.family)
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return "cupy"
     return "other"
 
 
@@ -331,12 +321,10 @@ class Operands:
 
     @property
     def family(self) -> Family:
-        """The family of the result: cupy if any operand is, else jax if any is, else numpy."""
+        """The family of the result: the first kind's (in the backend table's order:
+        cupy, then jax) of which an operand is, else numpy."""
         fams = {family(x) for x in (self.a, self.b, self.c) if x is not None}
-        for f in ("cupy", "jax"):
-            if f in fams:
-                return f
-        return "numpy"
+        return next((cast(Family, k.family) for k in KINDS if k.family in fams), "numpy")
 
 
 def check_distribution(d: Any, what: str) -> Distribution:

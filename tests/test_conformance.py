@@ -211,7 +211,7 @@ _JAX_NAMES = {"jax", "jnp", "jaxlib"}
 _NOT_CORE = {"jax.py"}
 
 
-def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
+def _jax_knowledge(tree: ast.AST, names: frozenset[str] | set[str] = _JAX_NAMES) -> list[tuple[int, str]]:
     """Where ``tree`` knows JAX: a name or attribute ``jax``/``jnp``/``jaxlib``, an
     import of jax or jaxlib, a string naming them passed to ``sys.modules.get``,
     ``import_module`` or ``__import__`` (or compared with ``in sys.modules``).
@@ -219,7 +219,7 @@ def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
     annotations and ``if TYPE_CHECKING:`` blocks are for type checkers (the
     public signatures say jax.Array) and never run."""
     def jaxy(name: str) -> bool:
-        return name.split(".")[0] in _JAX_NAMES
+        return name.split(".")[0] in names
 
     skip: set[int] = set()
     for node in ast.walk(tree):
@@ -238,9 +238,9 @@ def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
         if id(node) in skip:
             continue
         what = None
-        if isinstance(node, ast.Name) and node.id in _JAX_NAMES:
+        if isinstance(node, ast.Name) and node.id in names:
             what = node.id
-        elif isinstance(node, ast.Attribute) and node.attr in _JAX_NAMES:
+        elif isinstance(node, ast.Attribute) and node.attr in names:
             what = "." + node.attr
         elif isinstance(node, ast.Import) and any(jaxy(a.name) for a in node.names):
             what = "import " + ", ".join(a.name for a in node.names)
@@ -260,17 +260,19 @@ def _jax_knowledge(tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def test_the_neutral_core_never_names_jax():
+@pytest.mark.parametrize("library, names", [("JAX", _JAX_NAMES), ("CuPy", {"cupy"})])
+def test_the_neutral_core_never_names_jax(library, names):
     """All JAX knowledge (jax.Array and tracers, meshes, x64, jax._src) lives in
     the JAX backend (dmatmul/backends/jax/, its light ``_arrays`` module for
-    what the core asks: :class:`dmatmul._spec.ArrayKind`); the core and the
-    backend table ask it through the table, by family and claim."""
+    what the core asks: :class:`dmatmul._spec.ArrayKind`), and all CuPy
+    knowledge in the nvmath backend's; the core and the backend table ask
+    them through the table, by family and claim."""
     core = [p for p in sorted((ROOT / "dmatmul").glob("*.py")) if p.name not in _NOT_CORE]
     core.append(ROOT / "dmatmul" / "backends" / "__init__.py")
     assert len(core) > 15
     named = [f"{path.relative_to(ROOT)}:{line}: {what}" for path in core
-             for line, what in _jax_knowledge(ast.parse(path.read_text()))]
-    assert not named, "the neutral core knows JAX:\n" + "\n".join(named)
+             for line, what in _jax_knowledge(ast.parse(path.read_text()), names)]
+    assert not named, f"the neutral core knows {library}:\n" + "\n".join(named)
 
 
 def test_the_neutral_core_check_sees_jax_knowledge():

@@ -176,7 +176,7 @@ class BackendInfo:
 TABLE: tuple[BackendInfo, ...] = (
     BackendInfo("nvmath", "dmatmul.backends.nvmath", "nvmath", ("nvmath", "cupy"),
                 "cuBLASMp through nvmath-python (NVIDIA GPUs, one rank per process)", one_rank_per_process=True,
-                tells_node=True),
+                tells_node=True, arrays="dmatmul.backends.nvmath._arrays"),
     BackendInfo("jax", "dmatmul.backends.jax", "jax", ("jax",),
                 "JAX shard_map ring kernels (CPU, GPU, TPU; one or several processes)", redistributes=True,
                 arrays="dmatmul.backends.jax._arrays"),
