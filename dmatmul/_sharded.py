@@ -290,9 +290,16 @@ class Sharded(Distribution):
     def _key(self) -> object:
         """What equality and the hash compare: the 2-D form where there is one
         (so that a Sharded equals it and hashes as it does), else the rank
-        count and, per dimension, the coalesced sublayout of its axes."""
+        count and, per dimension, the coalesced sublayout of its axes: the
+        layout itself (a dimension split over axes of size 1 is not split).
+
+        Only the 2-D forms tell a dimension split over axes of size 1 from one
+        not split, as the 2-D distributions do (``Slab.X`` over 1 rank is not
+        ``Replicated()``, ``BlockNonCyclic`` on a ``(P, 1)`` grid not ``Slab.X``)."""
         two = self.as_2d()
-        return two if two is not None else ("Sharded", self.mesh.size, self._dim_keys)
+        if two is not None:
+            return two
+        return ("Sharded", self.mesh.size, tuple(Layout(1, 0) if k is None else k for k in self._dim_keys))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sharded):
