@@ -29,6 +29,7 @@ from . import backends as _backends
 from ._distribution import Distribution, one_of
 from ._epilogue import EPILOGS, TABLE, Epilog, EpilogName, has_bias
 from ._errors import DistributionError
+from ._sharded import matrix_distribution
 from ._spec import (
     ALGORITHMS,
     DTYPES,
@@ -236,8 +237,8 @@ def _beta_needs_c(beta: Any, fix: str) -> str:
 def _distribution_as_triple(distribution: Any) -> Triple | None:
     if distribution is None:
         return None
-    if isinstance(distribution, Distribution):
-        return (distribution, distribution, distribution)
+    if isinstance(distribution, Distribution):  # (a Sharded as its 2-D form: the same value)
+        return (matrix_distribution(distribution, "distribution"),) * 3
     if isinstance(distribution, (tuple, list)):
         if len(distribution) != 3:
             raise ValueError(
@@ -246,7 +247,8 @@ def _distribution_as_triple(distribution: Any) -> Triple | None:
             )
         for name, d in zip(("a", "b", "result"), distribution):
             check_distribution(d, f"distribution of {name}")
-        return (distribution[0], distribution[1], distribution[2])
+        a, b, r = (matrix_distribution(d, f"distribution of {n}") for n, d in zip(("a", "b", "result"), distribution))
+        return (a, b, r)
     raise TypeError(
         "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "
         f"got {type(distribution).__name__}"

@@ -313,3 +313,23 @@ class Sharded(Distribution):
 
     def __repr__(self) -> str:
         return f"Sharded({self.mesh!r}, {self.spec!r})"
+
+
+def matrix_distribution(d: Distribution, what: str) -> Distribution:
+    """``d``, a :class:`Sharded` as its 2-D form (what :func:`dmatmul.matmul`
+    takes for now), else a DistributionError naming ``what``, which says which
+    Shardeds have one.
+
+    >>> matrix_distribution(Sharded(ProcessMesh(2, "x"), ("x", None)), "distribution")
+    Slab.X
+    """
+    if not isinstance(d, Sharded):
+        return d
+    two = d.as_2d()
+    if two is None:
+        raise DistributionError(
+            f"{what}: {d!r} is no 2-D distribution, and dm.matmul takes only those for now: use a Sharded of "
+            "2 dimensions that splits rows, columns or both over every mesh axis in rank order (Slab.X, Slab.Y, "
+            "Replicated() or a BlockNonCyclic grid; Sharded.from_2d gives them), or one of those"
+        )
+    return two

@@ -368,3 +368,32 @@ def test_sharded_spellings_and_value():
     assert pickle.loads(pickle.dumps(s)) == s and s.ndim == 2 and s.axes(0) == ("x",)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.spec = (None, None)  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- #
+# dm.matmul takes a Sharded that has a 2-D form, as that form
+# --------------------------------------------------------------------------- #
+def test_options_read_a_sharded_as_its_2d_form():
+    from dmatmul._options import Options
+
+    col = dm.Sharded(dm.ProcessMesh((4, 2), ("c", "r")), ("r", "c"))
+    x = dm.Sharded(dm.ProcessMesh(8, "x"), ("x", None))
+    opts = Options(distribution=(x, col, dm.Slab.Y))
+    assert opts.distribution == (dm.Slab.X, col.as_2d(), dm.Slab.Y)
+    assert [type(d) for d in opts.distribution] == [dm.Slab, dm.BlockNonCyclic, dm.Slab]
+    assert Options(distribution=x).distribution == (dm.Slab.X,) * 3
+    nd = dm.Sharded(dm.ProcessMesh((2, 4), ("x", "y")), ("x", None))  # replicated over y: no 2-D form
+    with pytest.raises(dm.DistributionError, match=r"distribution of b: Sharded\(.*\) is no 2-D distribution"):
+        Options(distribution=(x, nd, x))
+    with pytest.raises(dm.DistributionError, match=r"^distribution: Sharded\(.*\) is no 2-D distribution"):
+        Options(distribution=nd)
+
+
+def test_matmul_with_shardeds_equal_to_2d_distributions():
+    pytest.importorskip("jax")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((11, 7)), rng.standard_normal((7, 9))
+    col = dm.Sharded(dm.ProcessMesh((4, 2), ("c", "r")), ("r", "c"))
+    x = dm.Sharded.from_2d(dm.Slab.X, nranks=8)
+    got = dm.matmul(a, b, distribution=(col, x, col), devices=8, backend="jax")
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
