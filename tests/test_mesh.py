@@ -397,3 +397,14 @@ def test_matmul_with_shardeds_equal_to_2d_distributions():
     x = dm.Sharded.from_2d(dm.Slab.X, nranks=8)
     got = dm.matmul(a, b, distribution=(col, x, col), devices=8, backend="jax")
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_guide_section_runs():
+    """docs/guide.md, "Named meshes and N-D distributions": its example runs as written."""
+    import pathlib
+
+    guide = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    section = guide.split("### Named meshes and N-D distributions", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "guide.md", "exec"), {})
