@@ -19,6 +19,8 @@ from ._distribution import (
 )
 from ._errors import DistributionError, PlanFreedError
 from ._grid import ProcessGrid
+from ._mesh import ProcessMesh
+from ._sharded import Sharded
 from ._epilogue import EPILOGS
 from ._matmul import Matmul, matmul
 from ._spec import ALGORITHMS, DTYPES
@@ -37,8 +39,10 @@ __all__ = [
     "Matmul",
     "PlanFreedError",
     "ProcessGrid",
+    "ProcessMesh",
     "Replicated",
     "Runtime",
+    "Sharded",
     "Slab",
     "__version__",
     "finalize",

@@ -112,19 +112,39 @@ class Distribution:
 
     grid: ProcessGrid | None = None
 
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions of the arrays it lays out (2: matrices)."""
+        return 2
+
+    def _span(self) -> tuple[int, str, str] | None:
+        """``(ranks, "its grid (2, 4)", "grid")`` where the distribution fixes
+        its own rank count, else None."""
+        return None if self.grid is None else (self.grid.size, f"its grid {self.grid.shape}", "grid")
+
+    def _parse_shape(self, global_shape: Any) -> tuple[int, ...]:
+        """``global_shape`` checked: one size >= 0 per dimension."""
+        return _global_shape(global_shape)
+
+    def _replica_groups(self, nranks: int) -> list[list[int]]:
+        """The groups of (more than one) ranks that hold the same block."""
+        return []
+
     def nranks(self, nranks: int | None = None) -> int:
         """The number of ranks this distribution spans.
 
-        A grid's own size wins; ``nranks`` must then agree with it. Without a
-        grid, ``nranks`` is used, else the size of an active multi-process run.
+        A grid's (or mesh's) own size wins; ``nranks`` must then agree with it.
+        Without one, ``nranks`` is used, else the size of an active
+        multi-process run.
         """
-        if self.grid is not None:
-            if nranks is not None and as_int(nranks, "nranks", minimum=1) != self.grid.size:
+        span = self._span()
+        if span is not None:
+            size, its, kind = span
+            if nranks is not None and as_int(nranks, "nranks", minimum=1) != size:
                 raise DistributionError(
-                    f"{self!r} spans {self.grid.size} ranks (its grid {self.grid.shape}) "
-                    f"but nranks={nranks}: use a grid of {nranks} ranks"
+                    f"{self!r} spans {size} ranks ({its}) but nranks={nranks}: use a {kind} of {nranks} ranks"
                 )
-            return self.grid.size
+            return size
         if nranks is not None:
             return as_int(nranks, "nranks", minimum=1, maximum=MAX_RANKS)
         world = _world.world_size()
@@ -144,14 +164,14 @@ class Distribution:
         return rank, shape, p
 
     def global_indices(
-        self, rank: int, global_shape: tuple[int, int], nranks: int | None = None
+        self, rank: int, global_shape: Sequence[int], nranks: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, cols)``: the global row and column ids held by ``rank``, in
         local order (``local[i, j] == global[rows[i], cols[j]]``)."""
         rank, shape, p = self._check(rank, global_shape, nranks)
         return self._dim_indices(0, rank, shape[0], p), self._dim_indices(1, rank, shape[1], p)
 
-    def shape(self, rank: int, global_shape: tuple[int, int], nranks: int | None = None) -> tuple[int, int]:
+    def shape(self, rank: int, global_shape: Sequence[int], nranks: int | None = None) -> tuple[int, int]:
         """The local shape of ``rank``'s block (counted, not listed: any global shape)."""
         rank, shape, p = self._check(rank, global_shape, nranks)
         return self._dim_length(0, rank, shape[0], p), self._dim_length(1, rank, shape[1], p)
@@ -197,7 +217,7 @@ class Distribution:
                 )
         raise error
 
-    def check_blocks(self, local_shapes: Sequence[tuple[int, int]], global_shape: tuple[int, int], why: str) -> None:
+    def check_blocks(self, local_shapes: Sequence[Sequence[int]], global_shape: tuple[int, ...], why: str) -> None:
         """Raise :class:`DistributionError` naming the first rank whose block
         (``local_shapes[r]``) does not fit a global shape known otherwise (``why``
         says how).
@@ -213,7 +233,7 @@ class Distribution:
             raise self._misfit_error(shapes, global_shape, bad, why)
 
     def _misfit_error(
-        self, shapes: list[tuple[int, ...]], global_shape: tuple[int, int], bad: list[int], why: str
+        self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...], bad: list[int], why: str
     ) -> DistributionError:
         rank, p = bad[0], len(shapes)
         want = self.shape(rank, global_shape, p)
@@ -223,7 +243,7 @@ class Distribution:
             f"for the global shape {global_shape} {why}{others}"
         )
 
-    def _misfits(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, int], p: int) -> list[int]:
+    def _misfits(self, shapes: list[tuple[int, ...]], global_shape: tuple[int, ...], p: int) -> list[int]:
         return [r for r, got in enumerate(shapes) if got != self.shape(r, global_shape, p)]
 
     def _best_extents(self, dim: int, shapes: list[tuple[int, ...]], guess: int, p: int) -> list[int]:
@@ -291,6 +311,9 @@ class Replicated(Distribution):
 
     def _dim_length(self, dim: int, rank: int, size: int, nranks: int) -> int:
         return size
+
+    def _replica_groups(self, nranks: int) -> list[list[int]]:
+        return [list(range(nranks))] if nranks > 1 else []
 
     def __repr__(self) -> str:
         return "Replicated()"
@@ -404,27 +427,25 @@ def _check_distribution(d: Any, what: str = "distribution") -> Distribution:
     if not isinstance(d, Distribution):
         raise TypeError(
             f"{what} must be a dmatmul distribution (Slab.X, Slab.Y, Replicated(), "
-            f"BlockNonCyclic(grid), BlockCyclic(grid, blocks)), got {d!r}"
+            f"BlockNonCyclic(grid), BlockCyclic(grid, blocks), Sharded(mesh, spec)), got {d!r}"
         )
     return d
 
 
 def split(a: Any, d: Distribution, nranks: int | None = None) -> list[np.ndarray]:
-    """Each rank's local block of the global matrix ``a`` under ``d``.
+    """Each rank's local block of the global matrix ``a`` under ``d`` (of the
+    global array ``a``, of ``d.ndim`` dimensions, for a :class:`Sharded`).
 
     >>> [b.tolist() for b in split(np.arange(6).reshape(3, 2), Slab.X, nranks=2)]
     [[[0, 1], [2, 3]], [[4, 5]]]
     """
     d = _check_distribution(d)
     a = to_numpy(a, "split: a")
-    if a.ndim != 2:
-        raise ValueError(f"split: a must be a 2-D matrix, got shape {a.shape}")
+    if a.ndim != d.ndim:
+        what = "a 2-D matrix" if d.ndim == 2 else f"an array of {d.ndim} dimensions"
+        raise ValueError(f"split: a must be {what} for {d!r}, got shape {a.shape}")
     p = d.nranks(nranks)
-    out = []
-    for rank in range(p):
-        rows, cols = d.global_indices(rank, a.shape, p)
-        out.append(a[np.ix_(rows, cols)])
-    return out
+    return [a[np.ix_(*d.global_indices(rank, a.shape, p))] for rank in range(p)]
 
 
 def _same(x: np.ndarray, y: np.ndarray) -> bool:
@@ -435,12 +456,14 @@ def _same(x: np.ndarray, y: np.ndarray) -> bool:
         return bool(np.array_equal(x, y))
 
 
-def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) -> np.ndarray:
+def join(blocks: Sequence[Any], d: Distribution, global_shape: Sequence[int]) -> np.ndarray:
     """The global matrix from every rank's block (the inverse of :func:`split`).
 
     ``blocks[r]`` is rank ``r``'s block; ``len(blocks)`` is the number of ranks.
-    For :class:`Replicated` the blocks must agree (a ValueError names the
-    first rank that differs); rank 0's is returned.
+    Ranks that hold the same block (all of them for :class:`Replicated`; those
+    that differ only along the mesh axes a :class:`Sharded` does not name)
+    must agree (a ValueError names the first rank that differs); the first
+    rank's copy is returned.
 
     >>> join([np.ones((1, 2)), np.zeros((1, 2))], Replicated(), (1, 2))
     Traceback (most recent call last):
@@ -448,13 +471,14 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
     ValueError: join: Replicated() blocks must agree, but rank 1's differs from rank 0's
     """
     d = _check_distribution(d)
-    shape = _global_shape(global_shape)
+    shape = d._parse_shape(global_shape)
     if isinstance(blocks, np.ndarray) or not isinstance(blocks, Sequence) or not blocks:
         raise TypeError(f"join: blocks must be a non-empty list of per-rank blocks, got {type(blocks).__name__}")
-    if d.grid is not None and len(blocks) != d.grid.size:  # (d.nranks would blame an nranks join does not take)
+    span = d._span()
+    if span is not None and len(blocks) != span[0]:  # (d.nranks would blame an nranks join does not take)
         raise DistributionError(
-            f"join: blocks holds {len(blocks)} blocks but {d!r} spans {d.grid.size} ranks "
-            f"(its grid {d.grid.shape}): pass one block per rank, blocks[r] being rank r's"
+            f"join: blocks holds {len(blocks)} blocks but {d!r} spans {span[0]} ranks "
+            f"({span[1]}): pass one block per rank, blocks[r] being rank r's"
         )
     p = d.nranks(len(blocks))
     arrays = [to_numpy(b, f"join: the block of rank {rank}") for rank, b in enumerate(blocks)]
@@ -465,15 +489,13 @@ def join(blocks: Sequence[Any], d: Distribution, global_shape: tuple[int, int]) 
                 f"join: block of rank {rank} must have shape {want} under {d!r} for global shape {shape}, "
                 f"got {block.shape}"
             )
-    dtype = np.result_type(*arrays)
-    out = np.zeros(shape, dtype=dtype)
-    for rank, block in enumerate(arrays):
-        rows, cols = d.global_indices(rank, shape, p)
-        out[np.ix_(rows, cols)] = block
-    if isinstance(d, Replicated):
-        differs = next((r for r, b in enumerate(arrays[1:], 1) if not _same(b, arrays[0])), None)
+    for group in d._replica_groups(p):
+        first = group[0]
+        differs = next((r for r in group[1:] if not _same(arrays[r], arrays[first])), None)
         if differs is not None:
-            raise ValueError(f"join: Replicated() blocks must agree, but rank {differs}'s differs from rank 0's")
-        out[...] = arrays[0]
+            raise ValueError(f"join: {d!r} blocks must agree, but rank {differs}'s differs from rank {first}'s")
+    out = np.zeros(shape, dtype=np.result_type(*arrays))
+    for rank in reversed(range(p)):  # (where ranks hold copies, the first rank's is written last)
+        out[np.ix_(*d.global_indices(rank, shape, p))] = arrays[rank]
     return out
 

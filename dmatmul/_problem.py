@@ -23,6 +23,7 @@ import numpy as np
 
 from . import algorithms as _algorithms
 from ._distribution import Distribution, one_of
+from ._sharded import matrix_distribution
 from ._epilogue import EPILOGS, Epilog, has_bias
 from ._spec import (
     ALGORITHMS,
@@ -159,8 +160,8 @@ def _require_number(x: Any, name: str) -> Any:
 def _distribution_as_triple(distribution: Any) -> Triple | None:
     if distribution is None:
         return None
-    if isinstance(distribution, Distribution):
-        return (distribution, distribution, distribution)
+    if isinstance(distribution, Distribution):  # (a Sharded as its 2-D form: the same value)
+        return (matrix_distribution(distribution, "distribution"),) * 3
     if isinstance(distribution, (tuple, list)):
         if len(distribution) != 3:
             raise ValueError(
@@ -169,7 +170,8 @@ def _distribution_as_triple(distribution: Any) -> Triple | None:
             )
         for name, d in zip(("a", "b", "result"), distribution):
             check_distribution(d, f"distribution of {name}")
-        return (distribution[0], distribution[1], distribution[2])
+        a, b, r = (matrix_distribution(d, f"distribution of {n}") for n, d in zip(("a", "b", "result"), distribution))
+        return (a, b, r)
     raise TypeError(
         "distribution must be None, a dmatmul Distribution or a triple (dist_a, dist_b, dist_result), "
         f"got {type(distribution).__name__}"
