@@ -323,8 +323,8 @@ class Operands:
     def family(self) -> Family:
         """The family of the result: the first kind's (in the backend table's order:
         cupy, then jax) of which an operand is, else numpy."""
-        fams = {family(x) for x in (self.a, self.b, self.c) if x is not None}
-        return next((cast(Family, k.family) for k in KINDS if k.family in fams), "numpy")
+        fams: set[str] = {family(x) for x in (self.a, self.b, self.c) if x is not None}
+        return cast(Family, next((k.family for k in KINDS if k.family in fams), "numpy"))
 
 
 def check_distribution(d: Any, what: str) -> Distribution:
