@@ -343,7 +343,7 @@ def plans(
         kernels = [kern for kern in kernels if kern.algorithm not in both or kern.schedule == forced]
     for kernel in kernels:
         on_grid = ALGORITHMS[kernel.algorithm].grid
-        if on_grid and problem.grid is None:
+        if (on_grid and problem.grid is None) or not ALGORITHMS[kernel.algorithm].runs_on(problem):
             continue
         given = grid_roles if on_grid else roles
         sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
@@ -384,8 +384,7 @@ def choose(
     model: _cost.MachineModel,
     transposes: tuple[bool, bool],
     native: frozenset[str] = frozenset(),
-    kernels: Sequence[Kernel] | None = None,
-    backend: str = "",
+    kernels: Sequence[Kernel] | None = None, backend: str = "",
     fit_roles: dict[str, Role] | None = None,
     grid_ops: frozenset[str] = frozenset(),
     given: str | None = None,
@@ -401,6 +400,8 @@ def choose(
     does not fit (``backend``: named in that message; ``given``: the given
     triple as the user wrote it, named there instead of its roles).
     """
+    if algorithm != "auto" and ALGORITHMS[algorithm].refusal(problem):
+        raise ValueError(ALGORITHMS[algorithm].refusal(problem))
     candidates = plans(problem, roles, model, native, kernels, grid_ops)
     if algorithm == "auto":
         return candidates[0]
@@ -408,12 +409,9 @@ def choose(
     as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels, grid_ops)
     # a grid algorithm also takes grid operands whose blocking or orientation it must first adjust
     # (transposes, other block sizes on the same grid); every other named algorithm runs on its operands as given
-    on_grid = ALGORITHMS[algorithm].grid
-    fits = {
-        pl.kernel for pl in as_given
-        if pl.algorithm == algorithm
-        and (pl.communication_free_moves or (on_grid and all(m.src == m.dst == "G" for m in pl.moves)))
-    }
+    on_grid, relays = ALGORITHMS[algorithm].grid, ALGORITHMS[algorithm].relays
+    fits = {pl.kernel for pl in as_given if pl.algorithm == algorithm and (
+        relays or pl.communication_free_moves or (on_grid and all(m.src == m.dst == "G" for m in pl.moves)))}
     fitting = [pl for pl in candidates if pl.kernel in fits]
     if fitting:
         return fitting[0]
@@ -505,6 +503,8 @@ def choose_distributions(
     """
     if algorithm != "auto" and ALGORITHMS[algorithm].grid:
         return choose_grid(problem, model, fixed=fixed, deliverable=deliverable, algorithm=algorithm)
+    if algorithm != "auto" and ALGORITHMS[algorithm].relays:  # the 1-D layouts its plan, moves included, likes best
+        kernels, algorithm = [kern for kern in registered_kernels() if kern.algorithm == algorithm], "auto"
     if algorithm != "auto":
         return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:
