@@ -328,8 +328,7 @@ def plans(
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
     ``kernels``: what the backend can run (a subset of the registered ones,
-    :func:`dmatmul.algorithms.kernels`; None: all of them).
-    SUMMA is a candidate only on a process grid; ``grid_ops`` names the
+    :func:`dmatmul.algorithms.kernels`; None: all of them). SUMMA is a candidate only on a process grid; ``grid_ops`` names the
     operands laid out on that grid (SUMMA takes them from there even where
     their role is a 1-D one: :func:`on_grid_roles`), ``native`` those whose
     grid layout is already the one SUMMA uses (no move).
@@ -504,7 +503,8 @@ def choose_distributions(
     if algorithm != "auto" and ALGORITHMS[algorithm].grid:
         return choose_grid(problem, model, fixed=fixed, deliverable=deliverable, algorithm=algorithm)
     if algorithm != "auto" and ALGORITHMS[algorithm].relays:  # the 1-D layouts its plan, moves included, likes best
-        kernels, algorithm = [kern for kern in registered_kernels() if kern.algorithm == algorithm], "auto"
+        own = [kern for kern in registered_kernels() if kern.algorithm == algorithm]  # (refused later, if it must)
+        kernels, algorithm = own if ALGORITHMS[algorithm].runs_on(problem) else kernels, "auto"
     if algorithm != "auto":
         return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:

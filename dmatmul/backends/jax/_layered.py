@@ -18,7 +18,7 @@ NAME = "summa25d"
 
 def layers(problem: _plan.Problem1D) -> tuple[int, int]:
     """(q, c): the layer grid's side and the number of layers the planner chose."""
-    return ALGORITHMS[NAME].layers(problem)  # type: ignore[attr-defined, no-any-return]
+    return ALGORITHMS[NAME].layers(problem)  # type: ignore[attr-defined]
 
 
 def geometry(devices: tuple, problem: _plan.Problem1D) -> Geometry:
