@@ -13,7 +13,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
-from dmatmul import _plan  # noqa: E402
+from dmatmul import _cost, _plan, algorithms  # noqa: E402
+from dmatmul.algorithms import summa25d  # noqa: E402
 from dmatmul.testing.reference import assert_close, random_matrix, reference, reference_vjp  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
@@ -115,3 +116,127 @@ def test_a_rank_count_that_is_no_layered_grid_is_refused(devices):
     a, b, _ = operands(11, 8, 8, 8)
     with pytest.raises(ValueError, match=rf"summa25d.*q\*q\*c.*8 = 2\*2\*2.*runs on {devices}"):
         dm.matmul(a, b, algorithm="summa25d", devices=devices)
+
+
+def _received_per_rank(hlo, p):
+    """Bytes each of ``p`` devices receives in a compiled module's collective-permutes,
+    all-gathers and reduce-scatters (``(g - 1)`` output blocks from the group's
+    others), a loop body's counted as often as the loop runs."""
+    import re
+
+    sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
+    bodies = {}
+    for block in hlo.split("\n\n"):
+        head = block.lstrip().split(" ", 2)
+        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = block.splitlines()
+
+    def groups_of(line):
+        groups = re.search(r"replica_groups=(\{\{[\d,{}]*\}\}|\[\d+,\d+\]<=\[[\d,]+\]\S*)", line)[1]
+        if groups.startswith("["):  # iota: [groups, size]<=[dims]T(perm)
+            n, _, dims, perm = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", groups).groups()
+            ids = np.arange(p).reshape([int(x) for x in dims.split(",")])
+            return (ids.transpose([int(x) for x in perm.split(",")]) if perm else ids).reshape(int(n), -1).tolist()
+        return [[int(x) for x in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", groups)]
+
+    def visit(name):
+        got = np.zeros(p)
+        for line in bodies.get(name, ()):
+            out = re.search(r"= (\w+)\[([\d,]*)\]", line)
+            nbytes = out and sizes.get(out[1], 0) * int(np.prod([int(x) for x in out[2].split(",") if x]))
+            if " collective-permute(" in line:
+                for src, dst in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]):
+                    got[int(dst)] += nbytes * (src != dst)
+            elif " all-gather(" in line:
+                for g in groups_of(line):
+                    got[g] += nbytes * (len(g) - 1) / len(g)
+            elif " reduce-scatter(" in line:
+                for g in groups_of(line):
+                    got[g] += nbytes * (len(g) - 1)
+            elif " while(" in line:
+                trips = int(re.search(r'"known_trip_count":\{"n":"(\d+)"', line)[1])
+                got += trips * visit(re.search(r"body=%?([\w.\-]+)", line)[1])
+        return got
+
+    return visit(next(name for name, lines in bodies.items() if lines and lines[0].startswith("ENTRY")))
+
+
+def _kernel_bytes(mm, p):
+    """Bytes every rank receives in the compiled kernel alone, its operands
+    already in the layouts it takes (no move before nor after)."""
+    from dmatmul.backends.jax import _kernels
+
+    plan = mm._plan
+    geom, kern = plan.geom, plan.kernel
+    body = _kernels.body(plan.local, None)
+    fn = jax.jit(jax.shard_map(body, mesh=geom.mesh, in_specs=(kern["a"].spec, kern["b"].spec),
+                               out_specs=kern["d"].spec))
+    args = [jax.ShapeDtypeStruct(kern[op].shape, jnp.float32, sharding=geom.sharding(kern[op])) for op in "ab"]
+    with plan._own_context():
+        return _received_per_rank(fn.lower(*args).compile().as_text(), p)
+
+
+@pytest.mark.parametrize("schedule", ["ring", "one_shot"])
+def test_bytes_received_per_rank_against_summa_at_4096(schedule):
+    """n = 4096 on 8 devices, each kernel on operands already in its layouts:
+    2.5-D SUMMA (2 x 2 x 2) receives at most 0.8x what SUMMA on the 2 x 4 grid
+    does, counted in the compiled programs (3n^2/8 against n^2/2 words in the
+    backend-neutral model; JAX's SUMMA ring broadcasts its panels in ppermute
+    rounds, 5n^2/8), and the plan's modelled kernel bytes are the count."""
+    n, p = 4096, 8
+    a = np.zeros((n, n), np.float32)
+    with _plan.schedule(schedule):
+        with dm.Matmul(a, a, algorithm="summa25d", devices=p) as layered:
+            layered.plan()
+            got = _kernel_bytes(layered, p)
+            cost = layered._plan.cost
+        with dm.Matmul(a, a, distribution=dm.BlockNonCyclic(GRID), algorithm="summa", devices=p) as flat:
+            flat.plan()
+            summa, summa_cost = _kernel_bytes(flat, p), flat._plan.cost
+            assert not summa_cost.moves
+    assert got.max() == got.min() == pytest.approx(cost.kernel_bytes)
+    assert summa.max() == summa.min() == pytest.approx(summa_cost.kernel_bytes)
+    assert got.max() <= 0.8 * summa.max(), (got.max() / n**2 / 4, summa.max() / n**2 / 4)
+    neutral = _plan.kernel_cost(_plan.Problem1D(n, n, n, p, 4, 4), cost.kernel)[0]
+    assert neutral == 3 * n * n / 8 * 4
+    if schedule == "one_shot":  # the panels gathered whole: each byte once, as the neutral model counts
+        assert got.max() == neutral
+    print(schedule, got.max() / (n * n * 4), summa.max() / (n * n * 4))
+
+
+def test_auto_takes_it_only_where_the_model_says_so_moves_included():
+    """auto (the 8-device CPU model): a large square product (n = 16384) on
+    AllGather+GEMM's slabs is cheapest re-laid into the layers (the
+    three all-to-alls cost less than the bytes 2.5-D SUMMA saves); a small one,
+    or one whose operands are replicated (a local GEMM), is not; the plan
+    chosen is the cheapest, its moves counted."""
+    model = _cost.model_for("cpu", 8)
+    xyx = {"a": "M", "b": "N", "d": "M"}
+    large, small = _plan.Problem1D(16384, 16384, 16384, 8, 4, 4), _plan.Problem1D(256, 256, 256, 8, 4, 4)
+    best = _plan.choose(large, xyx, algorithm="auto", model=model, transposes=(False, False))
+    assert best.algorithm == "summa25d" and {mv.operand for mv in best.moves} == {"a", "b", "d"}
+    others = [pl for pl in _plan.plans(large, xyx, model) if pl.algorithm != "summa25d"]
+    assert best.time < others[0].time and best.nbytes < others[0].nbytes
+    assert _plan.choose(small, xyx, algorithm="auto", model=model, transposes=(False, False)).algorithm != "summa25d"
+    rrm = {"a": "R", "b": "R", "d": "M"}
+    assert _plan.choose(large, rrm, algorithm="auto", model=model, transposes=(False, False)).algorithm == "local"
+    # on 4 ranks (no q*q*c with q, c >= 2) it is no candidate at all
+    four = _plan.Problem1D(16384, 16384, 16384, 4, 4, 4)
+    assert all(pl.algorithm != "summa25d" for pl in _plan.plans(four, xyx, model))
+
+
+def test_the_layers_follow_the_memory_allowed():
+    """On 32 ranks (2 x 2 x 8 or 4 x 4 x 2): the fewest bytes received where
+    memory allows; a limit below that layout's extra memory takes the other."""
+    alg = algorithms.ALGORITHMS["summa25d"]
+    pr = _plan.Problem1D(4096, 4096, 4096, 32, 4, 4)
+    free = alg.layers(pr)
+    extra = {qc: alg._extra(4096, 4096, 4096, qc, 4, 4, False) for qc in summa25d.layouts(32)}
+    other = next(qc for qc in extra if qc != free)
+    assert alg._bytes(pr, free) < alg._bytes(pr, other)
+    try:
+        alg.memory_limit = (extra[free] + extra[other]) / 2 if extra[other] < extra[free] else extra[other]
+        assert alg.layers(pr) == (other if extra[other] < extra[free] else free)
+        alg.memory_limit = min(extra.values()) / 2  # nothing fits: the least memory
+        assert alg.layers(pr) == min(extra, key=extra.get)
+    finally:
+        alg.memory_limit = None

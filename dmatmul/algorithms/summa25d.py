@@ -17,7 +17,25 @@ moves) and its result out of them; a replicated operand is sliced there.
 
 from __future__ import annotations
 
+import math
+
 from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D
+
+#: the memory-dependent bound explain() compares a 2.5-D plan with: its formula and where it comes from
+BOUND_FORMULA = "W >= m*n*k / (2*sqrt(2) * P * sqrt(M)) - M words, M the words a rank holds"
+BOUND_SOURCE = ("Irony, Toledo and Tiskin, J. Parallel Distrib. Comput. 2004; Ballard, Demmel, Holtz and "
+                "Schwartz, SIAM J. Matrix Anal. Appl. 2011")
+
+
+def memory_dependent_bound(m: float, n: float, k: float, p: int, memory_words: float) -> float:
+    """Words a rank must receive when it holds ``memory_words`` (:data:`BOUND_FORMULA`), at least 0: on
+    few ranks with room for their share of the three matrices it is vacuous (0), as here on 8.
+
+    >>> n = 4096
+    >>> round(memory_dependent_bound(n, n, n, 4096, 3 * n * n / 4096)), memory_dependent_bound(n, n, n, 8, 3 * n * n / 8)
+    (41222, 0.0)
+    """
+    return max(0.0, m * n * k / (2 * math.sqrt(2) * p * math.sqrt(memory_words)) - memory_words)
 
 
 def layouts(p: int) -> list[tuple[int, int]]:
@@ -102,6 +120,13 @@ class Summa25D(Algorithm):
         q, c = qc
         panel_k = k / c if one_shot else k / (c * q)
         return (m / q) * (n / q) * acc + (m / q + n / q) * panel_k * itemsize
+
+    def held_words(self, problem: Problem1D, one_shot: bool) -> float:
+        """Words a rank holds in the kernel: its blocks of op(A), op(B) and the
+        result, the layer's partial result and the panels (the bound's M)."""
+        m, n, k, p = problem.m, problem.n, problem.k, problem.p
+        extra = self._extra(m, n, k, self.layers(problem), problem.itemsize, problem.acc_itemsize, one_shot)
+        return (m * k + k * n + m * n) / p + extra / problem.itemsize
 
     def extra_memory_bytes(self, m: int, n: int, k: int, p: int, itemsize: int, acc: int, *,
                            moving: str | None, one_shot: bool) -> float:
