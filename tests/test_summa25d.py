@@ -225,12 +225,13 @@ def test_auto_takes_it_only_where_the_model_says_so_moves_included():
 
 
 def test_the_layers_follow_the_memory_allowed():
-    """On 32 ranks (2 x 2 x 8 or 4 x 4 x 2): the fewest bytes received where
-    memory allows; a limit below that layout's extra memory takes the other."""
+    """On 32 ranks (2 x 2 x 8 or 4 x 4 x 2), a long K: 8 layers receive the
+    fewest bytes and hold the most; a limit below that takes 2 layers."""
     alg = algorithms.ALGORITHMS["summa25d"]
-    pr = _plan.Problem1D(4096, 4096, 4096, 32, 4, 4)
+    pr = _plan.Problem1D(1024, 1024, 65536, 32, 4, 4)
     free = alg.layers(pr)
-    extra = {qc: alg._extra(4096, 4096, 4096, qc, 4, 4, False) for qc in summa25d.layouts(32)}
+    assert free == (2, 8)
+    extra = {qc: alg._extra(1024, 1024, 65536, qc, 4, 4, False) for qc in summa25d.layouts(32)}
     other = next(qc for qc in extra if qc != free)
     assert alg._bytes(pr, free) < alg._bytes(pr, other)
     try:
