@@ -328,8 +328,7 @@ def plans(
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
     ``kernels``: what the backend can run (a subset of the registered ones,
-    :func:`dmatmul.algorithms.kernels`; None: all of them).
-    SUMMA is a candidate only on a process grid; ``grid_ops`` names the
+    :func:`dmatmul.algorithms.kernels`; None: all of them). SUMMA is a candidate only on a process grid; ``grid_ops`` names the
     operands laid out on that grid (SUMMA takes them from there even where
     their role is a 1-D one: :func:`on_grid_roles`), ``native`` those whose
     grid layout is already the one SUMMA uses (no move).
@@ -343,7 +342,7 @@ def plans(
         kernels = [kern for kern in kernels if kern.algorithm not in both or kern.schedule == forced]
     for kernel in kernels:
         on_grid = ALGORITHMS[kernel.algorithm].grid
-        if on_grid and problem.grid is None:
+        if (on_grid and problem.grid is None) or not ALGORITHMS[kernel.algorithm].runs_on(problem):
             continue
         given = grid_roles if on_grid else roles
         sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
@@ -384,8 +383,7 @@ def choose(
     model: _cost.MachineModel,
     transposes: tuple[bool, bool],
     native: frozenset[str] = frozenset(),
-    kernels: Sequence[Kernel] | None = None,
-    backend: str = "",
+    kernels: Sequence[Kernel] | None = None, backend: str = "",
     fit_roles: dict[str, Role] | None = None,
     grid_ops: frozenset[str] = frozenset(),
     given: str | None = None,
@@ -401,6 +399,8 @@ def choose(
     does not fit (``backend``: named in that message; ``given``: the given
     triple as the user wrote it, named there instead of its roles).
     """
+    if algorithm != "auto" and ALGORITHMS[algorithm].refusal(problem):
+        raise ValueError(ALGORITHMS[algorithm].refusal(problem))
     candidates = plans(problem, roles, model, native, kernels, grid_ops)
     if algorithm == "auto":
         return candidates[0]
@@ -408,12 +408,9 @@ def choose(
     as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels, grid_ops)
     # a grid algorithm also takes grid operands whose blocking or orientation it must first adjust
     # (transposes, other block sizes on the same grid); every other named algorithm runs on its operands as given
-    on_grid = ALGORITHMS[algorithm].grid
-    fits = {
-        pl.kernel for pl in as_given
-        if pl.algorithm == algorithm
-        and (pl.communication_free_moves or (on_grid and all(m.src == m.dst == "G" for m in pl.moves)))
-    }
+    on_grid, relays = ALGORITHMS[algorithm].grid, ALGORITHMS[algorithm].relays
+    fits = {pl.kernel for pl in as_given if pl.algorithm == algorithm and (
+        relays or pl.communication_free_moves or (on_grid and all(m.src == m.dst == "G" for m in pl.moves)))}
     fitting = [pl for pl in candidates if pl.kernel in fits]
     if fitting:
         return fitting[0]
@@ -505,6 +502,9 @@ def choose_distributions(
     """
     if algorithm != "auto" and ALGORITHMS[algorithm].grid:
         return choose_grid(problem, model, fixed=fixed, deliverable=deliverable, algorithm=algorithm)
+    if algorithm != "auto" and ALGORITHMS[algorithm].relays:  # the 1-D layouts its plan, moves included, likes best
+        own = [kern for kern in registered_kernels() if kern.algorithm == algorithm]  # (refused later, if it must)
+        kernels, algorithm = own if ALGORITHMS[algorithm].runs_on(problem) else kernels, "auto"
     if algorithm != "auto":
         return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:

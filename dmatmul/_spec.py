@@ -38,8 +38,8 @@ __all__ = [
 
 DtypeName = Literal["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 #: The algorithm names of the contract, in order of preference on ties.
-Algorithm = Literal["local", "allgather", "reduce_scatter", "allreduce", "summa"]
-AlgorithmName = Literal["auto", "local", "allgather", "reduce_scatter", "allreduce", "summa"]
+Algorithm = Literal["local", "allgather", "reduce_scatter", "allreduce", "summa", "summa25d"]
+AlgorithmName = Literal["auto", "local", "allgather", "reduce_scatter", "allreduce", "summa", "summa25d"]
 BackendName = Literal["auto", "jax", "nvmath"]
 PrecisionName = Literal["default", "high", "highest"]
 Family = Literal["numpy", "jax", "cupy", "other"]

@@ -12,14 +12,14 @@ runs it (docs/architecture.md, "Adding an algorithm").
 Importing it loads nothing beyond the standard library.
 
 >>> list(ALGORITHMS)
-['local', 'allgather', 'reduce_scatter', 'allreduce', 'summa']
+['local', 'allgather', 'reduce_scatter', 'allreduce', 'summa', 'summa25d']
 >>> ALGORITHMS["summa"].grid, len(ALGORITHMS["allgather"].kernels)
 (True, 12)
 """
 
 from __future__ import annotations
 
-from . import allgather, allreduce, local, reduce_scatter, summa
+from . import allgather, allreduce, local, reduce_scatter, summa, summa25d
 from .base import SCHEDULES, Algorithm, Kernel
 
 __all__ = ["ALGORITHMS", "Algorithm", "register", "unregister", "kernels"]
@@ -27,7 +27,8 @@ __all__ = ["ALGORITHMS", "Algorithm", "register", "unregister", "kernels"]
 #: The algorithms by name, in order of preference on ties (the contract's order).
 ALGORITHMS: dict[str, Algorithm] = {
     alg.name: alg
-    for alg in (local.ALGORITHM, allgather.ALGORITHM, reduce_scatter.ALGORITHM, allreduce.ALGORITHM, summa.ALGORITHM)
+    for alg in (local.ALGORITHM, allgather.ALGORITHM, reduce_scatter.ALGORITHM, allreduce.ALGORITHM, summa.ALGORITHM,
+                summa25d.ALGORITHM)
 }
 
 

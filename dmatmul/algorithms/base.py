@@ -126,6 +126,17 @@ class Algorithm:
     grid: bool = False
     #: one line on what it does, for the documentation of the registry
     summary: str = ""
+    #: whether, named, it takes operands in any layout and re-lays them into its own (the planner's moves),
+    #: its layouts being none a user can give (2.5-D SUMMA's layers)
+    relays: bool = False
+
+    def runs_on(self, problem: Problem1D) -> bool:
+        """Whether it runs on ``problem``'s rank count (2.5-D SUMMA: only on q*q*c ranks)."""
+        return True
+
+    def refusal(self, problem: Problem1D) -> str | None:
+        """Why it does not run on ``problem`` (named, a ValueError says it), or None."""
+        return None
 
     def collectives(self, kernel: Kernel, p: int) -> float:
         """Whole collectives the kernel runs on ``p > 1`` ranks: one for a

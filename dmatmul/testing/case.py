@@ -371,10 +371,11 @@ class Case:
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
         # a named algorithm runs where it fits the layouts by roles, and with distribution=None on operands of
         # no mesh (the model picks among the layouts it takes)
-        if self.algorithm != "auto" and not (
+        # (2.5-D SUMMA, which re-lays any layout, has no nvmath kernel yet: a backend may refuse it)
+        if self.algorithm != "auto" and (_plan.ALGORITHMS[self.algorithm].relays or not (
                 (self.distributions is None and self.on_mesh is None)
                 or (self.distributions is not None and self.algorithm in _fitting_algorithms(
-                    self.nranks, self.distributions, self.transpose_a, self.transpose_b))):
+                    self.nranks, self.distributions, self.transpose_a, self.transpose_b)))):
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
         return required, allowed
@@ -524,6 +525,9 @@ def _fitting_algorithms(
         want = (kernel.a, kernel.b, kernel.d)
         if _plan.ALGORITHMS[kernel.algorithm].grid:
             if one_grid:
+                out.append(kernel.algorithm)
+        elif _plan.ALGORITHMS[kernel.algorithm].relays:  # any layout, re-laid: where the rank count is its own
+            if _plan.ALGORITHMS[kernel.algorithm].runs_on(_plan.Problem1D(1, 1, 1, nranks, 4, 4)):
                 out.append(kernel.algorithm)
         elif all(g == w or (g == "R" and w != "G" and op != "d") for g, w, op in zip(roles, want, "abd")):
             out.append(kernel.algorithm)

@@ -6,8 +6,9 @@ import dataclasses
 
 
 from ... import _cost, _plan
-from ...algorithms import ALGORITHMS
+from ...algorithms import ALGORITHMS, summa25d
 from ..._distribution import Replicated
+from . import _layered
 from ._execute import ExecutingProduct
 
 
@@ -93,9 +94,21 @@ class ExplainedProduct(ExecutingProduct):
             f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {counted.describe_messages()}, "
             f"{plan.flops / 1e9:.3g} GFLOP per rank",
             f"lower bound: {_plan._fmt_bytes(lb)} per rank (memory-independent); {ratio}",
+            *self._memory_bound(nbytes, replicated),
             f"predicted:  {plan.time * 1e3:.3g} ms ({self.model.source} {self.devices[0].platform} model)",
         ]
         return lines
+
+    def _memory_bound(self, nbytes: float, replicated: list[str]) -> list[str]:
+        """2.5-D SUMMA: the memory-dependent bound too, for the memory the plan holds per rank."""
+        if self.plan.algorithm != _layered.NAME:
+            return []
+        pr, one_shot = self.problem, self.plan.kernel.schedule == "one_shot"
+        words = ALGORITHMS[_layered.NAME].held_words(pr, one_shot)  # type: ignore[attr-defined]
+        bound = summa25d.memory_dependent_bound(pr.m, pr.n, pr.k, pr.p, words) * pr.itemsize
+        return [f"            {_plan._fmt_bytes(bound)} per rank (memory-dependent, M = "
+                f"{_plan._fmt_bytes(words * pr.itemsize)} held per rank: {summa25d.BOUND_FORMULA}; "
+                f"{summa25d.BOUND_SOURCE}); {_plan.versus_bound(nbytes, bound, replicated)}"]
 
     def _role_name(self, op: str) -> _plan.Role:
         t = {"a": self.spec.transpose_a, "b": self.spec.transpose_b, "d": False}[op]

@@ -122,7 +122,7 @@ class Geometry:
     """The mesh of one product and the axis that enumerates ranks."""
 
     mesh: Mesh | AbstractMesh
-    rank_axis: str | tuple[str, str]
+    rank_axis: str | tuple[str, ...]
     grid: ProcessGrid | None
 
     @staticmethod
@@ -148,6 +148,22 @@ class Geometry:
         arr = np.array(devices, dtype=object).reshape((rows, cols) if row else (cols, rows))
         names = ("r", "c") if row else ("c", "r")
         return Geometry(Mesh(arr, names, axis_types=(AxisType.Auto, AxisType.Auto)), names, grid)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def layered(devices: tuple[jax.Device, ...], q: int, c: int) -> Geometry:
+        """2.5-D SUMMA's mesh: ``("r", "c", "l")`` of shape ``(q, q, c)``, c layers
+        of a q x q grid, the devices in rank order (rank ``(i*q + j)*c + l`` at
+        grid row ``i``, column ``j``, layer ``l``); no 2-D process grid.
+
+        >>> import jax
+        >>> g = Geometry.layered(tuple(jax.devices()[:8]), 2, 2)
+        >>> dict(g.mesh.shape), g.rank_axis, g.coord(5, "c"), g.coord(5, ("c", "l"))
+        ({'r': 2, 'c': 2, 'l': 2}, ('r', 'c', 'l'), 0, 1)
+        """
+        arr = np.array(devices, dtype=object).reshape((q, q, c))
+        names = ("r", "c", "l")
+        return Geometry(Mesh(arr, names, axis_types=(AxisType.Auto,) * 3), names, None)
 
     def onto(self, x: jax.Array, sharding: Any) -> jax.Array:
         """A concrete jax.Array on this mesh: as it is where it already lies on
@@ -196,7 +212,13 @@ class Geometry:
         """The index along mesh ``axis`` of the device of ``rank``."""
         if axis == self.rank_axis or axis == "x":
             return rank
-        assert self.grid is not None
+        if self.grid is None:  # a mesh of several axes in rank order (2.5-D SUMMA's): row-major coordinates
+            shape = dict(self.mesh.shape)
+            at = dict(zip(shape, np.unravel_index(rank, tuple(shape.values()))))
+            out = 0
+            for name in (axis,) if isinstance(axis, str) else axis:  # type: ignore[union-attr]
+                out = out * shape[name] + int(at[name])
+            return out
         return self.grid.coords(rank)[{"r": 0, "c": 1}[axis]]  # type: ignore[index]
 
     def axis_size(self, axis: AxisName) -> int:

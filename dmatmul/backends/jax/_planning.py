@@ -17,7 +17,7 @@ from ...algorithms import ALGORITHMS
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 from ..._problem import Spec
 from ..._spec import Operands, check_fit
-from . import _kernels, _layout, _mesh
+from . import _kernels, _layered, _layout, _mesh
 from ._mesh import _tracing, mesh_of, plan_devices, trace_mesh
 from ._shardings import _given_distributions, _plain, _sharding_of, _unexpressed
 
@@ -98,6 +98,7 @@ class PlannedProduct:
     """A product laid out and its algorithm chosen (no function compiled yet)."""
 
     plan: _plan.Plan  # the chosen algorithm and its cost (:meth:`_choose`)
+    algorithm: str  # its name
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
@@ -121,6 +122,8 @@ class PlannedProduct:
         self.epilogue = _kernels.Epilogue(spec)
         if ALGORITHMS[kern.algorithm].grid and p > 1:
             self.plan = self._summa_cost(self.plan)
+        elif kern.algorithm == _layered.NAME:
+            self.plan = _layered.recost(self.plan, self.problem, self.kernel, self.local, self.model, self.problem.itemsize)
         self.algorithm = self.plan.algorithm
         self._compiled: dict[str, Any] = {}
         self._needs: tuple[list[_memory.Need], dict[str, _memory.Probe]] | None = None
@@ -136,6 +139,9 @@ class PlannedProduct:
         self.distributions, self.chosen_by_model = self._distributions(operands)
         check_fit(self.distributions, p, spmd=self.spec.spmd, available=len(jax.local_devices()))
         grid = _product_grid(self.distributions)  # a 1x1 grid on one rank too: SUMMA is named there as well
+        # 2.5-D SUMMA runs on its own mesh of layers: operands on a 2-D grid are re-laid as Slab.X for it
+        layered = spec.algorithm == _layered.NAME and p > 1
+        grid = None if layered else grid
         # a jax.Array result whose layout no sharding expresses (uneven, cyclic, another grid) comes back
         # replicated: the plan then targets Replicated() itself, so the gather is a planned, explained move
         self.replicated_result = self._replicated_result(grid)
@@ -146,7 +152,7 @@ class PlannedProduct:
         # replicated is not re-laid onto its grid.
         self.foreign = {
             op: d for op, d in zip("abd", self.distributions)
-            if d.grid is not None and d.grid.ndim == 2 and grid is not None and d.grid != grid
+            if d.grid is not None and d.grid.ndim == 2 and (layered or grid is not None and d.grid != grid)
             and not (op == "d" and self.replicated_result is not None)
         }
         # an operand on another grid that splits as a Slab does (a BlockNonCyclic on a (P, 1) or (1, P) grid)
@@ -205,8 +211,12 @@ class PlannedProduct:
             self.problem, roles, algorithm=spec.algorithm, model=self.model,
             transposes=(spec.transpose_a, spec.transpose_b), native=native, backend="jax", fit_roles=fit_roles,
             grid_ops=on_grid | fit_grid, given=f"({given_dists})",
+            # the layers' mesh is no grid's: on a grid, only a named 2.5-D SUMMA leaves it (re-laid as Slab.X)
+            kernels=None if grid is None else [k for k in _plan.KERNELS if k.algorithm != _layered.NAME],
         )
         kern = self.plan.kernel
+        if kern.algorithm == _layered.NAME:
+            self.geom = _layered.geometry(self.devices, self.problem)
         split = {r for r in (*roles.values(), kern.a, kern.b, kern.d) if r not in ("R", "G")}
         shared = {
             dim: _layout.DimMap.slab(size, p) if dim in split else None
@@ -236,6 +246,8 @@ class PlannedProduct:
         if ALGORITHMS[kern.algorithm].grid:
             assert summa is not None
             self.kernel, schedule = summa
+        elif kern.algorithm == _layered.NAME:
+            self.kernel, schedule = _layered.placements(spec, *_layered.layers(self.problem))
         else:
             self.kernel = {
                 op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in _plan.OPERANDS

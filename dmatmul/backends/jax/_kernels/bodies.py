@@ -13,6 +13,7 @@ from . import common
 from .common import Epilogue, LocalProblem, _rounds_in_the_gemm, varying_zeros
 from .ring import ring_allgathers, ring_parts, ring_pieces, ring_reduce_scatters
 from .grid import _summa
+from .layered import summa25d
 
 
 def one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -179,4 +180,5 @@ BODIES: dict[str, Callable[[LocalProblem, jax.Array, jax.Array], jax.Array]] = {
     "reduce_scatter": reduce_scatter,
     "allreduce": allreduce,
     "summa": _summa,
+    "summa25d": summa25d,
 }
