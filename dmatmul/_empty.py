@@ -32,6 +32,7 @@ class EmptyProduct(_backends.Backend):
     standing in for ``backend``."""
 
     name = "none (empty product)"
+    cache_size = 0  # planned at every call: its plan is no more than the refusals of the backend it stands for
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend  # the one the product would run on: it says how many ranks there are

@@ -31,7 +31,7 @@ from ._distribution import Distribution
 from ._empty import EmptyProduct
 from ._epilogue import EPILOGS, Epilog, EpilogName
 from ._errors import PlanFreedError
-from ._lru import LRU
+from ._plans import PLANS, Borrowed
 from ._options import _DOCS, _OPERAND_NAMES, MatmulOptions, byte_swapped, check_reset
 from ._options import _held, _shapes
 from ._options import validate as _validate
@@ -72,7 +72,7 @@ def plan_of(mm: Matmul) -> _backends.BackendPlan:
     tools (``dmatmul bench``): its ``cost``, and whatever the backend adds."""
     mm.plan()
     assert mm._plan is not None
-    return mm._plan
+    return mm._plan.backend_plan if isinstance(mm._plan, Borrowed) else mm._plan
 
 
 
@@ -192,7 +192,7 @@ class Matmul:
                 fit()
             self._fits = self._spec
         if self._plan is None:
-            self._plan = self._backend.plan(self._spec, self._operands)
+            self._plan = PLANS.borrow(self._backend, self._spec, self._operands)
         return self._plan
 
     def _agree_on_the_plan(self, what: str, check: Callable[[], None] | None = None) -> None:
@@ -526,22 +526,17 @@ def matmul(a: Any, b: Any, c: Any = None, **options: Unpack[MatmulOptions]) -> A
 
 
 class _Recent:
-    """dm.matmul's recent plans by what its checks read of the call: a call,
-    in one process, of arrays a backend's kind keys (:meth:`ArrayKind.recent_key`:
+    """dm.matmul's shortcut for a call like a recent one: a call, in one
+    process, of arrays a backend's kind keys (:meth:`ArrayKind.recent_key`:
     jax.Arrays outside any trace, by shape, dtype, sharding, committedness,
     ``jax.set_mesh``'s mesh and x64) whose key and options (type and value)
-    are those of one that passed the checks runs that plan
-    again without them, through the runner its ``repeat`` made for the first
-    call's operands (the backend protocol's optional shortcut: the JAX plan
-    still refuses deleted operands and traces, and then the full call raises
-    what it must). A plan of no ``repeat`` is not kept; neither are calls of
-    numpy operands, whose checks read their memory (byte order, strides).
-    The runners unused longest go past ``size``."""
-
-    size = 32
-
-    def __init__(self) -> None:
-        self._runs: LRU[Callable[[Operands], Any]] = LRU()
+    are those of one that passed the checks runs that call's plan again
+    without them, through the runner its ``repeat`` made (the JAX plan still
+    refuses deleted operands and traces, and then the full call raises what
+    it must). The runners live in the plan cache with their plan
+    (:meth:`dmatmul._plans.Plans.runner`): a plan that leaves takes them
+    along. A plan of no ``repeat`` keeps none; neither do calls of numpy
+    operands, whose checks read their memory (byte order, strides)."""
 
     def key(self, a: Any, b: Any, c: Any, options: Mapping[str, Any]) -> Hashable | None:
         """The call's key, or None where it is not one to keep."""
@@ -564,14 +559,14 @@ class _Recent:
 
     def run(self, key: Hashable, operands: Operands) -> Any:
         """The product by the runner kept for ``key``; None where there is none or it may not run."""
-        run = self._runs.get(key)
+        run = PLANS.runner(key)
         return None if run is None else run(operands)
 
     def keep(self, key: Hashable, plan: Any, operands: Operands) -> None:
         """Keep ``plan``'s runner for operands laid out as ``operands`` (those of the call that made ``key``)."""
         run = plan.repeat(operands)
         if run is not None:
-            self._runs.add(key, run, bound=self.size)
+            PLANS.keep_runner(key, plan, run)
 
 
 def _typed(v: Any) -> Any:

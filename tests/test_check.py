@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 import dmatmul as dm
+from dmatmul._plans import PLANS
 from dmatmul import testing as ck
 from dmatmul.testing import compare as ck_compare
-from dmatmul._lru import LRU
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -829,10 +829,10 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
         if len(cases) == 6:
             break
     monkeypatch.setattr(_mesh, "_auto_typed", lambda x: x)
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     assert [ck.run_case(c).status for c in cases].count("failed") >= 3
     monkeypatch.undo()
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     assert [ck.run_case(c).status for c in cases] == ["passed"] * 6
 
 
@@ -900,7 +900,7 @@ BROKEN = {
 def _run_broken(monkeypatch, breaks, cases, backend_module):
     """Run ``cases`` with the JAX backend broken by ``breaks`` (plans made
     with the code broken are dropped first and stay behind)."""
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     with monkeypatch.context() as mp:
         breaks(mp, backend_module)
         return [ck.run_case(c, rng_seed=3) for c in cases]
@@ -1023,5 +1023,5 @@ def test_a_drawn_transformation_catches_what_it_covers(monkeypatch, broken):
     assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \
         [(o.message, o.describe()) for o in outs]
     assert all(c.transform.describe() in o.message for c, o in zip(cases, outs) if words == "max error")
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     assert [ck.run_case(c, rng_seed=3).status for c in cases] == ["passed"] * 2

@@ -17,8 +17,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
+from dmatmul._plans import PLANS  # noqa: E402
 import dmatmul.backends  # noqa: E402,F401
-from dmatmul._lru import LRU  # noqa: E402
 from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
 
 _layout = importlib.import_module("dmatmul.backends.jax._layout")
@@ -266,7 +266,7 @@ def test_generated_grid_products(rows, layout, mb, nb, kb, m, n, k, ta, tb, data
     shipped, overlap = _kernels.summa, data.draw(st.booleans())
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_kernels.grid, "summa", lambda lp, x, y: shipped(dataclasses.replace(lp, overlap=overlap), x, y))
-        mp.setattr(dm.backends.get("jax"), "_plans", LRU())  # no plan compiled with the other order
+        mp.setattr(PLANS, "_shelves", {})  # no plan compiled with the other order
         got = dm.matmul(a, b, c, distribution=(da, db, dd), beta=1.0, transpose_a=ta, transpose_b=tb, devices=8)
     assert_close(got, reference(a, b, c, beta=1.0, transpose_a=ta, transpose_b=tb), "float32")
 
@@ -468,7 +468,7 @@ def test_summa_ring_choices(ring, gather, overlap, shape, layout, blocks, monkey
         return shipped(dataclasses.replace(lp, overlap=overlap), a, b, ring=ring, gather=gather)
 
     monkeypatch.setattr(_kernels.grid, "summa", kernel)  # where the summa body looks it up
-    monkeypatch.setattr(dm.backends.get("jax"), "_plans", LRU())  # no plan compiled with another kernel
+    monkeypatch.setattr(PLANS, "_shelves", {})  # no plan compiled with another kernel
     k = 17 if blocks else 24  # 24: every travelling block meets one owner's run (the per-step broadcast)
     a, b, c = operands(hash((ring, gather, shape, layout)) % 1000, 13, 11, k, False, True)
     grid = dm.ProcessGrid(shape, layout=layout)

@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
-from dmatmul._lru import LRU  # noqa: E402
+from dmatmul._plans import PLANS  # noqa: E402
 from dmatmul.testing.reference import TOLERANCE, assert_close, random_matrix, reference  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
@@ -540,7 +540,7 @@ def test_threads_plan_at_once(monkeypatch):
 
     backend = dm.backends.get("jax")
     monkeypatch.setattr(type(backend), "cache_size", 3)
-    monkeypatch.setattr(backend, "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads often: the race comes within a few hundred plans
     try:
@@ -549,7 +549,7 @@ def test_threads_plan_at_once(monkeypatch):
             with dm.Matmul(np.full((m, k), 2, np.float32), np.ones((k, n), np.float32),
                            distribution=(X, Y, X), devices=2) as mm:
                 mm.plan()
-                size = len(backend._plans)
+                size = len(PLANS.held("jax"))
                 if i % 150 == 0:  # and the plans compute: a few, each compiles
                     assert np.array_equal(mm.execute(), np.full((m, n), 2 * k, np.float32))
                 return size
@@ -568,7 +568,7 @@ def test_a_plan_in_use_stays_cached_past_the_bound(monkeypatch):
 
     backend = dm.backends.get("jax")
     monkeypatch.setattr(type(backend), "cache_size", 3)
-    monkeypatch.setattr(backend, "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     b = np.ones((8, 5), np.float32)
 
     def planned(rows: int):
@@ -581,7 +581,7 @@ def test_a_plan_in_use_stays_cached_past_the_bound(monkeypatch):
     for rows in range(17, 25):
         assert planned(16) is hot, rows
         planned(rows)
-    assert len(backend._plans) == 3
+    assert len(PLANS.held("jax")) == 3
 
 
 def test_inputs_are_never_modified():

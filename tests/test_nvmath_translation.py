@@ -1297,9 +1297,8 @@ def test_fake_backend_plan_cache_borrows(fake_nvmath, monkeypatch):
     an evicted plan is freed when its last borrow returns; clear() (atexit)
     frees the rest."""
     nv = importlib.import_module("dmatmul.backends.nvmath")
-    from dmatmul.backends.nvmath import _backend as B
 
-    monkeypatch.setattr(B.NvmathBackend, "cache_size", 2)
+    monkeypatch.setattr(type(nv.BACKEND), "cache_size", 2)
     names = lambda: [n for n, _ in fake_nvmath.CALLS]  # noqa: E731
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))

@@ -559,8 +559,6 @@ def _settings() -> settings:
 @pytest.mark.filterwarnings("error::UserWarning")  # e.g. JAX's "float64 ... will be truncated" from dmatmul's code
 def test_plan_states(fake_nvmath, monkeypatch):
     # a small cache of nvmath plans: plans borrowed by live Matmuls are evicted now and then
-    from dmatmul.backends.nvmath import _backend
-
-    monkeypatch.setattr(_backend.NvmathBackend, "cache_size", 2)
+    monkeypatch.setattr(type(dm.backends.get("nvmath")), "cache_size", 2)
     run_state_machine_as_test(PlanStates, settings=_settings())
 

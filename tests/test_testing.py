@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import dmatmul as dm
+from dmatmul._plans import PLANS
 import dmatmul.testing
-from dmatmul._lru import LRU
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def test_a_users_check_catches_a_broken_kernel(jax_backend, monkeypatch):
 
     mm = _kernels.LocalProblem.mm
     monkeypatch.setattr(_kernels.LocalProblem, "mm", lambda self, a, b: 2 * mm(self, a, b))
-    monkeypatch.setattr(jax_backend, "_plans", LRU())  # no plan made before the break
+    monkeypatch.setattr(PLANS, "_shelves", {})  # no plan made before the break
     result = dmatmul.testing.check(cases=20, seed=1)
     assert result.failures > 0
     assert all("max error" in o.message for o in result.failed), str(result)
@@ -48,7 +48,7 @@ def test_a_users_case_catches_a_broken_empty_product(jax_backend, monkeypatch):
     assert dmatmul.testing.run_case(case).status == "passed"
     execute = _empty.EmptyPlan.execute
     monkeypatch.setattr(_empty.EmptyPlan, "execute", lambda self, ops: 2 * execute(self, ops))
-    monkeypatch.setattr(jax_backend, "_plans", LRU())
+    monkeypatch.setattr(PLANS, "_shelves", {})
     for c in (case, dataclasses.replace(case, family="jax")):
         out = dmatmul.testing.run_case(c)
         assert out.status == "failed" and "max error" in out.message, out

@@ -21,7 +21,7 @@ import functools
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from .. import _spec, _world
@@ -79,7 +79,15 @@ class Backend:
     front end calls has a default here (so none is looked for), but
     ``plan`` and ``ranks``, which each backend says.
 
-    * ``plan(spec, operands)``: a :class:`BackendPlan` for a validated product.
+    * ``plan(spec, operands)``: a :class:`BackendPlan` for a validated
+      product, made anew: the front end's one plan cache
+      (:mod:`dmatmul._plans`) keeps it under ``key(spec, operands)``, what the
+      plan depends on (default: the spec), checked at every call (the JAX
+      backend refuses a product inside ``shard_map`` there), and holds at
+      most ``cache_size`` of the backend's plans. Where plans are collective
+      (``plans_collectively``), every rank's key is gathered at each lookup
+      and handed to ``agree_keys(keys, rank)``, which raises where the ranks'
+      keys cannot make one plan (default: any keys can).
     * ``ranks(spec, operands)``: how many ranks a product of ``spec`` on
       ``operands`` spans here (raising where the backend refuses the operands'
       own layouts, as ``plan`` would: an empty product asks only this).
@@ -112,9 +120,16 @@ class Backend:
 
     name: str = ""
     plans_collectively: bool = False
+    cache_size: int = 64
 
     def plan(self, spec: Spec, operands: Operands) -> BackendPlan:
         raise NotImplementedError
+
+    def key(self, spec: Spec, operands: Operands) -> Hashable:
+        return spec
+
+    def agree_keys(self, keys: tuple[Hashable, ...], rank: int) -> None:
+        """Every rank's key is one plan's (by default)."""
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
         raise NotImplementedError

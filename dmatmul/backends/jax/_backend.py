@@ -9,7 +9,7 @@ from jax.sharding import Mesh
 
 from ... import _memory, _plan, _runtime
 from ..._distribution import Distribution, Replicated
-from ..._lru import LRU
+from ..._plans import PLANS
 from .. import Backend, BackendPlan
 from ..._problem import Spec
 from ..._spec import Operands
@@ -42,15 +42,12 @@ class JaxPlan(ExplainedProduct, BackendPlan):
 
 
 class JaxBackend(Backend):
-    """Plans are cached per (Spec, layouts of the jax.Array operands): repeated
-    ``dm.matmul`` calls on the same problem compile once. Past ``cache_size``
-    plans, the one unused longest goes."""
+    """Its plans are kept (:mod:`dmatmul._plans`) per Spec and layouts of the
+    jax.Array operands (:meth:`key`): repeated ``dm.matmul`` calls on the same
+    problem compile once. Past ``cache_size`` plans, the one unused longest goes."""
 
     name = "jax"
     cache_size = 128
-
-    def __init__(self) -> None:
-        self._plans: LRU[JaxPlan] = LRU()  # threads may plan at once (the cache is shared)
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         """An empty product's result, one process (:func:`place_result`): a
@@ -80,7 +77,11 @@ class JaxBackend(Backend):
         """What the product takes, per place, and how to ask each device what it
         has free (:meth:`JaxPlan.memory_needs`; the plan is laid out and kept,
         not compiled)."""
-        return self.plan(spec, operands).memory_needs()
+        plan = PLANS.borrow(self, spec, operands)  # (kept: the product's own plan, next, is this one)
+        try:
+            return plan.memory_needs()
+        finally:
+            plan.free()
 
     def start(self, runtime: _runtime.Runtime) -> _runtime.Runtime:
         """``jax.distributed`` over the runtime's processes (see :mod:`._start`)."""
@@ -90,7 +91,7 @@ class JaxBackend(Backend):
         """Shut the process group down; plans made on it go with it (a product
         after ``dm.finalize()`` plans anew, and the start says why it cannot)."""
         _start.stop()
-        self._plans.keep_only(lambda plan: not plan.spec.spmd)
+        PLANS.drop(self.name, lambda plan: plan.spec.spmd)  # type: ignore[attr-defined]
 
     def redistribute(
         self, x: Any, src: Distribution, dst: Distribution, *, shape: tuple[int, int], family: str,
@@ -120,7 +121,10 @@ class JaxBackend(Backend):
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
             return out
 
-    def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
+    def key(self, spec: Spec, operands: Operands) -> Any:
+        """The spec, a schedule the checker forces, and (one process) the mesh the
+        operands are on and the distributions their shardings say; refused inside
+        ``shard_map`` and under a ``vmap`` that splits the operands."""
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
             raise ValueError(_inside_shard_map(manual))
@@ -134,7 +138,7 @@ class JaxBackend(Backend):
             key = (*key, mesh, mesh is not None and _tracing(operands))
             if spec.distributions is None and spec.family == "jax":
                 key += _given_distributions(spec, operands, devices)
-        plan = self._plans.get(key)
-        if plan is None:  # made outside the cache's lock: threads plan different problems at once
-            plan = self._plans.add(key, JaxPlan(spec, operands), bound=self.cache_size)
-        return plan
+        return key
+
+    def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
+        return JaxPlan(spec, operands)

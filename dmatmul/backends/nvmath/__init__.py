@@ -188,19 +188,36 @@ class _LazyBackend(Backend):
 
     name = "nvmath"
     plans_collectively = True  # under mpiexec making a plan runs nvmath's collectives: see preview()
+    cache_size = 16
 
     def __init__(self) -> None:
         self._impl: Any = None
-        self._making = threading.Lock()  # threads' first plans at once make one backend (one cache, one start-up)
+        self._making = threading.Lock()  # threads' first plans at once make one backend (one start-up)
 
-    def plan(self, spec: Any, operands: Any) -> Any:
+    def _backend(self) -> Any:
         if self._impl is None:
             with self._making:
                 if self._impl is None:
                     from ._backend import NvmathBackend
 
                     self._impl = NvmathBackend()
-        return self._impl.plan(spec, operands)
+        return self._impl
+
+    def key(self, spec: Any, operands: Any) -> Any:
+        """The spec, the local blocks' memory orders and where they live."""
+        from ._backend import NvmathBackend
+
+        return NvmathBackend.key(spec, operands)
+
+    def agree_keys(self, keys: tuple[Any, ...], rank: int) -> None:
+        """Every rank's operands live in the same memory, host or GPU (nvmath
+        registers buffers for host operands collectively)."""
+        from ._backend import _same_memory
+
+        _same_memory(keys, rank)
+
+    def plan(self, spec: Any, operands: Any) -> Any:
+        return self._backend().plan(spec, operands)
 
     def ranks(self, spec: Any, operands: Any) -> int:
         """One GPU per process: the processes under mpiexec, else one."""
@@ -270,9 +287,10 @@ class _LazyBackend(Backend):
         self.clear()
 
     def clear(self) -> None:
-        """Free every cached plan (nothing to do before the first plan)."""
-        if self._impl is not None:
-            self._impl.clear()
+        """Free every cached plan of this backend."""
+        from ..._plans import PLANS
+
+        PLANS.clear(self.name)
 
     def __repr__(self) -> str:
         return "<dmatmul nvmath backend (cuBLASMp)>"

@@ -12,7 +12,7 @@ import numpy as np
 
 from ... import _runtime
 from .. import BackendPlan
-from ..._lru import LRU
+from ..._plans import PLANS
 from ..._problem import Spec
 from ..._spec import Operands, family
 from . import _engine, _pipeline
@@ -89,8 +89,6 @@ def _to_family(d: Any, fam: str) -> Any:
 class NvmathPlan(BackendPlan):
     """One product planned with nvmath: the Translation plus the nvmath object."""
 
-    borrows = 0  # Matmuls holding this plan (see _Borrowed)
-    serial = 0  # the backend's count of plans made before it: one plan's number on every rank (several processes)
 
     def __init__(self, spec: Spec, operands: Operands) -> None:
         self.spec = spec
@@ -222,58 +220,6 @@ class NvmathPlan(BackendPlan):
                 self._engine = None  # type: ignore[assignment]
 
 
-class _Borrowed(BackendPlan):
-    """What a :class:`dmatmul.Matmul` holds: a borrow of a cached plan.
-
-    Ownership rule: the backend's cache owns every plan it makes. ``free()``
-    on a borrow returns the borrow and never frees the plan (another Matmul,
-    or the next ``dm.matmul`` call, may be using it); the plan's nvmath
-    objects are freed when it leaves the cache (evicted, or ``clear()``) and
-    no borrow is left, when the last borrow of an evicted plan is returned,
-    or at interpreter exit. Under several processes freeing is collective and
-    a Matmul may be freed on some ranks only (its ``with`` block left by an
-    exception there): an evicted plan is freed at the first plan lookup (a
-    collective) after no rank borrows it any more.
-    """
-
-    def __init__(self, plan: NvmathPlan, backend: NvmathBackend) -> None:
-        self._p: NvmathPlan | None = plan
-        self._backend = backend
-        plan.borrows += 1
-
-    def _live(self) -> NvmathPlan:
-        if self._p is None:
-            raise RuntimeError("dmatmul internal error: a returned nvmath plan borrow was used")
-        return self._p
-
-    @property
-    def algorithm(self) -> str:  # type: ignore[override]
-        return self._live().algorithm
-
-    @property
-    def cost(self) -> Any:
-        return self._live().cost
-
-    def execute(self, operands: Operands) -> Any:
-        return self._live().execute(operands)
-
-    def explain(self) -> list[str]:
-        return self._live().explain()
-
-    def repeat(self, operands: Operands) -> Any:
-        return self._live().repeat(operands)
-
-    def free(self) -> None:
-        plan, self._p = self._p, None
-        if plan is not None:
-            with self._backend._lock:
-                plan.borrows -= 1
-                self._backend._release(plan)
-
-    def __getattr__(self, name: str) -> Any:  # algorithm, translation, spec, ...
-        return getattr(self._live(), name)
-
-
 def _same_memory(keys: tuple[Any, ...], rank: int) -> None:
     """Every rank's plan key (gathered: the same on every rank, so each raises
     alike): their operands must live in the same memory, host or GPU, on
@@ -293,25 +239,20 @@ def _same_memory(keys: tuple[Any, ...], rank: int) -> None:
 
 
 class NvmathBackend:
-    """The cuBLASMp backend. Plans are cached (bounded, least recently used
-    out) per Spec, local memory orders and where the operands live, so
+    """The cuBLASMp backend's plans. The front end's plan cache
+    (:mod:`dmatmul._plans`) keeps them (bounded, least recently used out) per
+    Spec, local memory orders and where the operands live (:meth:`key`), so
     repeated ``dm.matmul`` calls on one problem plan (and create nvmath's
-    Matmul) once; see :class:`_Borrowed` for who frees what. Under mpiexec the key
-    is every rank's (one small collective per plan lookup, never per
-    execute), so the ranks hit, miss and evict (free, a collective) alike."""
-
-    name = "nvmath"
-    cache_size = 16
+    Matmul) once; under mpiexec the cache gathers every rank's key at each
+    lookup (never per execute), so the ranks hit, miss and evict (free, a
+    collective) alike."""
 
     def __init__(self) -> None:
-        self._plans: LRU[NvmathPlan] = LRU()  # (used under self._lock: a lookup, its make and evictions are one step)
-        self._lock = threading.RLock()
-        self._evicted: list[NvmathPlan] = []
-        self._exit_hook = False
-        self._made = 0  # plans made (their serials)
+        self._started = False
+        self._lock = threading.Lock()
 
     @staticmethod
-    def _key(spec: Spec, operands: Operands) -> Any:
+    def key(spec: Spec, operands: Operands) -> Any:
         def where(x: Any) -> str:
             if x is None:
                 return "-"
@@ -326,72 +267,16 @@ class NvmathBackend:
         return (spec, order_of(operands.a), order_of(operands.b), None if c is None else order_of(c),
                 where(operands.a), where(operands.b), where(c))
 
-    def plan(self, spec: Spec, operands: Operands) -> _Borrowed:
-        with self._lock:  # threads may plan at once (the cache is shared; its plans are counted borrows)
-            return self._plan(spec, operands)
-
-    def _plan(self, spec: Spec, operands: Operands) -> _Borrowed:
-        key = self._key(spec, operands)
-        idle: set[int] | None = None  # several processes: the serials of the plans no rank borrows
-        if spec.spmd:
-            rt = _runtime.active()
-            if rt is not None and rt.size > 1:
-                # every rank's key: the same on every rank, so the ranks hit, miss and evict alike (freeing
-                # a plan is collective in cuBLASMp: a rank whose memory order differs from the last call's
-                # must not make the others free alone); and the plans each rank no longer borrows, which
-                # differ where a Matmul was freed on some ranks only: a plan is freed where none borrows it
-                gathered = rt.comm.allgather((key, self._idle()))
-                key = tuple(k for k, _ in gathered)
-                _same_memory(key, rt.rank)
-                idle = set.intersection(*(set(serials) for _, serials in gathered))
-                for done in [p for p in self._evicted if p.serial in idle]:
-                    self._evicted.remove(done)
-                    done.free()
-        plan = self._plans.get(key)
-        if plan is not None:
-            return _Borrowed(plan, self)
-        if not self._exit_hook:
-            # nvmath.distributed registers its finalize (which destroys cuBLASMp's grids and the NCCL
-            # communicator) at exit when it starts; atexit runs the last registered first, so the hook
-            # that frees dmatmul's plans is registered after the start-up, to run before it
-            if spec.spmd:
-                _runtime.ensure("nvmath")  # the runtime's backend: dm.finalize() frees the plans too
-            else:
-                _engine.start(False)
-            atexit.register(self.clear)
-            self._exit_hook = True
-        plan = NvmathPlan(spec, operands)
-        plan.serial, self._made = self._made, self._made + 1
-        if self.cache_size <= 0:  # no cache: the plan is retired at once, freed when its borrow returns (see _release)
-            self._evicted.append(plan)
-            return _Borrowed(plan, self)
-        self._plans.add(key, plan, bound=self.cache_size, on_evict=lambda old: self._retire(old, idle))
-        return _Borrowed(plan, self)
-
-    def _idle(self) -> list[int]:
-        """The serials of this rank's plans that no Matmul here borrows."""
-        return [p.serial for p in (*self._plans.values(), *self._evicted) if p.borrows == 0]
-
-    def _retire(self, plan: NvmathPlan, idle: set[int] | None) -> None:
-        if plan.borrows == 0 if idle is None else plan.serial in idle:
-            plan.free()
-        else:
-            self._evicted.append(plan)
-
-    def _release(self, plan: NvmathPlan) -> None:
-        # (several processes: where every rank returned its borrows, the next plan lookup frees it)
-        if plan.borrows == 0 and plan in self._evicted and not plan.spec.spmd:
-            self._evicted.remove(plan)
-            plan.free()
-
-    def clear(self) -> None:
-        """Free every cached plan (and evicted ones still borrowed): at exit, or on request."""
+    def plan(self, spec: Spec, operands: Operands) -> NvmathPlan:
         with self._lock:
-            plans = list(self._plans.values()) + self._evicted
-            self._plans.clear()
-            self._evicted = []
-        for plan in plans:
-            try:
-                plan.free()
-            except Exception:  # noqa: BLE001 - at exit nvmath may already be gone
-                pass
+            if not self._started:
+                # nvmath.distributed registers its finalize (which destroys cuBLASMp's grids and the NCCL
+                # communicator) at exit when it starts; atexit runs the last registered first, so the hook
+                # that frees dmatmul's plans is registered after the start-up, to run before it
+                if spec.spmd:
+                    _runtime.ensure("nvmath")  # the runtime's backend: dm.finalize() frees the plans too
+                else:
+                    _engine.start(False)
+                atexit.register(PLANS.clear, "nvmath")
+                self._started = True
+        return NvmathPlan(spec, operands)
