@@ -150,3 +150,29 @@ def test_matrix_draws_fp8_and_checks_it_against_the_dequantized_reference() -> N
     report = check(seed=0, indices=[i for i, _ in drawn][:8], backend="jax")
     assert not report.failed, report.failed
     assert sum(o.status == "passed" for o in report.outcomes) >= 5
+
+
+# -- the nvmath backend (the simulated nvmath 1.0: tests/gpu/_fake_nvmath.py) ---------------------------------
+def test_nvmath_passes_scales_and_result_type_on_cublasmps_fp8_path(fake_nvmath) -> None:
+    a, b = fp8((16, 48)), fp8((32, 48))  # transpose_b: nvmath's "TN" with C-order blocks
+    c = RNG.standard_normal((16, 32)).astype(np.float32)
+    with dm.Matmul(a, b, c, beta=0.5, transpose_b=True, backend="nvmath", quantization_scales={"a": 0.5, "b": 4.0},
+                   result_type="float32") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    assert d.dtype == np.float32
+    close(d, reference(a, b, 0.5, 4.0, tb=True) + 0.5 * c, "float32")
+    assert "fp8: cuBLASMp's FP8 path (TN layout)" in text and "result_type float32" in text
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(transpose_b=False), "input layout is TN only"),
+    (dict(transpose_b=True, shape=(15, 48, 32)), "multiples of 16"),
+    (dict(transpose_b=True, dtype=E5M2), "no float8_e5m2 x float8_e5m2"),
+])
+def test_nvmath_refuses_what_cublasmp_refuses_naming_the_fix(fake_nvmath, kw: dict, words: str) -> None:
+    m, k, n = kw.pop("shape", (16, 48, 32))
+    dtype = kw.pop("dtype", E4M3)
+    a, b = fp8((m, k), dtype), fp8((n, k) if kw["transpose_b"] else (k, n), dtype)
+    with pytest.raises(ValueError, match=f"{re.escape(words)}.*backend='jax'"):
+        dm.matmul(a, b, backend="nvmath", **kw)
