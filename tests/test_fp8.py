@@ -176,3 +176,14 @@ def test_nvmath_refuses_what_cublasmp_refuses_naming_the_fix(fake_nvmath, kw: di
     a, b = fp8((m, k), dtype), fp8((n, k) if kw["transpose_b"] else (k, n), dtype)
     with pytest.raises(ValueError, match=f"{re.escape(words)}.*backend='jax'"):
         dm.matmul(a, b, backend="nvmath", **kw)
+
+
+# -- the cost model -------------------------------------------------------------------------------------------
+def test_cost_model_counts_fp8_bytes_and_the_fp8_peak() -> None:
+    from dmatmul import _machines
+
+    fp8_spec = Spec.of((4096, 4096), (4096, 4096), "float8_e4m3fn")
+    bf16_spec = Spec.of((4096, 4096), (4096, 4096), "bfloat16")
+    assert fp8_spec.sizes(8).itemsize * 2 == bf16_spec.sizes(8).itemsize  # half of bf16's bytes on the wire
+    h100 = _machines.PROFILES["h100-nvl8"]
+    assert h100.peak_for("float8_e5m2") == h100.peak_for("float8_e4m3fn") == 2 * h100.peak_for("bfloat16")
