@@ -69,7 +69,7 @@ class EmptyPlan(_backends.BackendPlan):
         else:
             rows, cols = np.arange(spec.m), np.arange(spec.n)
         xp = array_module(operands.family)
-        with precise(spec.dtype):  # a backend's library makes the result of spec.dtype (JAX: 64-bit under x64)
+        with precise(spec.result_dtype):  # a backend's library makes the result as it is (JAX: 64-bit under x64)
             return self._place(self._compute(xp, operands, rows, cols), operands)
 
     def _place(self, result: Any, operands: Operands) -> Any:
@@ -78,14 +78,14 @@ class EmptyPlan(_backends.BackendPlan):
 
     def _compute(self, xp: Any, operands: Operands, rows: Any, cols: Any) -> Any:
         spec = self.spec
-        acc = xp.zeros((len(rows), len(cols)), dtype=work_dtype(numpy_dtype(spec.dtype)))
+        acc = xp.zeros((len(rows), len(cols)), dtype=work_dtype(numpy_dtype(spec.result_dtype)))
         bias = None
         if spec.has_bias:
             at = cols if spec.bias_columns else rows  # a bias of shape (1, N) holds one value per result column
             bias = xp.asarray(operands.bias).reshape(-1)[xp.asarray(at)] if len(at) else xp.zeros((0,))
         return epilogue_apply(
             xp, acc, alpha=spec.alpha, beta=spec.beta, c=xp.asarray(operands.c) if spec.use_c else None,
-            bias=bias, epilog=spec.epilog, out_dtype=numpy_dtype(spec.dtype), bias_columns=spec.bias_columns,
+            bias=bias, epilog=spec.epilog, out_dtype=numpy_dtype(spec.result_dtype), bias_columns=spec.bias_columns,
         )
 
     def explain(self) -> list[str]:

@@ -144,9 +144,9 @@ def activation(epilog: str | None) -> Activation | None:
 
 
 def work_dtype(dtype: Any) -> np.dtype:
-    """The dtype an epilogue computes in: float32 for the half precisions."""
+    """The dtype an epilogue computes in: float32 for the half precisions and FP8."""
     dt = np.dtype(dtype)
-    half = (dt.kind == "f" and dt.itemsize == 2) or dt.name == "bfloat16"
+    half = (dt.kind == "f" and dt.itemsize == 2) or dt.name == "bfloat16" or dt.name.startswith("float8")
     return np.dtype(np.float32) if half else dt
 
 

@@ -94,6 +94,7 @@ class Profile:
     def peak_for(self, dtype: str) -> float:
         """Peak flop/s per GPU for ``dtype``'s 2mnk flops; ValueError naming the dtypes it has."""
         real = _COMPLEX.get(dtype, dtype)
+        real = "float8" if real.startswith("float8") else real  # (both FP8 formats run at the FP8 tensor-core rate)
         if real not in self.peak:
             raise ValueError(f"machine {self.name!r} has no flop rate for dtype {dtype!r}; it has: "
                              f"{', '.join(sorted(self.peak))}")

@@ -114,13 +114,15 @@ class Matmul:
         algorithm: AlgorithmName = "auto",
         precision: PrecisionName | enum.Enum | None = None,
         devices: int | Sequence[Any] | None = None,
+        quantization_scales: dict[str, Any] | None = None,
+        result_type: Any = None,
     ) -> None:
         self._operands = Operands(a, b, c, bias)
         swapped = byte_swapped(a=a, b=b, c=c, bias=bias)  # (validation puts native-order copies in their place)
         self._spec, runs_on = _validate(
             self._operands, _MAKER.get(), distribution=distribution, alpha=alpha, beta=beta, transpose_a=transpose_a,
             transpose_b=transpose_b, epilog=epilog, backend=backend, algorithm=algorithm, precision=precision,
-            devices=devices,
+            devices=devices, quantization_scales=quantization_scales, result_type=result_type,
         )
         self._runtime_of = _runtime.finalizations()  # the runtime the plan is made on (several processes)
         # several processes: the backend every rank agreed it finds (resolved once, inside the agreement)
@@ -431,6 +433,8 @@ class Matmul:
             f"dmatmul.Matmul: D[{s.m}x{s.n}] = op(A)[{s.m}x{s.k}] @ op(B)[{s.k}x{s.n}], {s.dtype}, "
             f"transpose_a={s.transpose_a}, transpose_b={s.transpose_b}"
             + (f", precision={s.precision!r}" if s.precision is not None else ""),
+            *([f"  fp8:        scales a={s.scales[0]!r} b={s.scales[1]!r}, applied once as alpha*sa*sb = "
+               f"{s.scaled_alpha!r}; accumulated in float32, result {s.result_dtype}"] if s.fp8 else []),
             f"  backend:    {self._backend.name}",
             *(f"  {name + ':':11s} passed over: {why}" for name, why in self._passed_over),
             f"  algorithm:  {algorithm}",

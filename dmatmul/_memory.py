@@ -235,10 +235,10 @@ def _asked(probe: Probe) -> int | None:
 
 def operand_words(spec: Any) -> dict[str, str]:
     """Each operand's words in a message: ``{"d": "the result, 100000 x 100000 float32", ...}``."""
-    words = {"d": f"the result, {spec.m} x {spec.n} {spec.dtype}"}
+    words = {"d": f"the result, {spec.m} x {spec.n} {spec.result_dtype}"}
     for op, shape in (("a", spec.a_shape), ("b", spec.b_shape)):
         words[op] = f"{shape[0]} x {shape[1]} {spec.dtype}"
-    words["c"] = f"{spec.m} x {spec.n} {spec.dtype}"
+    words["c"] = f"{spec.m} x {spec.n} {spec.result_dtype}"
     return words
 
 
@@ -249,4 +249,10 @@ def result_on_host(spec: Any, rank: int | None) -> list[Need]:
     if spec.spmd and spec.distributions is not None and rank is not None:
         shape = spec.distributions[2].shape(rank, shape, spec.nprocs)
     what = "the result's block as a numpy array" if spec.spmd else "the result"
-    return [Need(HOST, "d", what, shape[0] * shape[1] * spec.dtype_info.itemsize)]
+    return [Need(HOST, "d", what, shape[0] * shape[1] * _result_itemsize(spec))]
+
+
+def _result_itemsize(spec: Any) -> int:
+    from ._spec import DTYPE_INFO  # (light: _spec imports numpy only)
+
+    return DTYPE_INFO[spec.result_dtype].itemsize

@@ -30,6 +30,8 @@ from ._errors import DistributionError
 from ._problem import Options, Spec, _require_number
 from ._spec import (
     DTYPES,
+    FP8_DTYPES,
+    RESULT_TYPES,
     AlgorithmName,
     BackendName,
     Operands,
@@ -118,14 +120,19 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
     if dtype_name(ops.b.dtype) != dtype:
         raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype), given))
     opts = Options(**options)
+    result = _check_fp8(opts, dtype)
     epilog = opts.epilog
     if epilog is not None and not epilog.info.complex and dtype.startswith("complex"):
         usable = ", ".join(repr(name) for name, e in TABLE.items() if e.complex)
         raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or {usable}")
     if ops.c is not None:
         ops.c = as_matrix(ops.c, "c")
-        if dtype_name(ops.c.dtype) != dtype:
+        if dtype_name(ops.c.dtype) != result:
             got = dtype_name(ops.c.dtype)
+            if dtype in FP8_DTYPES:
+                raise TypeError(f"c must have the result's dtype, result_type={result!r} (a and b are {dtype}), got "
+                                f"{got}: pass c.astype({result!r}), or result_type={got!r}"
+                                if got in RESULT_TYPES else f"c must have the result's dtype ({result}), got {got}")
             raise TypeError(
                 f"c must have the dtype of a and b ({dtype}), got {got}" + _read_as(given, "c", got, "a.dtype")
             )
@@ -145,6 +152,25 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
                 c_shape=None if ops.c is None else shape(ops.c), bias_shape=bias_shape)
 
 
+def _check_fp8(opts: Options, dtype: str) -> str:
+    """The FP8 keywords against the operands' dtype (nvmath-python's rules: scales
+    only for narrow-precision operands; an FP8 result is not offered); the
+    result's dtype."""
+    if dtype in FP8_DTYPES:
+        return opts.result_type or "bfloat16"
+    if opts.quantization_scales is not None:
+        raise ValueError(
+            f"quantization_scales are for FP8 operands (float8_e4m3fn, float8_e5m2), but a and b are {dtype}: "
+            "scale the product with alpha= instead, or pass FP8 a and b"
+        )
+    if opts.result_type is not None and opts.result_type != dtype:
+        raise ValueError(
+            f"result_type={opts.result_type!r} is for FP8 operands; the result of {dtype} a and b is {dtype}: "
+            "leave result_type=None, or cast the result"
+        )
+    return dtype
+
+
 def _check_bias(ops: Operands, epilog: Epilog | None, dtype: str) -> tuple[int, ...] | None:
     """The bias against the epilog and the operands' dtype (put in native order
     in ``ops``); its shape, or None where there is none."""
@@ -161,8 +187,10 @@ def _check_bias(ops: Operands, epilog: Epilog | None, dtype: str) -> tuple[int, 
     refuse_unusable(ops.bias, "bias")
     if family(ops.bias) == "other":
         ops.bias = to_numpy(ops.bias, "bias")
-    if dtype_name(ops.bias.dtype) not in DTYPES:
-        raise TypeError(f"bias must have one of the dtypes {', '.join(DTYPES)}, got {dtype_name(ops.bias.dtype)}")
+    if dtype_name(ops.bias.dtype) not in DTYPES or dtype_name(ops.bias.dtype) in FP8_DTYPES:
+        usable = ", ".join(d for d in DTYPES if d not in FP8_DTYPES)
+        raise TypeError(f"bias must have one of the dtypes {usable} (it is converted to the result's), "
+                        f"got {dtype_name(ops.bias.dtype)}")
     if np.dtype(ops.bias.dtype).kind == "c" and not dtype.startswith("complex"):
         raise TypeError(
             f"bias is complex ({dtype_name(ops.bias.dtype)}) but a and b are real ({dtype}): its imaginary "
@@ -369,7 +397,12 @@ _DOCS = {
             ``jnp.dot`` (a ``jax.lax.Precision`` or one of JAX's other names,
             such as "tensorfloat32", is read as the one it stands for).
         devices: an int N (the first N devices) or a list of JAX devices
-            (one process; default: all local devices).""",
+            (one process; default: all local devices).
+        quantization_scales: FP8 a and b only (float8_e4m3fn, float8_e5m2):
+            ``{"a": sa, "b": sb}``, per-tensor float32 scalars (1 where left
+            out); the product is ``alpha * (sa*a) @ (sb*b)``, accumulated in
+            float32. result_type: FP8 only, the dtype of the result and of
+            ``c``: "bfloat16" (default), "float16" or "float32".""",
     "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
     sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without
     c), M = 0 or N = 0 an empty result. So does ``alpha == 0``: a and b are
@@ -392,4 +425,6 @@ class MatmulOptions(TypedDict, total=False):
     algorithm: AlgorithmName
     precision: PrecisionName | enum.Enum | None
     devices: int | Sequence[Any] | None
+    quantization_scales: dict[str, Any] | None
+    result_type: Any
 

@@ -30,6 +30,8 @@ from ._spec import (
     BACKENDS,
     DTYPE_INFO,
     DTYPES,
+    FP8_DTYPES,
+    RESULT_TYPES,
     DtypeInfo,
     check_devices,
     check_distribution,
@@ -66,6 +68,10 @@ class Options:
     algorithm: str = "auto"
     precision: str | None = None
     devices: int | tuple[Any, ...] | None = None
+    #: FP8 only: ``(sa, sb)``, the per-tensor scales of a and b as float32 values (``{"a": sa, "b": sb}`` given)
+    quantization_scales: tuple[float, float] | None = dataclasses.field(default=None, metadata={_NAMES: (
+        "the quantization scale of a", "the quantization scale of b")})
+    result_type: str | None = None  # FP8 only: the result's dtype name (None: bfloat16)
 
     def __post_init__(self) -> None:
         for name in ("transpose_a", "transpose_b"):
@@ -78,6 +84,8 @@ class Options:
         self._set("algorithm", _require_algorithm_name(self.algorithm))
         self._set("precision", normalize_precision(self.precision))
         self._set("devices", check_devices(self.devices, spmd=False))
+        self._set("quantization_scales", _scales_pair(self.quantization_scales))
+        self._set("result_type", _result_type_name(self.result_type))
 
     def _set(self, name: str, value: Any) -> None:
         if value is not getattr(self, name):
@@ -155,6 +163,62 @@ def _require_number(x: Any, name: str) -> Any:
                    f"concrete 0-d array); to scale by an array or a traced value, scale the operand: {scaled}")
         raise TypeError(f"{name} must be a number, got {x!r} ({type(x).__name__}){fix}")
     return x
+
+
+def _scales_pair(scales: Any) -> tuple[float, float] | None:
+    """``quantization_scales={"a": sa, "b": sb}`` as ``(sa, sb)``, each a finite
+    real number (a Python or numpy scalar, or an array of one element) rounded
+    to float32, as cuBLASMp reads it; a missing key is 1. Else a TypeError or
+    ValueError naming the operand."""
+    if scales is None or (isinstance(scales, tuple) and len(scales) == 2
+                          and all(type(x) is float for x in scales)):  # (already normalized: a copy's)
+        return scales
+    if not isinstance(scales, dict):
+        raise TypeError(
+            'quantization_scales must be None or a dict {"a": sa, "b": sb} of per-tensor float32 scalars, '
+            f"got {type(scales).__name__}"
+        )
+    extra = [key for key in scales if key not in ("a", "b")]
+    if extra:
+        fix = (": the result is bfloat16, float16 or float32 (result_type=), so it takes no scale"
+               if any(key in ("c", "d") for key in extra) else "")
+        raise ValueError(f'quantization_scales takes the keys "a" and "b" (per-tensor scales), got {extra!r}{fix}')
+    return _scale(scales.get("a", 1.0), "a"), _scale(scales.get("b", 1.0), "b")
+
+
+def _scale(x: Any, name: str) -> float:
+    if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
+        if int(np.prod(x.shape)) != 1:
+            raise ValueError(f"quantization_scales[{name!r}] must be a per-tensor scalar (one value), got an array "
+                             f"of shape {tuple(x.shape)}: block scaling (MXFP8) is not supported")
+        try:
+            x = np.asarray(x).reshape(()).item()
+        except Exception:  # a traced value has no concrete value
+            raise TypeError(f"quantization_scales[{name!r}] must be a concrete number (it is compiled into the "
+                            f"plan), got {type(x).__name__}") from None
+    if isinstance(x, np.generic) and not isinstance(x, numbers.Number):
+        x = x.item()  # (a bfloat16 scalar)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"quantization_scales[{name!r}] must be a real number (a float32 scale of {name}), "
+                        f"got {x!r} ({type(x).__name__})")
+    with np.errstate(over="ignore"):  # (too large for a float32: refused below)
+        value = float(np.float32(x))
+    if not np.isfinite(value):
+        raise ValueError(f"quantization_scales[{name!r}] must be finite as a float32, got {x!r}")
+    return value
+
+
+def _result_type_name(result_type: Any) -> str | None:
+    if result_type is None:
+        return None
+    try:
+        name = result_type if isinstance(result_type, str) else dtype_name(result_type)
+    except TypeError:
+        name = repr(result_type)
+    if name not in RESULT_TYPES:
+        raise ValueError(f"result_type must be None or one of {RESULT_TYPES} (the result of FP8 operands), "
+                         f"got {result_type!r}")
+    return name
 
 
 def _distribution_as_triple(distribution: Any) -> Triple | None:
@@ -250,6 +314,31 @@ class Spec:
     def devices(self) -> Any:
         return self.options.devices
 
+    @property
+    def fp8(self) -> bool:
+        """Whether a and b are FP8 (contract 3b)."""
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def result_dtype(self) -> str:
+        """The dtype of c and of the result: ``result_type`` for FP8 operands
+        (bfloat16 unless given), else the operands' dtype."""
+        if self.fp8:
+            return self.options.result_type or "bfloat16"
+        return self.dtype
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        """The per-tensor scales of a and b (1 where not given)."""
+        return self.options.quantization_scales or (1.0, 1.0)
+
+    @property
+    def scaled_alpha(self) -> complex:
+        """``alpha * sa * sb``: the product is ``alpha * (sa*A) @ (sb*B)``, so the
+        scales are applied once, to the accumulator, with alpha."""
+        sa, sb = self.scales
+        return self.alpha * sa * sb if (sa, sb) != (1.0, 1.0) else self.alpha
+
     # -- what the shapes tell -----------------------------------------------------------------------------------
     @property
     def spmd(self) -> bool:
@@ -301,7 +390,7 @@ class Spec:
         """Whether A and B are read: not where the product is empty, nor where
         ``alpha == 0`` (BLAS: the result is then ``epilog(beta*C [+ bias])``,
         NaN or Inf in A and B do not reach it)."""
-        return not self.degenerate and self.alpha != 0
+        return not self.degenerate and self.scaled_alpha != 0
 
     @property
     def shapes(self) -> dict[str, tuple[int, int]]:

@@ -30,13 +30,17 @@ from ._distribution import Distribution, to_numpy
 from ._errors import DistributionError
 
 __all__ = [
-    "DTYPES", "ALGORITHMS", "BACKENDS", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
+    "DTYPES", "FP8_DTYPES", "RESULT_TYPES", "ResultTypeName", "ALGORITHMS", "BACKENDS", "PRECISIONS", "PRECISION_ALIASES", "normalize_precision",
     "DtypeName", "AlgorithmName", "BackendName", "PrecisionName", "Family",
     "DtypeInfo", "DTYPE_INFO", "numpy_dtype", "array_module",
     "family", "dtype_name", "as_matrix", "native_order", "Operands", "check_distribution", "check_fit",
 ]
 
-DtypeName = Literal["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+DtypeName = Literal[
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
+]
+#: ``result_type=`` of an FP8 product (nvmath-python's distributed matmul: cuBLASMp writes these)
+ResultTypeName = Literal["bfloat16", "float16", "float32"]
 #: The algorithm names of the contract, in order of preference on ties.
 Algorithm = Literal["local", "allgather", "reduce_scatter", "allreduce", "summa", "summa25d"]
 AlgorithmName = Literal["auto", "local", "allgather", "reduce_scatter", "allreduce", "summa", "summa25d"]
@@ -45,6 +49,9 @@ PrecisionName = Literal["default", "high", "highest"]
 Family = Literal["numpy", "jax", "cupy", "other"]
 
 DTYPES: tuple[str, ...] = get_args(DtypeName)
+#: The 8-bit float dtypes (a and b only, with ``quantization_scales`` and ``result_type``: contract 3b)
+FP8_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "float8_e5m2")
+RESULT_TYPES: tuple[str, ...] = get_args(ResultTypeName)
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 #: The ``backend=`` values (:data:`dmatmul.backends.NAMES` is the table's, and tests hold them equal)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
@@ -103,15 +110,17 @@ DTYPE_INFO: dict[str, DtypeInfo] = {
     "float64": DtypeInfo(8, "float64"),
     "complex64": DtypeInfo(8, "complex64"),
     "complex128": DtypeInfo(16, "complex128"),
+    "float8_e4m3fn": DtypeInfo(1, "float32"),
+    "float8_e5m2": DtypeInfo(1, "float32"),
 }
 
 
 def numpy_dtype(name: str) -> Any:
-    """The numpy dtype of a dtype name (bfloat16 from ml_dtypes, imported on demand)."""
-    if name == "bfloat16":
+    """The numpy dtype of a dtype name (bfloat16 and the FP8 ones from ml_dtypes, imported on demand)."""
+    if name == "bfloat16" or name in FP8_DTYPES:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 

@@ -106,10 +106,14 @@ def test_bad_precision_names_the_keyword_and_the_choices(bad):
         P.normalize_precision(bad)
 
 
-@pytest.mark.parametrize("bad", ["int32", np.int8, "float8_e4m3fn"])
+@pytest.mark.parametrize("bad", ["int32", np.int8, "uint8"])
 def test_unsupported_dtype(bad):
     with pytest.raises(ValueError, match="no nvmath compute type"):
         P.compute_type(bad, "high")
+
+
+def test_fp8_accumulates_in_float32_at_every_precision():
+    assert {P.compute_type("float8_e4m3fn", p) for p in ("high", "highest")} == {"COMPUTE_32F"}
 
 
 def test_doctests():

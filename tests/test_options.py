@@ -17,7 +17,8 @@ X, Y = dm.Slab.X, dm.Slab.Y
 
 #: For every field of Options, a value other than its default (a new field needs one: see the tests)
 OTHER = dict(distribution=Y, alpha=2.0, beta=1.0, transpose_a=True, transpose_b=True, epilog="relu",
-             backend="jax", algorithm="allgather", precision="high", devices=1)
+             backend="jax", algorithm="allgather", precision="high", devices=1,
+             quantization_scales={"a": 2.0}, result_type="float32")
 
 
 def test_every_field_has_another_value_here():
@@ -51,6 +52,9 @@ BAD = [
     dict(distribution=(X, Y, "X")),
     dict(alpha=np.ones(1, np.float32)),
     dict(beta=True),
+    dict(quantization_scales={"a": None}),
+    dict(quantization_scales={"c": 2.0}),
+    dict(result_type="float64"),
 ]
 
 

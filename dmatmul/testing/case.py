@@ -20,7 +20,7 @@ import numpy as np
 from .. import _plan
 from .._distribution import Distribution, ProcessGrid
 from .._epilogue import TABLE, EpilogName, has_bias
-from .._spec import ALGORITHMS, DTYPES, AlgorithmName, PrecisionName
+from .._spec import ALGORITHMS, DTYPES, FP8_DTYPES, AlgorithmName, PrecisionName
 
 __all__ = [
     "Case", "OnMesh", "Refusal", "Reset", "Transform", "LAYOUT_FAMILIES", "NRANKS", "PLACEMENTS", "CALLS",
@@ -45,7 +45,9 @@ _COMPLEX_REFUSED = tuple(name for name, e in TABLE.items() if not e.complex)
 _BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 64)  # 64: larger than most drawn dimensions
 _MAX_DIM = 40
 _LARGE_DIM = 180  # now and then a dimension of 41.._LARGE_DIM (many blocks per rank), kept rare: ~1 s a case
-assert set(_DTYPES) == set(DTYPES)
+#: FP8 a and b (drawn apart, last: a case of a result type made FP8, :func:`dmatmul.testing.draw.draw_case`)
+_SCALES = (None, (0.5, 2.0), (0.25, 1.0), (3.0, 0.125))
+assert set(_DTYPES) | set(FP8_DTYPES) == set(DTYPES)
 
 
 # --------------------------------------------------------------------------- #
@@ -250,6 +252,28 @@ class Case:
     transform: Transform | None = None  # a JAX transformation around dm.matmul (one process, jax operands)
     schedule: _plan.Schedule | None = None  # forced on the kernels that have it (_plan.schedule); None: the model's
     matmul_precision: str | None = None  # the call runs in jax.default_matmul_precision(it) (MATMUL_PRECISIONS)
+    scales: tuple[float, float] | None = None  # FP8: quantization_scales={"a": sa, "b": sb} (None: not given)
+    result_type: str | None = None  # FP8: result_type= (None: not given, bfloat16)
+
+    @property
+    def result_dtype(self) -> str:
+        """The dtype of c and of the result (``result_type`` for FP8 a and b)."""
+        return (self.result_type or "bfloat16") if self.dtype in FP8_DTYPES else self.dtype
+
+    @property
+    def fp8_options(self) -> dict[str, Any]:
+        """The FP8 keywords the case passes (none where it gives none)."""
+        out: dict[str, Any] = {}
+        if self.scales is not None:
+            out["quantization_scales"] = {"a": self.scales[0], "b": self.scales[1]}
+        if self.result_type is not None:
+            out["result_type"] = self.result_type
+        return out
+
+    @property
+    def scaled(self) -> float:
+        """``sa * sb``: what the reference multiplies alpha by."""
+        return 1.0 if self.scales is None else self.scales[0] * self.scales[1]
 
     # -- shapes ------------------------------------------------------------------
     @property
@@ -390,7 +414,8 @@ class Case:
             if name == "bias":
                 dtype, fam, layout = self.bias_dtype or self.dtype, self.bias_kind, self.layouts[3]
             else:
-                dtype, fam, layout = self.dtype, self.family_of(name), self.layouts["abc".index(name)]
+                dtype, fam, layout = (self.result_dtype if name == "c" else self.dtype), self.family_of(name), \
+                    self.layouts["abc".index(name)]
             opts = [repr(shape), repr(dtype)]
             if fam == "jax":
                 opts.append("'jax'")
@@ -423,6 +448,7 @@ class Case:
         ):
             if value != default or (name == "beta" and self.use_c):
                 kw.append(f"{name}={value!r}")
+        kw.extend(f"{name}={value!r}" for name, value in self.fp8_options.items())
         if self.has_bias:
             kw.append(f"bias={operand('bias', self.bias_shape)}")
         if backend is not None:

@@ -17,9 +17,9 @@ import numpy as np
 from .. import _plan
 from .._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from .._epilogue import EPILOGS, has_bias
-from .._spec import ALGORITHMS, PRECISIONS, AlgorithmName
+from .._spec import ALGORITHMS, FP8_DTYPES, PRECISIONS, RESULT_TYPES, AlgorithmName
 from .case import (
-    _BLOCK_SIZES, _DTYPES, _KINDS, _LARGE_DIM, _MAX_DIM, _VECTOR_LAYOUTS, BIAS_KINDS, CALLS, LAYOUTS,
+    _BLOCK_SIZES, _DTYPES, _KINDS, _LARGE_DIM, _MAX_DIM, _SCALES, _VECTOR_LAYOUTS, BIAS_KINDS, CALLS, LAYOUTS,
     MATMUL_PRECISIONS, NRANKS, PLACEMENTS, TRANSFORMS, Case, OnMesh, Reset, Transform, _factorizations,
     _fitting_algorithms,
 )
@@ -327,6 +327,24 @@ def _draw_call(draw: Chooser, case: Case, alphas: _Scalars, betas: _Scalars, *, 
     # one bias in three of shape (1, N), one value per result column (drawn last: the draws above stay those
     # of the cases before it was drawn)
     per_column = case.has_bias and not case.bias_column and _rarely(draw, 3)
-    return dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
+    case = dataclasses.replace(case, reset=reset, device_ids=device_ids, on_mesh=on_mesh, jit=jit,
                                transform=transform, matmul_precision=matmul_precision, alpha=alpha, beta=beta,
                                bias_per_column=per_column)
+    return _draw_fp8(draw, case)
+
+
+def _draw_fp8(draw: Chooser, case: Case) -> Case:
+    """One case in six of a dtype FP8 results take (bfloat16, float16, float32):
+    FP8 a and b with that dtype as result_type (c, and the bias's default, keep
+    it), per-tensor scales or none. Not with inf/NaN (float8_e4m3fn has no inf)
+    nor a JAX transformation (an FP8 cotangent holds too little to compare).
+    Drawn last, so that the draws above stay those of the cases before FP8."""
+    if case.dtype not in RESULT_TYPES or case.specials or case.transform is not None or not _rarely(draw, 6):
+        return case
+    dtype = draw.choice(FP8_DTYPES)
+    scales = draw.choice(_SCALES)
+    result_type = None if case.dtype == "bfloat16" and draw.boolean() else case.dtype
+    la, lb, lc, lbias = case.layouts
+    layouts = ("C" if la == "byte-swapped" else la, "C" if lb == "byte-swapped" else lb, lc, lbias)  # (1 byte)
+    return dataclasses.replace(case, dtype=dtype, scales=scales, result_type=result_type,
+                               bias_dtype=case.bias_dtype or case.dtype, layouts=layouts)

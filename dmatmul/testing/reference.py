@@ -268,10 +268,10 @@ def random_matrix(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) 
     x = rng.standard_normal(shape)
     if dtype.startswith("complex"):
         x = x + 1j * rng.standard_normal(shape)
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" or dtype.startswith("float8"):
         import ml_dtypes
 
-        return x.astype(ml_dtypes.bfloat16)
+        return x.astype(getattr(ml_dtypes, dtype))
     return x.astype(dtype)
 
 

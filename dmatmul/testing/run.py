@@ -117,11 +117,12 @@ class _Run:
                             transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog,
                             bias=args["bias"],
                             backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
-                            algorithm=case.algorithm, precision=case.precision, **kwargs)
+                            algorithm=case.algorithm, precision=case.precision, **case.fp8_options, **kwargs)
 
     def _ref(self, o: dict[str, Any], alpha: complex, beta: complex) -> np.ndarray:
         case = self.case
-        return reference(o["a"], o["b"], o["c"], alpha=alpha, beta=beta, transpose_a=case.transpose_a,
+        # FP8: the float64 product of the dequantized operands, sa*A and sb*B (alpha*sa*sb: the same, exactly)
+        return reference(o["a"], o["b"], o["c"], alpha=alpha * case.scaled, beta=beta, transpose_a=case.transpose_a,
                          transpose_b=case.transpose_b, epilog=case.epilog, bias=o["bias"])
 
     def _place(self, devices: Any) -> dict[str, Any]:
@@ -262,7 +263,7 @@ class _Run:
         case, rt, dd, mpi = self.case, self.rt, self.dd, self.mpi
         d = r.value
         said = f"{r.what}: " if r.what else ""
-        dtype = r.dtype or case.dtype
+        dtype = r.dtype or case.result_dtype
         fam = family(d)
         if fam != case.family:
             shown = fam if fam != "other" else f"{type(d).__module__}.{type(d).__name__}"

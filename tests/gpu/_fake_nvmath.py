@@ -225,6 +225,7 @@ matrix_qualifiers_dtype = np.dtype([("structure", object), ("is_transpose", "<i1
 class MatmulOptions:
     inplace: bool = False
     compute_type: int | None = None
+    result_type: Any = None
     logger: Any = None
     blocking: Any = "auto"
 
@@ -232,6 +233,7 @@ class MatmulOptions:
 @dataclasses.dataclass
 class HostMatmulOptions:
     inplace: bool = False
+    result_type: Any = None
     device_id: int = 0
     blocking: Any = "auto"
 
@@ -264,6 +266,46 @@ class cuBLASMpError(RuntimeError):  # noqa: N801 - nvmath's name
     pass
 
 
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _np_dtype(x: Any) -> np.dtype:
+    if isinstance(x, str) and x in ("bfloat16", *_FP8):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, x))
+    return np.dtype(x)
+
+
+def _fp8_rules(a: np.ndarray, b: np.ndarray, c: Any, scales: Any, options: Any, transposes: tuple[bool, bool],
+               mnk: tuple[int, int, int] | None) -> tuple[float, Any]:
+    """nvmath 1.0's narrow-precision rules, as its distributed Matmul applies them: scales only for FP8
+    operands, per-tensor scalars; A and B FP8 of the combinations cuBLASLt has (e4m3 x e4m3, e4m3 x e5m2,
+    e5m2 x e4m3: not e5m2 x e5m2); the "TN" input layout only (A transposed, B not: column-major operands);
+    M, N and K multiples of 16; D of ``result_type``, else of C's dtype, else of A's (an FP8 D, which
+    dmatmul never asks for). Returns (sa * sb, D's dtype)."""
+    names = (a.dtype.name, b.dtype.name)
+    fp8 = [n in _FP8 for n in names]
+    result = getattr(options, "result_type", None)
+    if not any(fp8):
+        if scales is not None:
+            raise ValueError("Scales can only be set for narrow-precision (FP8 and lower) matrices.")
+        return 1.0, result if result is not None else (c.dtype if c is not None else a.dtype)
+    if not all(fp8) or names == ("float8_e5m2", "float8_e5m2"):
+        raise ValueError(f"Unsupported combination of dtypes for operands A {names[0]} and B {names[1]}.")
+    layout = ("T" if transposes[0] else "N") + ("T" if transposes[1] else "N")
+    if layout != "TN":
+        raise ValueError(f"FP8 matrix multiplications support only TN input layout. Got {layout}")
+    if mnk is not None and any(x % 16 for x in mnk):
+        m, n, k = mnk
+        raise ValueError(f"M={m} N={n} K={k} must be divisible by 16 for FP8 operations")
+    sa = float((scales or {}).get("a", 1.0))
+    sb = float((scales or {}).get("b", 1.0))
+    if result is None:
+        result = c.dtype if c is not None else a.dtype
+    return sa * sb, result
+
+
 def _refuse_at_execute(epilog: Any, dtype: np.dtype, lib: str) -> None:
     """What the real libraries do wrong only at execute (issue 13's H100 runs):
     cuBLASMp raises NOT_SUPPORTED for a bias epilog on complex types; cuBLASLt's
@@ -291,7 +333,8 @@ class Matmul:
     """``nvmath.distributed.linalg.advanced.Matmul`` on numpy, ranks over MPI."""
 
     def __init__(self, a: Any, b: Any, c: Any = None, *, distributions: Any, alpha: Any = None, beta: Any = None,
-                 qualifiers: Any = None, options: Any = None, stream: Any = None) -> None:
+                 qualifiers: Any = None, quantization_scales: Any = None, options: Any = None,
+                 stream: Any = None) -> None:
         comm = _comm()
         if _ctx is None or _ctx.nccl_comm is None:
             raise RuntimeError("nvmath.distributed wasn't initialized with NCCL backend")
@@ -335,6 +378,8 @@ class Matmul:
         if k != k2:
             raise ValueError(f"The 'K' extent must match: {k} != {k2}")
         self.m, self.n, self.k = m, n, k
+        self.scaled, self.d_dtype = _fp8_rules(a, b, c, quantization_scales, self.options, (self.ta, self.tb),
+                                               (m, n, k))
         self.a, self.b, self.c = a, b, c
         self.alpha, self.beta = (1.0 if alpha is None else alpha), (0.0 if beta is None or c is None else beta)
         self.strides = [x.strides for x in ops]
@@ -421,7 +466,7 @@ class Matmul:
         if self.epilog == MatmulEpilogue.ALLREDUCE:  # literally: the sum over ranks of the local products
             oa = self.a.T if self.ta else self.a
             ob = self.b.T if self.tb else self.b
-            d = sum(self.comm.allgather(self.alpha * (_wide(oa) @ _wide(ob))))
+            d = sum(self.comm.allgather(self.alpha * self.scaled * (_wide(oa) @ _wide(ob))))
             local = d
         else:
             everything = self.comm.allgather((self.a, self.b, self.c, self.bias))
@@ -431,7 +476,7 @@ class Matmul:
                 ga[np.ix_(*dA.indices(r, self.global_shapes[0]))] = a
                 gb[np.ix_(*dB.indices(r, self.global_shapes[1]))] = b
             with np.errstate(invalid="ignore"):  # inf/NaN operands: NaN where cuBLASMp makes one
-                d = self.alpha * ((ga.T if self.ta else ga) @ (gb.T if self.tb else gb))
+                d = self.alpha * self.scaled * ((ga.T if self.ta else ga) @ (gb.T if self.tb else gb))
             if self.c is not None:
                 gc = np.zeros(self.global_shapes[2], dtype=ga.dtype)
                 for r, (_, _, c, _) in enumerate(everything):
@@ -447,7 +492,7 @@ class Matmul:
             elif self.epilog in (MatmulEpilogue.GELU, MatmulEpilogue.GELU_BIAS):
                 d = _gelu(d)
             local = d[np.ix_(*dD.indices(self.rank, self.d_global))]
-        out = np.asfortranarray(local.astype(dtype))
+        out = np.asfortranarray(local.astype(_np_dtype(self.d_dtype)))
         if self.c is not None and getattr(self.options, "inplace", False):
             self.c[...] = out  # nvmath's in-place mode: the result *is* c
             return self.c
@@ -470,7 +515,7 @@ class HostMatmul:
     """``nvmath.linalg.advanced.Matmul`` (cuBLASLt, one GPU) on numpy."""
 
     def __init__(self, a: Any, b: Any, c: Any = None, *, alpha: Any = None, beta: Any = None, qualifiers: Any = None,
-                 options: Any = None, stream: Any = None) -> None:
+                 quantization_scales: Any = None, options: Any = None, stream: Any = None) -> None:
         for x, n in ((a, "A"), (b, "B"), (c, "C")):
             if x is not None:
                 _check_numpy(x, n)
@@ -481,6 +526,8 @@ class HostMatmul:
         self.a, self.b, self.c = a, b, c
         self.alpha, self.beta = (1.0 if alpha is None else alpha), (0.0 if beta is None else beta)
         self.options = options if options is not None else HostMatmulOptions()
+        # (nvmath.linalg lays row-major operands out for cuBLASLt's "TN" itself)
+        self.scaled, self.d_dtype = _fp8_rules(a, b, c, quantization_scales, self.options, (True, False), None)
         self.epilog: Any = None
         self.bias: Any = None
         self.freed = False
@@ -510,7 +557,7 @@ class HostMatmul:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros((self.a.shape[0], self.b.shape[1]), dtype=self.a.dtype)
             return self._noop
-        d = self.alpha * (_wide(self.a) @ _wide(self.b))
+        d = self.alpha * self.scaled * (_wide(self.a) @ _wide(self.b))
         if self.c is not None:
             d = d + self.beta * _wide(self.c)
         if self.epilog is not None and self.epilog.name.endswith("BIAS"):
@@ -519,7 +566,7 @@ class HostMatmul:
             d = np.maximum(d, 0)
         elif self.epilog in (MatmulEpilogue.GELU, MatmulEpilogue.GELU_BIAS):
             d = _gelu(d)
-        return d.astype(self.a.dtype)
+        return d.astype(_np_dtype(self.d_dtype))
 
     def free(self) -> None:
         self.freed = True

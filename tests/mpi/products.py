@@ -16,6 +16,7 @@ import numpy as np
 
 import dmatmul as dm
 
+from dmatmul._spec import numpy_dtype
 from dmatmul.testing.reference import TOLERANCE, reference, wide
 
 rt = dm.init()
@@ -25,18 +26,23 @@ quick = "--quick" in sys.argv
 
 
 def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog=None, dtype="float32",
-             algorithm="auto", family="numpy", reuse=1, asker=-1, bias_columns=False, nan_ab=False, alpha_after=None):
+             algorithm="auto", family="numpy", reuse=1, asker=-1, bias_columns=False, nan_ab=False, alpha_after=None,
+             fp8=None, scales=None):
     """``bias_columns``: a bias of shape (1, N); ``nan_ab``: a NaN and an inf in a and b; ``alpha_after``: a
-    second plan, reset to this alpha."""
+    second plan, reset to this alpha; ``fp8``: a and b of this FP8 dtype with ``quantization_scales=scales``
+    and ``dtype`` their result_type (c's dtype)."""
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
-    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
-    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    ab_dtype = numpy_dtype(fp8 or dtype)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(ab_dtype)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(ab_dtype)
+    extra = {} if fp8 is None else {"quantization_scales": {"a": scales[0], "b": scales[1]}, "result_type": dtype}
+    scaled = 1.0 if fp8 is None else scales[0] * scales[1]
     if nan_ab:
         a.flat[a.size // 2], b.flat[b.size - 1] = np.nan, np.inf
-    c = rng.standard_normal((m, n)).astype(dtype) if use_c else None
+    c = rng.standard_normal((m, n)).astype(numpy_dtype(dtype)) if use_c else None
     bias = None
     if epilog and epilog.endswith("bias"):  # one value per result row, or per column: shape (1, N)
-        bias = rng.standard_normal((1, n) if bias_columns else m).astype(dtype)
+        bias = rng.standard_normal((1, n) if bias_columns else m).astype(numpy_dtype(dtype))
     da, db, dd = dists
     la, lb = dm.split(a, da)[rt.rank], dm.split(b, db)[rt.rank]
     lc = None if c is None else dm.split(c, dd)[rt.rank]
@@ -44,10 +50,11 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
         import jax.numpy as jnp
 
         la, lb = jnp.asarray(la), jnp.asarray(lb)
-    ref = reference(a, b, c, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog, bias=bias)
+    ref = reference(a, b, c, alpha=alpha * scaled, beta=beta, transpose_a=ta, transpose_b=tb, epilog=epilog,
+                    bias=bias)
     want = dm.split(ref, dd)[rt.rank]
     with dm.Matmul(la, lb, lc, distribution=dists, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb,
-                   epilog=epilog, bias=bias, algorithm=algorithm) as mm:
+                   epilog=epilog, bias=bias, algorithm=algorithm, **extra) as mm:
         # one rank alone asks what will run before the first execute (the others go on to it): the
         # agreement that execute() starts with must not depend on which ranks have planned
         told = (mm.algorithm, mm.explain()) if rt.rank == asker else None
@@ -74,7 +81,12 @@ def run_case(m, n, k, dists, ta, tb, *, alpha=1.0, beta=0.0, use_c=False, epilog
     return ok, algo
 
 
-cases = []
+cases = [  # FP8 a and b (scales applied once, the result in result_type), in the quick set too
+    dict(m=16, n=16, k=32, dists=(Y, Y, X), ta=True, tb=False, fp8="float8_e4m3fn", scales=(0.5, 4.0),
+         algorithm="allgather", dtype="bfloat16", use_c=True, beta=1.0),
+    dict(m=16, n=16, k=32, dists=(Y, X, R), ta=False, tb=False, fp8="float8_e5m2", scales=(2.0, 0.25),
+         algorithm="allreduce", dtype="float32", epilog="relu_bias"),
+]
 sizes = [(13, 11, 7)] if quick else [(13, 11, 7), (5, 3, 9)]
 for (m, n, k), dists, (ta, tb) in itertools.product(
     sizes, itertools.product((X, Y, R), repeat=3), itertools.product((False, True), repeat=2)

@@ -200,6 +200,8 @@ def _options(cls: Any, **wanted: Any) -> tuple[Any, set[str]]:
     fields = {f.name for f in dataclasses.fields(cls)}
     if isinstance(wanted.get("compute_type"), str):  # the Translation names it; nvmath wants its enum
         wanted["compute_type"] = _compute_type(wanted["compute_type"])
+    if isinstance(wanted.get("result_type"), str):
+        wanted["result_type"] = _data_type(wanted["result_type"])
     return cls(**{k: v for k, v in wanted.items() if k in fields}), fields
 
 
@@ -209,6 +211,26 @@ def _compute_type(name: str) -> Any:
     except ImportError:  # a stand-in nvmath (the tests' simulation) takes the name
         return name
     return ComputeType[name]
+
+
+def _data_type(name: str) -> Any:
+    """nvmath's CudaDataType member of a result dtype name (bfloat16, float16, float32)."""
+    try:
+        from nvmath import CudaDataType
+    except ImportError:  # a stand-in nvmath (the tests' simulation) takes the name
+        return name
+    return {"bfloat16": CudaDataType.CUDA_R_16BF, "float16": CudaDataType.CUDA_R_16F,
+            "float32": CudaDataType.CUDA_R_32F}[name]
+
+
+def _scales(tr: Translation) -> dict[str, Any]:
+    """``quantization_scales=`` for nvmath's Matmul: FP8's per-tensor scales of A and B (nvmath's slots, which
+    hold the user's a and b, or b and a in a swapped frame)."""
+    spec = tr.problem.spec
+    if not spec.fp8:
+        return {}
+    sa, sb = spec.scales
+    return {"quantization_scales": {"a": sb, "b": sa} if tr.swapped else {"a": sa, "b": sb}}
 
 
 def _fallback_worthy(e: BaseException) -> bool:
@@ -338,7 +360,7 @@ class CublasMpEngine(_Engine):
                          nv_distribution(tr.result)]
         self._new = lambda: Matmul(
             A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
-            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options,
+            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options, **_scales(tr),
         )
         self._mm = self._new()
         self._start(prepared, MatmulEpilog)
@@ -371,7 +393,7 @@ class CublasLtEngine(_Engine):
             self._empty = (a.shape[0], b.shape[1])
             return
         self._new = lambda: Matmul(
-            a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options)
+            a, b, c=c, alpha=p.alpha, beta=p.beta if c is not None else None, options=options, **_scales(tr))
         self._mm = self._new()
         self._start(prepared, MatmulEpilog)
 

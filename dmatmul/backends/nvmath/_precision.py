@@ -32,6 +32,9 @@ _COMPUTE_TYPES = {
     "complex64": ("COMPUTE_32F_FAST_TF32", "COMPUTE_32F"),
     "float64": ("COMPUTE_64F", "COMPUTE_64F"),
     "complex128": ("COMPUTE_64F", "COMPUTE_64F"),
+    # FP8: cuBLASLt's one compute type (float32 accumulation), whatever the precision
+    "float8_e4m3fn": ("COMPUTE_32F", "COMPUTE_32F"),
+    "float8_e5m2": ("COMPUTE_32F", "COMPUTE_32F"),
 }
 
 

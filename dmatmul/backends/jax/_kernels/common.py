@@ -52,7 +52,9 @@ class Epilogue:
 
     @property
     def alpha(self) -> complex:
-        return self.spec.alpha
+        """alpha with FP8's scales folded in (``alpha * sa * sb``): applied once, to
+        the float32 accumulator, not to each operand nor at each ring step."""
+        return self.spec.scaled_alpha
 
     @property
     def beta(self) -> complex:
@@ -76,7 +78,7 @@ class Epilogue:
 
     @property
     def out_dtype(self) -> Any:
-        return jnp.dtype(self.spec.dtype)
+        return jnp.dtype(self.spec.result_dtype)
 
 
 def finish(ep: Epilogue, acc: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:

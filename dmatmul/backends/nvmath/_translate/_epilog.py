@@ -108,6 +108,8 @@ def finish(
     notes = notes + _epilog_notes(p, path, frame.swapped, fused, post)
     by_slot = {h.slot: h for h in frame.handovers}
     qualifiers = (by_slot["A"].is_transpose, by_slot["B"].is_transpose, False)
+    if p.spec.fp8:
+        notes = notes + _fp8_rules(p, qualifiers)
     return Translation(
         problem=p,
         algorithm=algorithm,
@@ -158,7 +160,30 @@ def _epilog_notes(p: Problem, path: Path, swapped: bool, fused: str | None, post
             "nvmath's call",)
 
 
+def _fp8_rules(p: Problem, qualifiers: tuple[bool, bool, bool]) -> tuple[str, ...]:
+    """cuBLASMp's FP8 path (nvmath 1.0): the "TN" input layout only (nvmath's A transposed, B not), M, N and
+    K multiples of 16, not e5m2 x e5m2; a ValueError naming the fix where the call cannot take it (dmatmul
+    does not yet upcast or re-lay FP8 operands for it), else explain()'s line."""
+    layout = "".join("T" if q else "N" for q in qualifiers[:2])
+    why = []
+    if layout != "TN":
+        why.append(f"its input layout is TN only (nvmath's A transposed, B not), this frame gives {layout}: with "
+                   "C-order blocks that is transpose_a=False, transpose_b=True (a stored (M, K), b stored (N, K))")
+    if any(x % 16 for x in (p.m, p.n, p.k)):
+        why.append(f"M, N and K must be multiples of 16, got M={p.m} N={p.n} K={p.k}")
+    if p.dtype == "float8_e5m2":
+        why.append("cuBLASLt has no float8_e5m2 x float8_e5m2 GEMM")
+    if why:
+        raise ValueError("FP8 on the nvmath backend runs cuBLASMp's FP8 path, which refuses this product: "
+                         + "; ".join(why) + ". Use backend='jax' (any layout), or lay the operands out as it takes them")
+    return (f"fp8: cuBLASMp's FP8 path (TN layout), quantization_scales passed to nvmath as given, "
+            f"COMPUTE_32F, result_type {p.spec.result_dtype}",)
+
+
 def options(p: Problem) -> tuple[tuple[str, Any], ...]:
-    """nvmath's MatmulOptions: never in place (c is the user's); the compute type ``precision`` asks for."""
+    """nvmath's MatmulOptions: never in place (c is the user's); the compute type ``precision`` asks for;
+    FP8: the result type always (without it nvmath would write an FP8 D) and float32 accumulation."""
     ct = compute_type(p.dtype, p.precision)  # type: ignore[arg-type]  # (Options holds a PrecisionName)
+    if p.spec.fp8:
+        return (("inplace", False), ("compute_type", "COMPUTE_32F"), ("result_type", p.spec.result_dtype))
     return (("inplace", False),) + ((("compute_type", ct),) if ct is not None else ())
