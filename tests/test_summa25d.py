@@ -110,6 +110,21 @@ def test_jax_arrays_in_and_out():
     assert_close(np.asarray(got), reference(a, b), "float32")
 
 
+def test_jax_arrays_on_a_grid_whose_result_comes_back_replicated():
+    """jax.Array operands with 2-D grid distributions whose result no sharding
+    expresses (a cyclic, shifted grid layout): the result comes back replicated,
+    and the product still runs on the layers' mesh (it was refused as needing
+    one shared 2-D grid)."""
+    a, b, c = operands(14, 12, 20, 16)
+    g = dm.ProcessGrid((4, 2), layout="col")
+    dists = (dm.BlockNonCyclic(g, first_process=(1, 1)), dm.BlockNonCyclic(g, first_process=(1, 0)),
+             dm.BlockCyclic(g, (2, 4)))
+    got = dm.matmul(jnp.asarray(a), jnp.asarray(b), jnp.asarray(c), beta=-0.5, distribution=dists,
+                    algorithm="summa25d", devices=8)
+    assert isinstance(got, jax.Array)
+    assert_close(np.asarray(got), reference(a, b, c, beta=-0.5), "float32")
+
+
 @pytest.mark.parametrize("devices", [1, 2, 4, 6])
 def test_a_rank_count_that_is_no_layered_grid_is_refused(devices):
     """P not q*q*c with q >= 2 and c >= 2: a ValueError naming what it needs."""

@@ -145,7 +145,7 @@ class PlannedProduct:
         # a jax.Array result whose layout no sharding expresses (uneven, cyclic, another grid) comes back
         # replicated: the plan then targets Replicated() itself, so the gather is a planned, explained move
         self.replicated_result = self._replicated_result(grid)
-        if self.replicated_result is not None:
+        if self.replicated_result is not None and not layered:  # (the layers' mesh is no grid's)
             grid = _product_grid((*self.distributions[:2], Replicated()))
         # operands on another grid than the product's are re-laid as Slab.X first (and the result
         # from Slab.X after): in one process the global matrices need no move at all. A result returned
