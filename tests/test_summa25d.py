@@ -4,6 +4,7 @@ checked against numpy on 8 simulated CPU devices (2 x 2 x 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -252,7 +253,54 @@ def test_the_layers_follow_the_memory_allowed():
     try:
         alg.memory_limit = (extra[free] + extra[other]) / 2 if extra[other] < extra[free] else extra[other]
         assert alg.layers(pr) == (other if extra[other] < extra[free] else free)
-        alg.memory_limit = min(extra.values()) / 2  # nothing fits: the least memory
-        assert alg.layers(pr) == min(extra, key=extra.get)
+        alg.memory_limit = min(extra.values()) / 2  # nothing fits: no candidate, and named it is refused
+        assert not alg.runs_on(pr) and "DMATMUL_MEMORY_FRACTION" in alg.refusal(pr)
+        assert all(pl.algorithm != "summa25d" for pl in _plan.plans(pr, {"a": "M", "b": "N", "d": "M"},
+                                                                     _cost.model_for("cpu", 32)))
+        with pytest.raises(ValueError, match=r"summa25d.*MB per rank.*DMATMUL_MEMORY_FRACTION"):
+            alg.layers(pr)
     finally:
         alg.memory_limit = None
+
+
+def test_the_layers_follow_the_problems_memory():
+    """Without a set limit, the memory a rank may hold (Problem1D.memory, the
+    backend's devices') less its blocks bounds the layers: ample memory takes c
+    up to P/4 (2 x 2 x 8 on 32), less takes 2 layers, a tiny one none."""
+    alg = algorithms.ALGORITHMS["summa25d"]
+    base = _plan.Problem1D(1024, 1024, 65536, 32, 4, 4)
+    blocks = (1024 * 65536 * 2 + 1024 * 1024) / 32 * 4
+    extra = {qc: alg._extra(1024, 1024, 65536, qc, 4, 4, False) for qc in summa25d.layouts(32)}
+    assert extra[(2, 8)] > extra[(4, 2)]
+    at = lambda room: dataclasses.replace(base, memory=blocks + room)  # noqa: E731
+    assert alg.layers(at(extra[(2, 8)])) == (2, 8) and alg.layers(at(1e12)) == (2, 8)
+    assert alg.layers(at(extra[(2, 8)] - 1)) == (4, 2)
+    assert alg.runs_on(at(extra[(4, 2)])) and not alg.runs_on(at(extra[(4, 2)] - 1))
+    assert not alg.runs_on(dataclasses.replace(base, memory=blocks / 2))  # not even the blocks
+
+
+def test_memory_fraction_from_the_environment(monkeypatch):
+    """DMATMUL_MEMORY_FRACTION: of the devices' memory (CPU: the host's share per
+    device) a plan counts on. Tiny: summa25d refused by name, not chosen by auto;
+    not a fraction: a ValueError naming the variable."""
+    from dmatmul import _memory
+
+    class Device:
+        def memory_stats(self):
+            return {"bytes_limit": 80 * 10**9, "bytes_in_use": 70 * 10**9}
+
+    assert _memory.plan_budget([Device()] * 8) == 0.8 * 80 * 10**9  # the memory it has, not what is free
+    assert _memory.plan_budget(jax.devices()[:8]) == pytest.approx(0.8 * _memory.host_total() / 8)
+    a, b, _ = operands(15, 64, 64, 64)
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "0.5")
+    assert _memory.plan_budget([Device()]) == 40 * 10**9
+    assert_close(dm.matmul(a, b, algorithm="summa25d", devices=8), reference(a, b), "float32")
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "1e-12")  # (read as a product is planned: a new one)
+    a, b, _ = operands(16, 64, 64, 48)
+    with pytest.raises(ValueError, match=r"summa25d.*needs .* MB per rank.*DMATMUL_MEMORY_FRACTION"):
+        dm.matmul(a, b, algorithm="summa25d", devices=8)
+    with dm.Matmul(a, b, devices=8) as mm:
+        assert mm.algorithm != "summa25d"
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "half")
+    with pytest.raises(ValueError, match=r"DMATMUL_MEMORY_FRACTION='half': expected a fraction in \(0, 1\]"):
+        dm.matmul(a, b[:, :40], algorithm="summa25d", devices=8)

@@ -115,6 +115,8 @@ class PlannedProduct:
         # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
         itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else None
         self.problem = spec.sizes(p, itemsize=itemsize, pads=True)
+        if _layered.has_layers(p):  # the memory its layers may take: DMATMUL_MEMORY_FRACTION of the devices'
+            self.problem = dataclasses.replace(self.problem, memory=_memory.plan_budget(self.devices))
         grid, laid = self._lay_out(operands)
         kern, summa, shared = self._choose(grid, laid)
         schedule = self._place(kern, summa, shared)
