@@ -304,3 +304,22 @@ def test_memory_fraction_from_the_environment(monkeypatch):
     monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "half")
     with pytest.raises(ValueError, match=r"DMATMUL_MEMORY_FRACTION='half': expected a fraction in \(0, 1\]"):
         dm.matmul(a, b[:, :40], algorithm="summa25d", devices=8)
+
+
+def test_explain_states_the_bound_it_is_measured_against():
+    """explain(): the bound is the larger of the memory-dependent one (0 on 8
+    ranks: vacuous) and the memory-independent one (3-D regime here, computed
+    below), each with its formula and source; the ratio of summa25d's bytes to it."""
+    import re
+
+    n, p = 512, 8
+    independent = (3 * (n ** 3 / p) ** (2 / 3) - 3 * n * n / p) * 4  # bytes, float32
+    a = np.ones((n, n), np.float32)
+    with dm.Matmul(a, a, distribution=(X, Y, X), algorithm="summa25d", devices=p) as mm:  # (replicated: no bound)
+        text = mm.explain()
+    assert "bound is 0" not in text
+    assert f"= max(memory-dependent 0 B, memory-independent {independent / 1024:.2f} KiB): the memory-independent" \
+        in text
+    assert summa25d.BOUND_FORMULA in text and summa25d.INDEPENDENT_FORMULA in text and "SPAA 2012" in text
+    modelled = float(re.search(r"modelled: +([\d.]+) KiB", text).group(1)) * 1024
+    assert f"summa25d's bytes: {modelled / independent:.2f}x the bound" in text

@@ -25,6 +25,12 @@ from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D
 BOUND_FORMULA = "W >= m*n*k / (2*sqrt(2) * P * sqrt(M)) - M words, M the words a rank holds"
 BOUND_SOURCE = ("Irony, Toledo and Tiskin, J. Parallel Distrib. Comput. 2004; Ballard, Demmel, Holtz and "
                 "Schwartz, SIAM J. Matrix Anal. Appl. 2011")
+#: the memory-independent bound it is also compared with (the larger of the two binds): the 3-D regime's
+#: formula, where 2.5-D plans run (the 1-D and 2-D regimes: :func:`dmatmul._cost.lower_bound_words`)
+INDEPENDENT_FORMULA = "W >= 3*(m*n*k/P)^(2/3) - (m*n + m*k + n*k)/P words (3-D regime; 1-D/2-D: _cost.lower_bound_words)"
+INDEPENDENT_SOURCE = ("Ballard, Demmel, Holtz, Lipshitz and Schwartz, \"Brief announcement: strong scaling of matrix "
+                      "multiplication algorithms and memory-independent communication lower bounds\", SPAA 2012; "
+                      "tight constants: Al Daas, Ballard, Grigori, Kumar and Rouse, SPAA 2022")
 
 
 def memory_dependent_bound(m: float, n: float, k: float, p: int, memory_words: float) -> float:
