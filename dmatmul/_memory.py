@@ -19,6 +19,10 @@ that cannot fit raises on every rank.
 
 ``DMATMUL_MEMORY_CHECK=0`` skips the check (a host whose swap would hold
 what ``MemAvailable`` does not count, say).
+
+Plans whose memory is a choice (2.5-D SUMMA's number of layers) choose within
+:func:`plan_budget`: ``DMATMUL_MEMORY_FRACTION`` (default 0.8) of each
+device's memory, or of the host's share per device on CPU.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Need", "HOST", "ENV", "check", "check_product", "judge", "shortfall", "host_available", "human"]
+__all__ = ["Need", "HOST", "ENV", "FRACTION_ENV", "check", "check_product", "judge", "shortfall", "host_available",
+           "host_total", "fraction", "plan_budget", "human"]
 
 #: the place of host memory (numpy results, and simulated CPU devices, which use the host's memory)
 HOST = "the host"
@@ -162,6 +167,69 @@ def host_available() -> int | None:
         found = [x for x in (_meminfo(), _cgroup_room()) if x is not None]
         _host = (now, min(found) if found else None)
     return _host[1]
+
+
+#: the fraction of a rank's memory a plan may count on (the rest: a margin for what else lives there)
+FRACTION_ENV = "DMATMUL_MEMORY_FRACTION"
+DEFAULT_FRACTION = 0.8
+
+
+def fraction() -> float:
+    """:data:`FRACTION_ENV` as a number in (0, 1] (default :data:`DEFAULT_FRACTION`).
+
+    >>> os.environ[FRACTION_ENV] = "0.25"; fraction()
+    0.25
+    >>> os.environ[FRACTION_ENV] = "2"; fraction()
+    Traceback (most recent call last):
+    ...
+    ValueError: DMATMUL_MEMORY_FRACTION='2': expected a fraction in (0, 1] of each device's memory that a plan may count on (default 0.8); set it to one, or unset it
+    >>> del os.environ[FRACTION_ENV]; fraction()
+    0.8
+    """
+    raw = os.environ.get(FRACTION_ENV, "").strip()
+    if not raw:
+        return DEFAULT_FRACTION
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise ValueError(f"{FRACTION_ENV}={raw!r}: expected a fraction in (0, 1] of each device's memory that a "
+                         f"plan may count on (default {DEFAULT_FRACTION}); set it to one, or unset it")
+    return value
+
+
+def host_total() -> int | None:
+    """The host's memory (``MemTotal``, or its cgroup's limit where smaller), or None where neither says."""
+    found = [_read_int(path) for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")]
+    limits = [x for x in found if x is not None and x < 1 << 60]
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            limits += [int(line.split()[1]) * 1024 for line in f if line.startswith(b"MemTotal:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(limits) if limits else None
+
+
+def plan_budget(devices: Sequence[Any]) -> float | None:
+    """The bytes each of ``devices`` (JAX devices, or objects with their
+    ``memory_stats()``) may hold for a product: :func:`fraction` of the least
+    memory any of them has (its allocator's limit; CPU devices, which report
+    none, share the host's memory evenly), None where nothing says. The
+    memory a device *has*, not what is free now, so that every rank of a run
+    on like devices plans alike."""
+    limits = []
+    for device in devices:
+        try:  # (another process's device does not say: its like is asked here)
+            stats = device.memory_stats() or {}
+        except Exception:  # noqa: BLE001 - jax raises for devices this process does not address
+            stats = {}
+        if "bytes_limit" in stats:
+            limits.append(int(stats["bytes_limit"]))
+    if limits:
+        return fraction() * min(limits)
+    total = host_total()
+    return None if total is None or not devices else fraction() * total / len(devices)
 
 
 # --------------------------------------------------------------------------- #

@@ -426,6 +426,22 @@ def _case(**kw):
     return ck.Case(**{**base, **kw})
 
 
+def test_expected_refusals_of_summa25d():
+    """2.5-D SUMMA re-lays any layout: on JAX it must run where P = q*q*c (no
+    refusal allowed) and refuse any other P; on nvmath it must refuse (no
+    sub-communicator per layer in nvmath 1.0), naming itself."""
+    for dists in ((dm.Slab.X, dm.Slab.Y, dm.Slab.X), (dm.BlockCyclic(dm.ProcessGrid((2, 4)), (2, 2)),) * 3):
+        assert _case(nranks=8, distributions=dists, algorithm="summa25d").refusals("jax") == ([], [])
+    required, allowed = _case(nranks=8, algorithm="summa25d").refusals("nvmath")
+    assert len(required) == 1 and not allowed
+    assert required[0].matches(ValueError("algorithm='summa25d' needs one cuBLASMp SUMMA per layer ..."))
+    assert not required[0].matches(ValueError("algorithm='summa' needs ..."))
+    required, allowed = _case(nranks=4, algorithm="summa25d").refusals("jax")
+    assert len(required) == 1 and not allowed
+    assert required[0].matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this runs on 4"))
+    assert not required[0].matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this runs on 6"))
+
+
 def test_expected_refusals():
     required, allowed = _case(dtype="complex64", epilog="gelu").refusals()
     assert len(required) == 1 and not allowed

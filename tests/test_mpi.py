@@ -223,6 +223,17 @@ def test_ranks_that_run_different_plans_raise_on_every_rank(backend):
         assert f"ok {scenario}" in proc.stdout, output(proc)
 
 
+def test_summa25d_on_nvmath_refused_on_every_rank():
+    """tests/mpi/layered.py on 8 processes, the fake nvmath: 2.5-D SUMMA has no
+    nvmath path (nvmath-python 1.0's Matmul runs on its one communicator only),
+    so every rank raises the same ValueError naming why, planned or called,
+    promptly; a SUMMA product still runs right after."""
+    proc = launch(8, "tests/mpi/layered.py", timeout=120)
+    assert proc.returncode == 0, output(proc)
+    for scenario in ("summa25d-given", "summa25d-planned", "still-in-step"):
+        assert f"ok {scenario}" in proc.stdout, output(proc)
+
+
 def test_a_generated_bad_argument_on_one_rank_raises_on_every_rank():
     """tests/mpi/bad_input.py: the bad-input matrix of tests/test_bad_inputs.py with
     one rank's argument corrupted (a different rank each time): every rank raises a

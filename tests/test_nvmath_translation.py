@@ -1574,3 +1574,20 @@ def test_ranks_must_pass_operands_in_the_same_memory():
         B._same_memory((key("numpy", "numpy"), key("numpy", "cupy")), 0)
     with pytest.raises(ValueError, match=r"where c lives: rank 2 passes 'host'"):
         B._same_memory((key("cupy", "cupy", "cupy"),) * 2 + (key("cupy", "cupy", "numpy"),), 1)
+
+
+@pytest.mark.parametrize("nranks,words", [
+    (8, r"summa25d.*sub-communicator.*nvmath-python 1\.0.*one communicator.*backend='jax'"),
+    (16, r"summa25d.*sub-communicator.*cublasMpGridCreate"),
+    (4, r"summa25d.*q\*q\*c.*runs on 4"),  # no layers at all: the algorithm's own refusal, as on JAX
+    (1, r"summa25d.*q\*q\*c.*runs on 1"),
+])
+def test_summa25d_has_no_nvmath_path(nranks, words):
+    """2.5-D SUMMA needs a SUMMA per layer on the layer's sub-communicator, which
+    nvmath 1.0's Matmul (one communicator, no per-call one) cannot run: refused
+    whatever the layout, naming why and where it runs."""
+    grid = dm.BlockCyclic(dm.ProcessGrid((2, nranks // 2)), (2, 2)) if nranks >= 2 else R
+    for dists in ((X, Y, X), (grid,) * 3):
+        with pytest.raises(ValueError, match=words):
+            T.translate(T.Problem.of(16, 16, 16, nranks, False, False, dists, ("C", "C", None),
+                                     algorithm="summa25d"))

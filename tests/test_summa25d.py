@@ -4,6 +4,7 @@ checked against numpy on 8 simulated CPU devices (2 x 2 x 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -108,6 +109,21 @@ def test_jax_arrays_in_and_out():
     got = dm.matmul(ja, jb, algorithm="summa25d")
     assert isinstance(got, jax.Array) and got.sharding.device_set == set(jax.devices()[:8])
     assert_close(np.asarray(got), reference(a, b), "float32")
+
+
+def test_jax_arrays_on_a_grid_whose_result_comes_back_replicated():
+    """jax.Array operands with 2-D grid distributions whose result no sharding
+    expresses (a cyclic, shifted grid layout): the result comes back replicated,
+    and the product still runs on the layers' mesh (it was refused as needing
+    one shared 2-D grid)."""
+    a, b, c = operands(14, 12, 20, 16)
+    g = dm.ProcessGrid((4, 2), layout="col")
+    dists = (dm.BlockNonCyclic(g, first_process=(1, 1)), dm.BlockNonCyclic(g, first_process=(1, 0)),
+             dm.BlockCyclic(g, (2, 4)))
+    got = dm.matmul(jnp.asarray(a), jnp.asarray(b), jnp.asarray(c), beta=-0.5, distribution=dists,
+                    algorithm="summa25d", devices=8)
+    assert isinstance(got, jax.Array)
+    assert_close(np.asarray(got), reference(a, b, c, beta=-0.5), "float32")
 
 
 @pytest.mark.parametrize("devices", [1, 2, 4, 6])
@@ -237,7 +253,73 @@ def test_the_layers_follow_the_memory_allowed():
     try:
         alg.memory_limit = (extra[free] + extra[other]) / 2 if extra[other] < extra[free] else extra[other]
         assert alg.layers(pr) == (other if extra[other] < extra[free] else free)
-        alg.memory_limit = min(extra.values()) / 2  # nothing fits: the least memory
-        assert alg.layers(pr) == min(extra, key=extra.get)
+        alg.memory_limit = min(extra.values()) / 2  # nothing fits: no candidate, and named it is refused
+        assert not alg.runs_on(pr) and "DMATMUL_MEMORY_FRACTION" in alg.refusal(pr)
+        assert all(pl.algorithm != "summa25d" for pl in _plan.plans(pr, {"a": "M", "b": "N", "d": "M"},
+                                                                     _cost.model_for("cpu", 32)))
+        with pytest.raises(ValueError, match=r"summa25d.*MB per rank.*DMATMUL_MEMORY_FRACTION"):
+            alg.layers(pr)
     finally:
         alg.memory_limit = None
+
+
+def test_the_layers_follow_the_problems_memory():
+    """Without a set limit, the memory a rank may hold (Problem1D.memory, the
+    backend's devices') less its blocks bounds the layers: ample memory takes c
+    up to P/4 (2 x 2 x 8 on 32), less takes 2 layers, a tiny one none."""
+    alg = algorithms.ALGORITHMS["summa25d"]
+    base = _plan.Problem1D(1024, 1024, 65536, 32, 4, 4)
+    blocks = (1024 * 65536 * 2 + 1024 * 1024) / 32 * 4
+    extra = {qc: alg._extra(1024, 1024, 65536, qc, 4, 4, False) for qc in summa25d.layouts(32)}
+    assert extra[(2, 8)] > extra[(4, 2)]
+    at = lambda room: dataclasses.replace(base, memory=blocks + room)  # noqa: E731
+    assert alg.layers(at(extra[(2, 8)])) == (2, 8) and alg.layers(at(1e12)) == (2, 8)
+    assert alg.layers(at(extra[(2, 8)] - 1)) == (4, 2)
+    assert alg.runs_on(at(extra[(4, 2)])) and not alg.runs_on(at(extra[(4, 2)] - 1))
+    assert not alg.runs_on(dataclasses.replace(base, memory=blocks / 2))  # not even the blocks
+
+
+def test_memory_fraction_from_the_environment(monkeypatch):
+    """DMATMUL_MEMORY_FRACTION: of the devices' memory (CPU: the host's share per
+    device) a plan counts on. Tiny: summa25d refused by name, not chosen by auto;
+    not a fraction: a ValueError naming the variable."""
+    from dmatmul import _memory
+
+    class Device:
+        def memory_stats(self):
+            return {"bytes_limit": 80 * 10**9, "bytes_in_use": 70 * 10**9}
+
+    assert _memory.plan_budget([Device()] * 8) == 0.8 * 80 * 10**9  # the memory it has, not what is free
+    assert _memory.plan_budget(jax.devices()[:8]) == pytest.approx(0.8 * _memory.host_total() / 8)
+    a, b, _ = operands(15, 64, 64, 64)
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "0.5")
+    assert _memory.plan_budget([Device()]) == 40 * 10**9
+    assert_close(dm.matmul(a, b, algorithm="summa25d", devices=8), reference(a, b), "float32")
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "1e-12")  # (read as a product is planned: a new one)
+    a, b, _ = operands(16, 64, 64, 48)
+    with pytest.raises(ValueError, match=r"summa25d.*needs .* MB per rank.*DMATMUL_MEMORY_FRACTION"):
+        dm.matmul(a, b, algorithm="summa25d", devices=8)
+    with dm.Matmul(a, b, devices=8) as mm:
+        assert mm.algorithm != "summa25d"
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "half")
+    with pytest.raises(ValueError, match=r"DMATMUL_MEMORY_FRACTION='half': expected a fraction in \(0, 1\]"):
+        dm.matmul(a, b[:, :40], algorithm="summa25d", devices=8)
+
+
+def test_explain_states_the_bound_it_is_measured_against():
+    """explain(): the bound is the larger of the memory-dependent one (0 on 8
+    ranks: vacuous) and the memory-independent one (3-D regime here, computed
+    below), each with its formula and source; the ratio of summa25d's bytes to it."""
+    import re
+
+    n, p = 512, 8
+    independent = (3 * (n ** 3 / p) ** (2 / 3) - 3 * n * n / p) * 4  # bytes, float32
+    a = np.ones((n, n), np.float32)
+    with dm.Matmul(a, a, distribution=(X, Y, X), algorithm="summa25d", devices=p) as mm:  # (replicated: no bound)
+        text = mm.explain()
+    assert "bound is 0" not in text
+    assert f"= max(memory-dependent 0 B, memory-independent {independent / 1024:.2f} KiB): the memory-independent" \
+        in text
+    assert summa25d.BOUND_FORMULA in text and summa25d.INDEPENDENT_FORMULA in text and "SPAA 2012" in text
+    modelled = float(re.search(r"modelled: +([\d.]+) KiB", text).group(1)) * 1024
+    assert f"summa25d's bytes: {modelled / independent:.2f}x the bound" in text

@@ -75,6 +75,10 @@ class Problem1D:
     #: the backend pads every dimension it splits to a whole number of equal blocks (JAX shards evenly), so
     #: padding travels and is multiplied like data: a plan is costed on the padded sizes (:meth:`padded`)
     pads: bool = False
+    #: the bytes a rank may hold for this product (its blocks and its working buffers), or None: not limited.
+    #: A backend sets it from its devices' memory (:func:`dmatmul._memory.plan_budget`); an algorithm whose
+    #: memory is a choice (2.5-D SUMMA's layers) chooses within it
+    memory: float | None = None
 
     def elements(self, operand: str) -> int:
         return {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n, "d": self.m * self.n}[operand]

@@ -25,6 +25,12 @@ from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D
 BOUND_FORMULA = "W >= m*n*k / (2*sqrt(2) * P * sqrt(M)) - M words, M the words a rank holds"
 BOUND_SOURCE = ("Irony, Toledo and Tiskin, J. Parallel Distrib. Comput. 2004; Ballard, Demmel, Holtz and "
                 "Schwartz, SIAM J. Matrix Anal. Appl. 2011")
+#: the memory-independent bound it is also compared with (the larger of the two binds): the 3-D regime's
+#: formula, where 2.5-D plans run (the 1-D and 2-D regimes: :func:`dmatmul._cost.lower_bound_words`)
+INDEPENDENT_FORMULA = "W >= 3*(m*n*k/P)^(2/3) - (m*n + m*k + n*k)/P words (3-D regime; 1-D/2-D: _cost.lower_bound_words)"
+INDEPENDENT_SOURCE = ("Ballard, Demmel, Holtz, Lipshitz and Schwartz, \"Brief announcement: strong scaling of matrix "
+                      "multiplication algorithms and memory-independent communication lower bounds\", SPAA 2012; "
+                      "tight constants: Al Daas, Ballard, Grigori, Kumar and Rouse, SPAA 2022")
 
 
 def memory_dependent_bound(m: float, n: float, k: float, p: int, memory_words: float) -> float:
@@ -57,36 +63,59 @@ class Summa25D(Algorithm):
         # in each layer both panels gathered whole (two collectives), one GEMM, then the layer reduce
         Kernel("summa25d", "G", "G", "G", schedule="one_shot"),
     )
-    #: the bytes a rank may hold beyond its blocks (the layers' partial result and panels), or None: no limit.
-    #: Where several (q, c) fit the rank count, the one with the fewest bytes received that fits this
+    #: the bytes a rank may hold beyond its blocks (the layers' partial result and panels), or None: what
+    #: the product's memory allows (``Problem1D.memory``: DMATMUL_MEMORY_FRACTION of each device's memory,
+    #: less the rank's blocks; not limited where the backend does not say). A setting for tools and tests
     memory_limit: float | None = None
 
     def runs_on(self, problem: Problem1D) -> bool:
-        return bool(layouts(problem.p))
+        return bool(self._fitting(problem))
 
     def refusal(self, problem: Problem1D) -> str | None:
-        if self.runs_on(problem):
+        if not layouts(problem.p):
+            return (f"algorithm='summa25d' needs P = q*q*c ranks with a q x q grid (q >= 2) on c >= 2 layers "
+                    f"(8 = 2*2*2, 12, 16, 18, 24, 32, ... ranks), but this product runs on {problem.p}; use "
+                    "devices= with such a count, algorithm='summa' (any 2-D grid) or algorithm='auto'")
+        if not self._fitting(problem):
+            least = min(self._extra_of(problem, qc) for qc in layouts(problem.p))
+            allowed = self._allowed(problem)
+            return (f"algorithm='summa25d' needs {least / 1e6:.4g} MB per rank beyond its blocks for the layers' "
+                    f"partial result and panels at the least, but {max(allowed or 0.0, 0.0) / 1e6:.4g} MB is "
+                    "allowed (DMATMUL_MEMORY_FRACTION of each device's memory, default 0.8, less the rank's "
+                    "blocks); raise DMATMUL_MEMORY_FRACTION, use more devices, or algorithm='summa' or 'auto'")
+        return None
+
+    def _allowed(self, problem: Problem1D) -> float | None:
+        """The bytes a rank may hold beyond its blocks, None: not limited."""
+        if self.memory_limit is not None:
+            return self.memory_limit
+        if problem.memory is None:
             return None
-        return (f"algorithm='summa25d' needs P = q*q*c ranks with a q x q grid (q >= 2) on c >= 2 layers "
-                f"(8 = 2*2*2, 12, 16, 18, 24, 32, ... ranks), but this product runs on {problem.p}; use "
-                "devices= with such a count, algorithm='summa' (any 2-D grid) or algorithm='auto'")
+        blocks = (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n) / problem.p
+        return problem.memory - blocks * problem.itemsize
+
+    def _extra_of(self, problem: Problem1D, qc: tuple[int, int]) -> float:
+        return self._extra(problem.m, problem.n, problem.k, qc, problem.itemsize, problem.acc_itemsize, False)
+
+    def _fitting(self, problem: Problem1D) -> list[tuple[int, int]]:
+        """The (q, c) of :func:`layouts` whose extra memory fits what is allowed."""
+        limit = self._allowed(problem)
+        return [qc for qc in layouts(problem.p) if limit is None or self._extra_of(problem, qc) <= limit]
 
     def layers(self, problem: Problem1D) -> tuple[int, int]:
         """(q, c): the grid side and the number of layers, the fewest bytes
-        received among those whose extra memory fits :attr:`memory_limit`
-        (none fits: the least memory, the most layers' grid being the widest)."""
-        options = layouts(problem.p)
-        if not options:
-            raise ValueError(self.refusal(problem))
-
-        def extra(qc: tuple[int, int]) -> float:
-            return self._extra(problem.m, problem.n, problem.k, qc, problem.itemsize, problem.acc_itemsize, False)
-
-        limit = self.memory_limit
-        fitting = [qc for qc in options if limit is None or extra(qc) <= limit]
+        received among those whose extra memory fits what is allowed
+        (:attr:`memory_limit`, else ``problem.memory``); none fits: a
+        ValueError (:meth:`refusal`)."""
+        fitting = self._fitting(problem)
         if not fitting:
-            return min(options, key=extra)
+            raise ValueError(self.refusal(problem))
         return min(fitting, key=lambda qc: self._bytes(problem, qc))
+
+    def extra_bytes(self, problem: Problem1D, one_shot: bool) -> float:
+        """The bytes a rank holds beyond its blocks, on the layers :meth:`layers` chooses."""
+        return self._extra(problem.m, problem.n, problem.k, self.layers(problem), problem.itemsize,
+                           problem.acc_itemsize, one_shot)
 
     @staticmethod
     def _bytes(problem: Problem1D, qc: tuple[int, int]) -> float:

@@ -339,7 +339,7 @@ class Case:
             return "different grids"
         return "2-D, one grid" if len(grids) == 3 else "mixed 1-D/2-D"
 
-    def refusals(self) -> tuple[list[Refusal], list[Refusal]]:
+    def refusals(self, backend: str | None = None) -> tuple[list[Refusal], list[Refusal]]:
         """``(required, allowed)``: errors the product must end in (any one of
         them), and errors it may end in instead of a result.
 
@@ -358,7 +358,9 @@ class Case:
         * a named algorithm that does not fit the distributions by roles
           (:func:`_fitting_algorithms`; with distribution=None, operands on a
           user's mesh whose layouts it does not take): ValueError naming the
-          algorithm and saying what it needs.
+          algorithm and saying what it needs; one that re-lays any layout
+          (summa25d) on a rank count not its own, and on ``backend="nvmath"``
+          always (:meth:`_relaid_refusals`).
         """
         required: list[Refusal] = []
         allowed: list[Refusal] = []
@@ -395,14 +397,29 @@ class Case:
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
         # a named algorithm runs where it fits the layouts by roles, and with distribution=None on operands of
         # no mesh (the model picks among the layouts it takes)
-        # (2.5-D SUMMA, which re-lays any layout, has no nvmath kernel yet: a backend may refuse it)
-        if self.algorithm != "auto" and (_plan.ALGORITHMS[self.algorithm].relays or not (
+        if self.algorithm != "auto" and _plan.ALGORITHMS[self.algorithm].relays:
+            required.extend(self._relaid_refusals(backend))
+        elif self.algorithm != "auto" and not (
                 (self.distributions is None and self.on_mesh is None)
                 or (self.distributions is not None and self.algorithm in _fitting_algorithms(
-                    self.nranks, self.distributions, self.transpose_a, self.transpose_b)))):
+                    self.nranks, self.distributions, self.transpose_a, self.transpose_b))):
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
         return required, allowed
+
+    def _relaid_refusals(self, backend: str | None) -> list[Refusal]:
+        """A named algorithm that re-lays any layout (2.5-D SUMMA) runs wherever
+        the rank count is its own, on JAX; it must refuse any other count, and
+        on nvmath always (nvmath 1.0 runs cuBLASMp on one communicator, none per
+        layer: dmatmul.backends.nvmath._translate.refuse_layered)."""
+        alg = _plan.ALGORITHMS[self.algorithm]
+        if backend == "nvmath":
+            return [Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
+                            f"algorithm={self.algorithm!r} has no nvmath path")]
+        if not alg.runs_on(_plan.Problem1D(1, 1, 1, self.nranks, 4, 4)):
+            return [Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs", rf"\b{self.nranks}\b"),
+                            f"algorithm={self.algorithm!r} on {self.nranks} ranks")]
+        return []
 
     # -- reproduction --------------------------------------------------------------
     def describe(self, backend: str | None = None, *, mpi: bool = False) -> str:

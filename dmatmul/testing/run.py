@@ -112,7 +112,7 @@ class _Run:
             self.inputs += [(f"{case.transform.describe()}: {name}", x)
                             for name, x in self.transformed.inputs.items()]
         self.before = [_snapshot(x) for _, x in self.inputs]
-        self.required, self.allowed = case.refusals()
+        self.required, self.allowed = case.refusals(backend)
         self.options = dict(distribution=case.distribution, alpha=case.alpha, beta=case.beta,
                             transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog,
                             bias=args["bias"],

@@ -33,6 +33,14 @@ its source:
   fresh buffer of NaN there: :func:`_quick_return`.
 * nvmath refuses an empty local block ("extents must be strictly
   positive"), on every rank (nvmath's allreduced problem check).
+* nvmath runs on one communicator: the one ``initialize`` was given (once
+  per process; a second call raises). Its ``ProcessGrid`` must have as many
+  elements as that communicator has ranks, and ``Matmul`` takes no
+  communicator (nvmath 1.0: ``Matmul(a, b, c, *, distributions, alpha, beta,
+  qualifiers, quantization_scales, options, stream)``; cuBLASMp grids are made
+  on ``get_context().nccl_comm``). The fake is the same, which is why dmatmul
+  refuses ``algorithm="summa25d"`` (a SUMMA per layer's sub-communicator) on
+  nvmath: tests/mpi/layered.py.
 """
 
 from __future__ import annotations

@@ -100,15 +100,26 @@ class ExplainedProduct(ExecutingProduct):
         return lines
 
     def _memory_bound(self, nbytes: float, replicated: list[str]) -> list[str]:
-        """2.5-D SUMMA: the memory-dependent bound too, for the memory the plan holds per rank."""
+        """2.5-D SUMMA: the bound it is measured against, the larger of the
+        memory-dependent one (for the memory the plan holds per rank) and the
+        memory-independent one, each with its formula and source."""
         if self.plan.algorithm != _layered.NAME:
             return []
         pr, one_shot = self.problem, self.plan.kernel.schedule == "one_shot"
         words = ALGORITHMS[_layered.NAME].held_words(pr, one_shot)  # type: ignore[attr-defined]
-        bound = summa25d.memory_dependent_bound(pr.m, pr.n, pr.k, pr.p, words) * pr.itemsize
-        return [f"            {_plan._fmt_bytes(bound)} per rank (memory-dependent, M = "
-                f"{_plan._fmt_bytes(words * pr.itemsize)} held per rank: {summa25d.BOUND_FORMULA}; "
-                f"{summa25d.BOUND_SOURCE}); {_plan.versus_bound(nbytes, bound, replicated)}"]
+        dependent = summa25d.memory_dependent_bound(pr.m, pr.n, pr.k, pr.p, words) * pr.itemsize
+        independent = _cost.lower_bound_words(pr.m, pr.n, pr.k, pr.p) * pr.itemsize
+        binds = "memory-dependent" if dependent > independent else "memory-independent"
+        vacuous = (" (0 here: a rank holds enough that the memory does not bind, as on few ranks)"
+                   if dependent <= 0 else "")
+        return [
+            f"bound:      {_plan._fmt_bytes(max(dependent, independent))} per rank = max(memory-dependent "
+            f"{_plan._fmt_bytes(dependent)}, memory-independent {_plan._fmt_bytes(independent)}): the {binds} "
+            f"one binds; summa25d's bytes: {_plan.versus_bound(nbytes, max(dependent, independent), replicated)}",
+            f"            memory-dependent: {summa25d.BOUND_FORMULA}, M = "
+            f"{_plan._fmt_bytes(words * pr.itemsize)} held per rank{vacuous} ({summa25d.BOUND_SOURCE})",
+            f"            memory-independent: {summa25d.INDEPENDENT_FORMULA} ({summa25d.INDEPENDENT_SOURCE})",
+        ]
 
     def _role_name(self, op: str) -> _plan.Role:
         t = {"a": self.spec.transpose_a, "b": self.spec.transpose_b, "d": False}[op]

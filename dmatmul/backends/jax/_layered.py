@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import _cost, _plan
-from ...algorithms import ALGORITHMS
+from ...algorithms import ALGORITHMS, summa25d
 from ..._problem import Spec
 from . import _kernels
 from ._layout import DimMap, Geometry, Placement
@@ -19,6 +19,16 @@ NAME = "summa25d"
 def layers(problem: _plan.Problem1D) -> tuple[int, int]:
     """(q, c): the layer grid's side and the number of layers the planner chose."""
     return ALGORITHMS[NAME].layers(problem)  # type: ignore[attr-defined]
+
+
+def has_layers(p: int) -> bool:
+    """Whether ``p`` ranks form layers (``q*q*c``): only then is the memory they may take asked."""
+    return bool(summa25d.layouts(p))
+
+
+def extra_bytes(problem: _plan.Problem1D, one_shot: bool) -> float:
+    """The bytes a rank holds beyond its blocks on the chosen layers (the memory check's)."""
+    return ALGORITHMS[NAME].extra_bytes(problem, one_shot)  # type: ignore[attr-defined]
 
 
 def geometry(devices: tuple, problem: _plan.Problem1D) -> Geometry:

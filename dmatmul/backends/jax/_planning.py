@@ -115,6 +115,8 @@ class PlannedProduct:
         # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
         itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else None
         self.problem = spec.sizes(p, itemsize=itemsize, pads=True)
+        if _layered.has_layers(p):  # the memory its layers may take: DMATMUL_MEMORY_FRACTION of the devices'
+            self.problem = dataclasses.replace(self.problem, memory=_memory.plan_budget(self.devices))
         grid, laid = self._lay_out(operands)
         kern, summa, shared = self._choose(grid, laid)
         schedule = self._place(kern, summa, shared)
@@ -145,7 +147,7 @@ class PlannedProduct:
         # a jax.Array result whose layout no sharding expresses (uneven, cyclic, another grid) comes back
         # replicated: the plan then targets Replicated() itself, so the gather is a planned, explained move
         self.replicated_result = self._replicated_result(grid)
-        if self.replicated_result is not None:
+        if self.replicated_result is not None and not layered:  # (the layers' mesh is no grid's)
             grid = _product_grid((*self.distributions[:2], Replicated()))
         # operands on another grid than the product's are re-laid as Slab.X first (and the result
         # from Slab.X after): in one process the global matrices need no move at all. A result returned

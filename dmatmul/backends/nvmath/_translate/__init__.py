@@ -105,6 +105,8 @@ __all__ = [
     "as_dense",
     "combine_orders",
     "refused_epilog",
+    "refuse_layered",
+    "LAYERED_LIMITATION",
 ]
 
 
@@ -123,10 +125,48 @@ def _check_fit(p: Problem) -> None:
             ) from None
 
 
+#: why 2.5-D SUMMA has no nvmath path (see :func:`refuse_layered`)
+LAYERED_LIMITATION = (
+    "nvmath-python 1.0's distributed Matmul runs cuBLASMp on the one communicator nvmath.distributed.initialize() "
+    "was given (its ProcessGrid must span all of its ranks) and takes no communicator per operation, so the layers "
+    "cannot each run their own SUMMA"
+)
+
+
+def refuse_layered(problem: Problem) -> None:
+    """``algorithm="summa25d"`` has no nvmath path: a ValueError saying why.
+
+    2.5-D SUMMA needs one cuBLASMp SUMMA per layer, each on the sub-communicator
+    of that layer's q*q ranks, then a reduce over the layers. nvmath-python 1.0
+    creates its cuBLASMp grids on the NCCL communicator of
+    ``nvmath.distributed.initialize`` (``get_context().nccl_comm``; initialized
+    once per process, a second call raises), its ``ProcessGrid`` must have as
+    many elements as that communicator has ranks, and ``Matmul`` takes no
+    communicator. One call on the whole communicator cannot stand in for the c
+    layer products either: they are c independent products on disjoint slices of
+    K summed afterwards, which one GEMM computes only as a block-diagonal operand
+    (c times the flops). A rank count that is no q*q*c gets the algorithm's own
+    refusal, as on every backend.
+    """
+    if problem.algorithm != "summa25d":
+        return
+    alg = _plan.ALGORITHMS["summa25d"]
+    if not alg.runs_on(problem.sizes()):
+        raise ValueError(alg.refusal(problem.sizes()))
+    raise ValueError(
+        f"algorithm='summa25d' needs one cuBLASMp SUMMA per layer on that layer's sub-communicator, but "
+        f"{LAYERED_LIMITATION}; use backend='jax' (its summa25d kernel runs on {problem.nranks} devices), or "
+        "algorithm='summa' or 'auto' here. An nvmath whose Matmul takes a communicator (cuBLASMp's "
+        "cublasMpGridCreate already takes any NCCL communicator) would lift this"
+    )
+
+
 def translate(problem: Problem) -> Translation:
     """The nvmath call for ``problem``; raises ValueError when a named algorithm
-    does not fit, NotImplementedError for 2-D layouts nvmath cannot take."""
+    does not fit (``summa25d`` always: :func:`refuse_layered`), NotImplementedError
+    for 2-D layouts nvmath cannot take."""
     _check_fit(problem)
+    refuse_layered(problem)
     if problem.nranks == 1:
         return one_rank(problem)
     p = problem
