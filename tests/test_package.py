@@ -143,9 +143,7 @@ MAX_FUNCTION_LINES = 100  # from the `def` line to the last line of the body
 TOO_LONG_MODULES = {
     "dmatmul/_plan.py": 632,
 }
-TOO_LONG_FUNCTIONS = {
-    "dmatmul/backends/nvmath/_translate/_two_d.py::two_d": 112,
-}
+TOO_LONG_FUNCTIONS: dict[str, int] = {}
 
 
 def _sizes(root: pathlib.Path) -> tuple[dict[str, int], dict[str, int]]:

@@ -117,6 +117,56 @@ def _refuse_empty_blocks(p: Problem, nv: dict[str, NvDistribution | None], names
                 )
 
 
+def _grid_path(p: Problem, nvd_user: NvDistribution, frame: Frame) -> tuple[bool, Path, list[str]]:
+    """Whether ``frame``'s operands share one 2-D grid, the cuBLASMp path they
+    take (SUMMA where nvmath lets it), and why not where it does not."""
+    result = nvd_user.transposed() if frame.swapped else nvd_user
+    shape = (p.n, p.m) if frame.swapped else (p.m, p.n)
+    grids = {(h.distribution.grid_shape, h.distribution.grid_layout)  # type: ignore[union-attr]
+             for h in frame.handovers if h.slot in ("A", "B")} | {(result.grid_shape, result.grid_layout)}
+    if len(grids) != 1:
+        return False, "general", ["the operands do not share one 2-D grid: cuBLASMp's general path runs"]
+    nprow, npcol = result.grid_shape
+    if result.is_1d:  # nvmath's use_alt_cache: any 1-D distribution on the shared grid
+        rows, cols = nvd_user.grid_shape
+        return True, "general", [
+            f"one shared {rows}x{cols} grid, a 1-D one, on which nvmath steers cuBLASMp away from SUMMA: "
+            "expect its general path"
+        ]
+    if result.block_sizes[0] == shape[0] // nprow or result.block_sizes[1] == shape[1] // npcol:
+        return True, "general", [
+            "one shared 2-D grid, but the result's block size equals M/nprow or N/npcol, for which nvmath "
+            "steers cuBLASMp away from SUMMA: expect its general path"
+        ]
+    return True, "SUMMA", []
+
+
+def _cut_replicated(
+    p: Problem, nv: dict[str, NvDistribution | None], dists: dict[str, Distribution], dims: dict[str, DimPlan],
+    ref: NvDistribution,
+) -> tuple[dict[str, Distribution], dict[str, tuple[AxisOp, AxisOp]]]:
+    """Each operand's target distribution and its hand-over per axis: a
+    Replicated one cut to the reference grid (in ``nv`` too), kept, sliced or
+    gathered along each axis; the others as they are."""
+    targets: dict[str, Distribution] = {}
+    ops: dict[str, tuple[AxisOp, AxisOp]] = {}
+    for op in ("a", "b", "c"):
+        stored = p.stored(op)
+        if nv[op] is None:  # Replicated: cut to the reference grid
+            nv[op] = NvDistribution(ref.grid_shape, ref.grid_layout, (dims[stored[0]].nv_block, dims[stored[1]].nv_block))
+            axis_ops = []
+            for axis in range(2):
+                parts = ref.grid_shape[axis]
+                one_block = dims[stored[axis]].nv_block * parts >= p.size(stored[axis])
+                axis_ops.append("keep" if parts == 1 else "slice" if one_block else "gather")
+            ops[op] = (axis_ops[0], axis_ops[1])  # type: ignore[assignment]
+            targets[op] = nv[op].as_dmatmul()  # type: ignore[union-attr]
+        else:
+            ops[op] = ("keep", "keep")
+            targets[op] = dists[op]
+    return targets, ops
+
+
 def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     """SUMMA when a, b and the result share one 2-D grid in a frame, else the general path.
 
@@ -152,56 +202,19 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
             dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), block)
         else:
             dims[dim] = DimPlan.of(dim, DimMap.whole(p.size(dim)), max(1, -(-p.size(dim) // max(ref.grid_shape))))
-    targets: dict[str, Distribution] = {}
-    ops: dict[str, tuple[AxisOp, AxisOp]] = {}
-    for op in ("a", "b", "c"):
-        stored = p.stored(op)
-        if nv[op] is None:  # Replicated: cut to the reference grid
-            nv[op] = NvDistribution(ref.grid_shape, ref.grid_layout, (dims[stored[0]].nv_block, dims[stored[1]].nv_block))
-            axis_ops = []
-            for axis in range(2):
-                parts = ref.grid_shape[axis]
-                one_block = dims[stored[axis]].nv_block * parts >= p.size(stored[axis])
-                axis_ops.append("keep" if parts == 1 else "slice" if one_block else "gather")
-            ops[op] = (axis_ops[0], axis_ops[1])  # type: ignore[assignment]
-            targets[op] = nv[op].as_dmatmul()  # type: ignore[union-attr]
-        else:
-            ops[op] = ("keep", "keep")
-            targets[op] = dists[op]
+    targets, ops = _cut_replicated(p, nv, dists, dims, ref)
     _refuse_empty_blocks(p, nv, names, dims)
     gather = isinstance(dists["c"], Replicated)
     weights = copy_weights(p, {op: True for op in ("a", "b", "c")})
     nvd_user = nv["c"]
     assert nvd_user is not None
 
-    def grid_path(frame: Frame) -> tuple[bool, Path, list[str]]:
-        result = nvd_user.transposed() if frame.swapped else nvd_user
-        shape = (p.n, p.m) if frame.swapped else (p.m, p.n)
-        grids = {(h.distribution.grid_shape, h.distribution.grid_layout)  # type: ignore[union-attr]
-                 for h in frame.handovers if h.slot in ("A", "B")} | {(result.grid_shape, result.grid_layout)}
-        shared = len(grids) == 1
-        if not shared:
-            return False, "general", ["the operands do not share one 2-D grid: cuBLASMp's general path runs"]
-        nprow, npcol = result.grid_shape
-        if result.is_1d:  # nvmath's use_alt_cache: any 1-D distribution on the shared grid
-            rows, cols = nvd_user.grid_shape
-            return True, "general", [
-                f"one shared {rows}x{cols} grid, a 1-D one, on which nvmath steers cuBLASMp away from SUMMA: "
-                "expect its general path"
-            ]
-        if result.block_sizes[0] == shape[0] // nprow or result.block_sizes[1] == shape[1] // npcol:
-            return True, "general", [
-                "one shared 2-D grid, but the result's block size equals M/nprow or N/npcol, for which nvmath "
-                "steers cuBLASMp away from SUMMA: expect its general path"
-            ]
-        return True, "SUMMA", []
-
     # the frame keeping one shared grid (SUMMA) wins over fewer copies; then fewer copies, then C-order result
     options = []
     for swap in (False, True):
         frame = build_frame(p, swap, targets=targets, nv_user=nv, ops=ops, dims=dims, need_tn=False,
                              pass_c=p.use_c, engine="cublasmp", weights=weights, prefer=swap)
-        shared, path, notes = grid_path(frame)
+        shared, path, notes = _grid_path(p, nvd_user, frame)
         options.append(((0 if path == "SUMMA" else 1, 0 if shared else 1, frame.weight, 0 if swap else 1),
                         frame, path, notes, shared))
     _, frame, path, notes, shared = min(options, key=lambda o: o[0])
