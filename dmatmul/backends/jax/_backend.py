@@ -15,7 +15,7 @@ from ..._problem import Spec
 from ..._spec import Operands
 from ._arrays import in_program
 from ._arrays import in_trace as in_jax_trace
-from . import _layout, _start
+from . import _independent, _layout, _start
 from . import _redistribute as _moves
 
 from ._explain import ExplainedProduct
@@ -50,7 +50,7 @@ class JaxBackend(Backend):
     cache_size = 128
 
     def __init__(self) -> None:
-        self._plans: LRU[JaxPlan] = LRU()  # threads may plan at once (the cache is shared)
+        self._plans: LRU[JaxPlan | _independent.IndependentPlan] = LRU()  # threads may plan at once (the cache is shared)
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         """An empty product's result, one process (:func:`place_result`): a
@@ -71,8 +71,9 @@ class JaxBackend(Backend):
         (an empty product asks only this)."""
         if spec.spmd:
             return spec.nprocs
-        devices = plan_devices(spec, mesh_of(spec, operands))
-        if spec.distributions is None and spec.family == "jax":
+        mesh = mesh_of(spec, operands)
+        devices = plan_devices(spec, mesh)
+        if spec.distributions is None and spec.family == "jax" and _independent.find(spec, operands, mesh, devices) is None:
             _given_distributions(spec, operands, devices)
         return len(devices)
 
@@ -120,7 +121,7 @@ class JaxBackend(Backend):
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
             return out
 
-    def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
+    def plan(self, spec: Spec, operands: Operands) -> JaxPlan | _independent.IndependentPlan:
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
             raise ValueError(_inside_shard_map(manual))
@@ -128,13 +129,19 @@ class JaxBackend(Backend):
         if split is not None:
             raise ValueError(split)
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
+        split = None
         if in_program(spec):
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (*key, mesh, mesh is not None and _tracing(operands))
-            if spec.distributions is None and spec.family == "jax":
+            # mesh axes that the shardings leave independent run independent products
+            split = _independent.find(spec, operands, mesh, devices)
+            if split is not None:
+                key += (split,)
+            elif spec.distributions is None and spec.family == "jax":
                 key += _given_distributions(spec, operands, devices)
         plan = self._plans.get(key)
         if plan is None:  # made outside the cache's lock: threads plan different problems at once
-            plan = self._plans.add(key, JaxPlan(spec, operands), bound=self.cache_size)
+            made = JaxPlan(spec, operands) if split is None else _independent.IndependentPlan(spec, operands, split)
+            plan = self._plans.add(key, made, bound=self.cache_size)
         return plan
