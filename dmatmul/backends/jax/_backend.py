@@ -129,19 +129,19 @@ class JaxBackend(Backend):
         if split is not None:
             raise ValueError(split)
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
-        split = None
+        cut = None
         if in_program(spec):
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (*key, mesh, mesh is not None and _tracing(operands))
             # mesh axes that the shardings leave independent run independent products
-            split = _independent.find(spec, operands, mesh, devices)
-            if split is not None:
-                key += (split,)
+            cut = _independent.find(spec, operands, mesh, devices)
+            if cut is not None:
+                key += (cut,)
             elif spec.distributions is None and spec.family == "jax":
                 key += _given_distributions(spec, operands, devices)
         plan = self._plans.get(key)
         if plan is None:  # made outside the cache's lock: threads plan different problems at once
-            made = JaxPlan(spec, operands) if split is None else _independent.IndependentPlan(spec, operands, split)
+            made = JaxPlan(spec, operands) if cut is None else _independent.IndependentPlan(spec, operands, cut)
             plan = self._plans.add(key, made, bound=self.cache_size)
         return plan
