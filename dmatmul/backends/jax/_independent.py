@@ -64,7 +64,7 @@ def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
     if spec.distributions is not None or spec.family != "jax" or spec.spmd or mesh is None or spec.use_c:
         return None
     la, lb = _layout_of(operands.a, devices), _layout_of(operands.b, devices)
-    if la is None or lb is None or la[1] != lb[1]:
+    if la is None or lb is None or la[1].abstract_mesh != lb[1].abstract_mesh:  # (a constant's is concrete)
         return None
     user = la[1]
 
