@@ -201,14 +201,22 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     JAX misreads zero-size shards); inside a trace, typed so on the trace's mesh.
     With no distribution given, c's sharding (where c is read) says the
     result's, as it does for a product with elements."""
+    from ._independent import find
+
     mesh = mesh_of(spec, operands)
+    cut = find(spec, operands, mesh, plan_devices(spec, mesh))
+    shape = (spec.m, spec.n)
     if spec.distributions is not None:
         dist = spec.distributions[2]
-    else:
+    elif cut is None:
         dist = _given_distributions(spec, operands, plan_devices(spec, mesh))[2] or Replicated()
-    shape = (spec.m, spec.n)
     if 0 in shape:
-        dist = Replicated()
+        dist, cut = Replicated(), None
+    if cut is not None:  # mesh axes the shardings leave independent: the result as a product's (:mod:`._independent`)
+        sharding = NamedSharding(cut.mesh, cut.specs[2])
+        if _traced(operands):
+            return _typed_on(depending_on(d, operands.a, operands.b), sharding)
+        return jax.device_put(d, sharding)
     if _traced(operands) and mesh is not None:
         # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
         # devices (an abstract mesh's); and under jvp a result that depends on neither gets a tangent JAX makes
