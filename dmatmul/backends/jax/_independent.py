@@ -9,74 +9,29 @@ independent axes that split M or N (each cut on its own devices).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from ... import _plan
 from .. import BackendPlan
-from ..._mesh import ProcessMesh
 from ..._problem import Spec
 from ..._sharded import Sharded
-from ..._split import MeshSplit, split_product
 from ..._spec import Operands
 from . import _kernels, _layout, _mesh
 from ._explain import ExplainedProduct
-from ._mesh import _spec_axes
 from ._planning import _x64
-from ._shardings import _layout_of, _typed_on
+from ._shardings import Split, _typed_on, find
 
-__all__ = ["Split", "find", "IndependentPlan"]
+__all__ = ["Split", "find", "IndependentPlan"]  # (Split and find: read off the shardings, in ._shardings)
 
 _Axes = tuple[str, ...]
 
 
 def _entry(axes: _Axes) -> Any:
     return None if not axes else axes[0] if len(axes) == 1 else axes
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """A product on a user's mesh cut along its independent axes."""
-
-    mesh: Mesh | AbstractMesh  # the user's
-    cut: MeshSplit
-    specs: tuple[PartitionSpec, PartitionSpec, PartitionSpec]  # a, b, result on the user's mesh
-
-    def parts(self, axes: _Axes) -> int:
-        return math.prod(self.mesh.shape[n] for n in axes)
-
-    @property
-    def process_mesh(self) -> ProcessMesh:
-        return ProcessMesh(tuple(self.mesh.shape.values()), tuple(self.mesh.axis_names))
-
-
-def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
-         devices: tuple[jax.Device, ...]) -> Split | None:
-    """The split of a one-process product on jax.Arrays with ``distribution=None``
-    whose shardings leave a mesh axis independent (:func:`dmatmul._split.split_product`),
-    or None where none does (the product is then planned over every device, as
-    its shardings read as 2-D distributions: :func:`._shardings._given_distributions`).
-    Not where C is read (``beta``): its sharding says the result's."""
-    if spec.distributions is not None or spec.family != "jax" or spec.spmd or mesh is None or spec.use_c:
-        return None
-    la, lb = _layout_of(operands.a, devices), _layout_of(operands.b, devices)
-    if la is None or lb is None or la[1].abstract_mesh != lb[1].abstract_mesh:  # (a constant's is concrete)
-        return None
-    user = la[1]
-
-    def axes(s: PartitionSpec) -> tuple[_Axes, _Axes]:
-        parts = tuple(s) + (None,) * (2 - len(s))
-        return _spec_axes(parts[0], user), _spec_axes(parts[1], user)
-
-    cut = split_product(dict(user.shape), axes(la[0]), axes(lb[0]), spec.transpose_a, spec.transpose_b)
-    if cut is None:
-        return None
-    return Split(user if isinstance(mesh, AbstractMesh) else mesh, cut,
-                 (la[0], lb[0], PartitionSpec(*cut.result)))
 
 
 def _cut(x: jax.Array, dim: int, parts: int) -> jax.Array:
