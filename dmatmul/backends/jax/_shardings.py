@@ -94,7 +94,7 @@ class Split:
 def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
          devices: tuple[jax.Device, ...]) -> Split | None:
     """The split of a one-process product on jax.Arrays with ``distribution=None``
-    whose shardings leave a mesh axis independent (:func:`dmatmul._split.split_product`),
+    whose shardings are not both 2-D distributions and leave a mesh axis independent (:func:`dmatmul._split.split_product`),
     or None where none does (the product is then planned over every device, as
     its shardings read as 2-D distributions: :func:`._shardings._given_distributions`).
     Not where C is read (``beta``): its sharding says the result's."""
@@ -109,6 +109,11 @@ def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
         parts = tuple(s) + (None,) * (2 - len(s))
         return _spec_axes(parts[0], user), _spec_axes(parts[1], user)
 
+    try:  # shardings that are 2-D distributions over every device: the planner's, as they are
+        _infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b")
+        return None
+    except ValueError:
+        pass
     cut = split_product(dict(user.shape), axes(la[0]), axes(lb[0]), spec.transpose_a, spec.transpose_b)
     if cut is None:
         return None
