@@ -176,7 +176,9 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["array family"] == {"numpy", "jax"}
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert seen["jax.default_matmul_precision"] == {None, *ck.MATMUL_PRECISIONS}
-    assert {w.split("=")[0] for w in seen["refusals"]} == {
+    assert {w.split("=")[0] for w in seen["refusals"]} <= {
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta"}
+    assert {w.split("=")[0] for w in seen["refusals"]} >= {
         "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta"}
     assert seen["on a user's mesh"] == {
         (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
@@ -184,7 +186,8 @@ def test_the_generator_covers_the_whole_layout_space():
     }
     assert seen["placements"] == set(ck.PLACEMENTS)
     specials = seen["inf/NaN"]
-    assert {d for d, *_ in specials} == {d for d in dm.DTYPES if not d.startswith("complex")}
+    # (FP8 operands are drawn without inf/NaN: float8_e4m3fn has no inf)
+    assert {d for d, *_ in specials} == {d for d in dm.DTYPES if not d.startswith(("complex", "float8"))}
     assert {e for _, e, *_ in specials} == {None, "bias"} and {c for *_, c, _ in specials} == {True, False}
     assert {f for *_, f in specials} == set(ck.LAYOUT_FAMILIES)
     # the dimensions drawn on top
@@ -199,7 +202,9 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["layout of bias"] == set(ck.LAYOUTS) - {"F", ".T view"}
     shapes = ((False, False), (True, False), (False, True))  # (M,), (M, 1), (1, N)
     assert seen["bias"] == {(column, per_column, kind) for column, per_column in shapes for kind in ck.BIAS_KINDS}
-    assert seen["bias dtype"] == {(d, cx) for d in (None, *dm.DTYPES) for cx in (False, True)}
+    # (no FP8 bias: a bias has the result type, which FP8 is not)
+    assert seen["bias dtype"] == {(d, cx) for d in (None, *dm.DTYPES) if not str(d).startswith("float8")
+                                  for cx in (False, True)}
     assert len(seen["families"]) == 6  # a, b, c each numpy or jax, not all alike
     devs = seen["devices list"]
     assert {p for p, *_ in devs} == set(ck.NRANKS) and (8, False, False) in devs and (3, False, False) in devs
@@ -209,7 +214,8 @@ def test_the_generator_covers_the_whole_layout_space():
         assert seen[f"{kind} with layout family"] == set(ck.LAYOUT_FAMILIES), kind
         assert seen[f"{kind} with call"] == {"eager (plain)", "jit (plain)", *ck.CALLS} - {"jit on constants"}, kind
         assert seen[f"{kind} with epilog"] == set(dm.EPILOGS), kind
-        assert seen[f"{kind} with dtype"] == set(dm.DTYPES), kind  # complex and half precision too
+        # complex and half precision too; not FP8, whose cotangent holds too little to compare
+        assert seen[f"{kind} with dtype"] == {d for d in dm.DTYPES if not d.startswith("float8")}, kind
         assert seen[f"{kind} with nranks"] == set(ck.NRANKS), kind
         for what in ("algorithm", "devices list"):
             assert seen[f"{kind} with {what}"] == {False, True}, (kind, what)
@@ -359,7 +365,8 @@ def test_describe_is_the_python_call():
                     case.layouts[3]
             else:
                 shape = {"a": case.a_shape, "b": case.b_shape, "c": (case.m, case.n)}[name]
-                dtype, fam, layout = case.dtype, case.family_of(name), case.layouts["abc".index(name)]
+                dtype = case.result_dtype if name == "c" else case.dtype  # (c has the result type: FP8's)
+                fam, layout = case.family_of(name), case.layouts["abc".index(name)]
             if fam == "list":
                 assert isinstance(x, list) and np.asarray(x).shape == shape, (name, line)
                 assert not x or np.iscomplexobj(np.asarray(x)) == dtype.startswith("complex"), (name, line)
@@ -476,9 +483,9 @@ def test_expected_refusals():
         assert not required[0].matches(ValueError(f"{name}=(0.5+1j) is complex but the operands are float32"))
         assert _case(**{name: 0.5 + 1j}, dtype="complex64", use_c=True).refusals() == ([], [])
         # drawn, and refused as the front end refuses it
-        case = next(c for c in _draws(41, 3000)  # (and only that: a complex bias there is reported first)
+        case = next(c for c in _draws(41, 3000)  # (refused for that alone: not for a complex bias first)
                     if isinstance(getattr(c, name), complex) and not c.dtype.startswith("complex")
-                    and not str(c.bias_dtype or "").startswith("complex"))
+                    and len(c.refusals()[0]) == 1)
         out = ck.run_case(case)
         assert out.status == "refused" and f"{name}=" in out.message, (out.message, case.describe())
 
@@ -843,14 +850,14 @@ def test_a_broken_traced_path_fails_the_check(monkeypatch):
                 and case.alpha != 0 \
                 and case.families is None:
             cases.append(case)
-        if len(cases) == 6:
+        if len(cases) == 10:
             break
     monkeypatch.setattr(_mesh, "_auto_typed", lambda x: x)
     monkeypatch.setattr(PLANS, "_shelves", {})
     assert [ck.run_case(c).status for c in cases].count("failed") >= 3
     monkeypatch.undo()
     monkeypatch.setattr(PLANS, "_shelves", {})
-    assert [ck.run_case(c).status for c in cases] == ["passed"] * 6
+    assert [ck.run_case(c).status for c in cases] == ["passed"] * 10
 
 
 # --------------------------------------------------------------------------- #
@@ -931,7 +938,7 @@ def test_a_drawn_dimension_catches_what_it_covers(monkeypatch, broken):
     from dmatmul.backends import jax as J
 
     drawn, breaks, words = BROKEN[broken]
-    cases = list(itertools.islice((c for c in _draws(777, 20000) if _simple(c) and drawn(c)), 2))
+    cases = list(itertools.islice((c for c in _draws(777, 30000) if _simple(c) and drawn(c)), 2))
     assert len(cases) == 2, broken
     outs = _run_broken(monkeypatch, breaks, cases, J)
     assert [o.status for o in outs] == ["failed"] * 2 and all(words in o.message for o in outs), \

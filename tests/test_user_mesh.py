@@ -94,7 +94,9 @@ def test_distribution_read_off_the_shardings(kind):
     [
         (P("data", None), ["a:", "P('data', None)", "replicates over mesh axis 'model'", "distribution="]),
         (P(("model", "data"), None), ["a:", "not in mesh order", "distribution=", "shard a over every mesh axis"]),
-        (P(None, "model"), ["b:", "replicates over mesh axis 'data'", "shard b over", "Slab.Y (columns)"]),
+        # (b P(None, "model") is Megatron's: the mesh axis "data" is then independent, tests/test_megatron.py;
+        # here "model" splits a's rows after "data", so no cut along it holds whole rows of a)
+        (P("data", None), ["b:", "replicates over mesh axis 'model'", "shard b over", "Slab.Y (columns)"]),
     ],
 )
 def test_a_sharding_that_is_no_distribution_is_named(spec, words):
@@ -907,15 +909,18 @@ def test_devices_given_under_set_mesh_inside_transformations(kind):
 
 
 @pytest.mark.parametrize("k", [0, 6])
-def test_a_sharding_no_distribution_expresses_is_refused_for_an_empty_product_too(k):
-    """distribution=None reads the layouts off the operands' shardings: one that
-    replicates over a mesh axis is refused naming the operand, also where K = 0
-    (an empty product, never planned on the backend, was computed regardless)."""
+def test_a_sharding_that_leaves_an_axis_independent_is_a_product_empty_or_not(k):
+    """distribution=None reads the layouts off the operands' shardings: a's K
+    over "data", b replicated leaves "model" independent (each of its groups
+    computes the same product), also where K = 0 (an empty product, never
+    planned on the backend): the result as jnp.matmul shards it, replicated."""
     mesh6 = jax.make_mesh((3, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:6])
-    a = jax.device_put(np.ones((k, 21), np.float32), NamedSharding(mesh6, P("data", None)))
-    b = jax.device_put(np.ones((25, k), np.float32), NamedSharding(mesh6, P()))
-    with pytest.raises(ValueError, match=r"a: its sharding P\('data', None\) .* replicates over mesh axis 'model'"):
-        dm.matmul(a, b, transpose_a=True, transpose_b=True)
+    a_np, b_np = RNG.standard_normal((k, 21)).astype(np.float32), RNG.standard_normal((25, k)).astype(np.float32)
+    a = jax.device_put(a_np, NamedSharding(mesh6, P("data", None)))
+    b = jax.device_put(b_np, NamedSharding(mesh6, P()))
+    d = dm.matmul(a, b, transpose_a=True, transpose_b=True)
+    assert_close(np.asarray(d), a_np.T @ b_np.T, "float32")
+    assert d.sharding.is_equivalent_to(NamedSharding(mesh6, P()), 2), d.sharding
 
 
 def _holds_blocks(d, dist, devices, shape):

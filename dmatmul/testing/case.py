@@ -67,9 +67,11 @@ class Refusal:
 
 
 #: how a jax.Array operand is placed on a user's mesh (:class:`OnMesh`), simplest first; on a 2-D
-#: mesh the last two are none of dmatmul's distributions (rows over one axis, replicated over the
-#: other; rows over both axes, not in mesh order): distribution=None must refuse them
-PLACEMENTS = ("none", "rows", "cols", "grid", "first axis", "reversed axes")
+#: mesh the last four are no 2-D distribution of dmatmul's (rows over one axis, replicated over the
+#: other; rows over both axes, not in mesh order; Megatron's weights: columns, or rows, over the last
+#: axis): distribution=None takes them where they leave a mesh axis independent (dmatmul._split), else
+#: must refuse them
+PLACEMENTS = ("none", "rows", "cols", "grid", "first axis", "reversed axes", "last axis cols", "last axis rows")
 #: how dm.matmul is called on such operands
 CALLS = ("eager", "jit", "jit under set_mesh", "jit on constants")
 #: the ``jax.default_matmul_precision`` a case may run in: ``precision=None`` follows it on the JAX
@@ -126,6 +128,7 @@ class OnMesh:
             "none": ((), ()), "rows": (names, ()), "cols": ((), names),
             "grid": (names[:1], names[1:]) if len(names) > 1 else (names, ()),
             "first axis": (names[:1], ()), "reversed axes": (names[::-1], ()),
+            "last axis cols": ((), names[-1:]), "last axis rows": (names[-1:], ()),
         }[placement]
         if any(size % math.prod(sizes[a] for a in axes) for axes, size in zip(spec, shape)):
             return ((), ())
@@ -139,6 +142,20 @@ class OnMesh:
         rows, cols = self.spec(placement, shape)
         names = ("data", "model")[: len(self.shape)]
         return not rows + cols or rows + cols == names or cols + rows == names
+
+    def splits(self, a: tuple[str, Sequence[int]], b: tuple[str, Sequence[int]], transposes: tuple[bool, bool]) -> bool:
+        """Whether a and b, each (placement, stored shape), leave a mesh axis
+        independent, so that ``distribution=None`` runs one product per group of
+        ranks (:func:`dmatmul._split.split_product`) rather than refusing them."""
+        from .._split import split_product
+
+        def axes(placement: str, shape: Sequence[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+            sizes = dict(zip(("data", "model"), self.shape))
+            rows, cols = self.spec(placement, shape)
+            return tuple(n for n in rows if sizes[n] > 1), tuple(n for n in cols if sizes[n] > 1)
+
+        mesh = dict(zip(("data", "model"), self.shape))
+        return split_product(mesh, axes(*a), axes(*b), *transposes) is not None
 
     def put(self, x: Any, mesh: Any, placement: str, batch_axis: int | None = None) -> Any:
         """``x`` on ``mesh`` (this mesh, built) as ``placement`` says (unsplit where that would not split evenly);
@@ -384,7 +401,11 @@ class Case:
         if on is not None and self.distributions is None:  # read off shardings that are none of dmatmul's
             traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
             read = (("a", self.a_shape), ("b", self.b_shape)) + ((("c", (self.m, self.n)),) if self.reads_c else ())
-            for (name, shape), placement in zip(read, on.placements):
+            # shardings that leave a mesh axis independent are a product (C read says the result's: not split)
+            split = (not self.reads_c and self.family_of("a") == self.family_of("b") == "jax"
+                     and on.splits((on.placements[0], self.a_shape[-2:]), (on.placements[1], self.b_shape[-2:]),
+                                   (self.transpose_a, self.transpose_b)))
+            for (name, shape), placement in zip(read if not split else (), on.placements):
                 if self.family_of(name) == "jax" and not on.is_dmatmuls(placement, shape):
                     # inside jit an Auto axis says nothing: dmatmul may then pick
                     (allowed if traced_auto else required).append(Refusal(

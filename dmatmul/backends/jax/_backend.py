@@ -15,7 +15,7 @@ from ..._problem import Spec
 from ..._spec import Operands
 from ._arrays import in_program
 from ._arrays import in_trace as in_jax_trace
-from . import _layout, _start
+from . import _independent, _layout, _start
 from . import _redistribute as _moves
 
 from ._explain import ExplainedProduct
@@ -68,8 +68,9 @@ class JaxBackend(Backend):
         (an empty product asks only this)."""
         if spec.spmd:
             return spec.nprocs
-        devices = plan_devices(spec, mesh_of(spec, operands))
-        if spec.distributions is None and spec.family == "jax":
+        mesh = mesh_of(spec, operands)
+        devices = plan_devices(spec, mesh)
+        if spec.distributions is None and spec.family == "jax" and _independent.find(spec, operands, mesh, devices) is None:
             _given_distributions(spec, operands, devices)
         return len(devices)
 
@@ -123,7 +124,8 @@ class JaxBackend(Backend):
 
     def key(self, spec: Spec, operands: Operands) -> Any:
         """The spec, a schedule the checker forces, and (one process) the mesh the
-        operands are on and the distributions their shardings say; refused inside
+        operands are on, the mesh axes their shardings leave independent, or
+        else the distributions their shardings say; refused inside
         ``shard_map`` and under a ``vmap`` that splits the operands."""
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
@@ -132,13 +134,22 @@ class JaxBackend(Backend):
         if split is not None:
             raise ValueError(split)
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
+        cut = None
         if in_program(spec):
             mesh = mesh_of(spec, operands)
             devices = plan_devices(spec, mesh)
             key = (*key, mesh, mesh is not None and _tracing(operands))
-            if spec.distributions is None and spec.family == "jax":
+            # mesh axes that the shardings leave independent run independent products
+            cut = _independent.find(spec, operands, mesh, devices)
+            if cut is not None:
+                key += (cut,)
+            elif spec.distributions is None and spec.family == "jax":
                 key += _given_distributions(spec, operands, devices)
         return key
 
-    def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
-        return JaxPlan(spec, operands)
+    def plan(self, spec: Spec, operands: Operands) -> JaxPlan | _independent.IndependentPlan:
+        cut = None
+        if in_program(spec):  # (as key() found it)
+            mesh = mesh_of(spec, operands)
+            cut = _independent.find(spec, operands, mesh, plan_devices(spec, mesh))
+        return JaxPlan(spec, operands) if cut is None else _independent.IndependentPlan(spec, operands, cut)

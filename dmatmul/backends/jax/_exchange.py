@@ -212,7 +212,7 @@ def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -
         return jax.shard_map(keep, mesh=geom.mesh, in_specs=src.spec, out_specs=dst.spec, check_vma=False)(x)
 
     plan = _exchange(src, dst, geom)
-    axes = tuple(geom.mesh.axis_names)  # mesh order: where axis_index and ppermute agree
+    axes = geom.rank_axes  # mesh order: where axis_index and ppermute agree
     out_rows, out_cols = dst.block
 
     def take(local: jax.Array, me: jax.Array, rows: np.ndarray, cols: np.ndarray) -> jax.Array:

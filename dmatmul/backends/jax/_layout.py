@@ -206,7 +206,28 @@ class Geometry:
 
     @property
     def nranks(self) -> int:
-        return int(self.mesh.size)
+        """The ranks of the product: the devices along the rank axis (every
+        device of the mesh, but on :meth:`within` a user's mesh, one group's)."""
+        return self.axis_size(self.rank_axis)
+
+    @property
+    def rank_axes(self) -> tuple[str, ...]:
+        """The rank axis as a tuple of mesh axes, in mesh order: where
+        ``lax.axis_index`` and ``ppermute`` number the ranks alike."""
+        return (self.rank_axis,) if isinstance(self.rank_axis, str) else tuple(self.rank_axis)
+
+    @staticmethod
+    def within(mesh: Mesh | AbstractMesh, axes: tuple[str, ...]) -> Geometry:
+        """A user's ``mesh`` (made Auto) whose ``axes`` (in mesh order) are the
+        product's ranks: the other axes run independent products (each group of
+        ranks along ``axes`` its own, :mod:`._independent`), so nothing of the
+        kernel crosses them. No axis: one rank per group."""
+        names = tuple(mesh.axis_names)
+        if isinstance(mesh, Mesh):
+            auto = Mesh(mesh.devices, names, axis_types=(AxisType.Auto,) * len(names))
+        else:
+            auto = mesh.update_axis_types({n: AxisType.Auto for n in names})
+        return Geometry(auto, axes[0] if len(axes) == 1 else axes, None)
 
     def coord(self, rank: int, axis: AxisName) -> int:
         """The index along mesh ``axis`` of the device of ``rank``."""

@@ -100,16 +100,20 @@ class PlannedProduct:
     plan: _plan.Plan  # the chosen algorithm and its cost (:meth:`_choose`)
     algorithm: str  # its name
 
-    def __init__(self, spec: Spec, operands: Operands) -> None:
+    def __init__(self, spec: Spec, operands: Operands, within: _layout.Geometry | None = None) -> None:
         self.spec = spec
+        # one group's product of independent ones on a user's mesh (:mod:`._independent`): its ranks are the
+        # group's, along ``within``'s rank axis; the caller takes the operands in and the result out
+        self.within = within
         # the user's mesh (jax.Array operands placed on one, or jax.set_mesh): its devices in mesh order are
         # the ranks, and the result goes back onto it
-        self.user_mesh = mesh_of(spec, operands)
+        self.user_mesh = mesh_of(spec, operands) if within is None else None
         # inside a user's trace on a mesh: the trace's devices, in its order, are the ranks, and the result is
         # typed on the user's mesh (:meth:`_traced_function`)
         self.traced = self.user_mesh is not None and _tracing(operands)
-        self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, self.user_mesh)
-        self.nranks = p = len(self.devices)
+        self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(
+            spec, mesh_of(spec, operands) if within is not None else self.user_mesh)
+        self.nranks = p = len(self.devices) if within is None else within.nranks
         self.model = _cost.model_for(self.devices[0].platform, p, kind=getattr(self.devices[0], "device_kind", None))
         # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
         # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
@@ -170,7 +174,7 @@ class PlannedProduct:
         if self.replicated_result is not None:
             pd = Replicated()
         self.planned = (pa, pb, pd)
-        self.geom = _layout.Geometry.create(self.devices, grid)
+        self.geom = self.within or _layout.Geometry.create(self.devices, grid)
         # a jax.Array a or b whose layout no sharding on the mesh expresses (cyclic, uneven) is placed
         # replicated (:meth:`_device_operand`): the plan takes it as what it then is, Replicated(), and slices
         # it into the kernel's layout, rather than re-laying it on the grid to move it back
@@ -213,8 +217,7 @@ class PlannedProduct:
             self.problem, roles, algorithm=spec.algorithm, model=self.model,
             transposes=(spec.transpose_a, spec.transpose_b), native=native, backend="jax", fit_roles=fit_roles,
             grid_ops=on_grid | fit_grid, given=f"({given_dists})",
-            # the layers' mesh is no grid's: on a grid, only a named 2.5-D SUMMA leaves it (re-laid as Slab.X)
-            kernels=None if grid is None else [k for k in _plan.KERNELS if k.algorithm != _layered.NAME],
+            kernels=self._runnable(grid),
         )
         kern = self.plan.kernel
         if kern.algorithm == _layered.NAME:
@@ -226,6 +229,14 @@ class PlannedProduct:
         }
 
         return kern, summa, shared
+
+    def _runnable(self, grid: ProcessGrid | None) -> list[_plan.Kernel] | None:
+        """The kernels this product may run (None: every one): on a grid, not the
+        layers' mesh (only a named 2.5-D SUMMA leaves it, re-laid as Slab.X); within
+        a user's mesh (one group's product), the 1-D ones, whose ranks are one axis."""
+        if self.within is not None:
+            return [k for k in _plan.KERNELS if not ALGORITHMS[k.algorithm].grid and k.algorithm != _layered.NAME]
+        return None if grid is None else [k for k in _plan.KERNELS if k.algorithm != _layered.NAME]
 
     def _place(
         self, kern: _plan.Kernel, summa: _SummaLayout | None,
@@ -315,6 +326,8 @@ class PlannedProduct:
         ``dist``) says: the product's, or the result's own grid where it is on
         another one (the result is then computed as Slab.X and re-laid onto that
         grid: :meth:`_to_result_grid`)."""
+        if self.within is not None:
+            return self.within
         own = (dist or self.distributions[2]).grid
         return _layout.Geometry.create(self.devices, own if own is not None and own.ndim == 2 else grid)
 

@@ -4,6 +4,8 @@ placed back on the user's mesh."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -14,6 +16,8 @@ from ... import _plan
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._problem import Spec
 from ..._spec import Operands, check_fit
+from ..._mesh import ProcessMesh
+from ..._split import MeshSplit, split_product
 from . import _layout, _mesh
 from ._mesh import (
     _explicit, _mesh_axes, _spec_axes, _staging, _traced, depending_on, mesh_of, plan_devices, trace_mesh,
@@ -69,6 +73,52 @@ def _infer_distribution(x: Any, devices: tuple[jax.Device, ...], name: str = "a"
             "(rows), PartitionSpec(None, mesh.axis_names) Slab.Y (columns), PartitionSpec() Replicated()"
         )
     return dist
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A product on a user's mesh cut along its independent axes."""
+
+    mesh: Mesh | AbstractMesh  # the user's
+    cut: MeshSplit
+    specs: tuple[PartitionSpec, PartitionSpec, PartitionSpec]  # a, b, result on the user's mesh
+
+    def parts(self, axes: tuple[str, ...]) -> int:
+        return math.prod(self.mesh.shape[n] for n in axes)
+
+    @property
+    def process_mesh(self) -> ProcessMesh:
+        return ProcessMesh(tuple(self.mesh.shape.values()), tuple(self.mesh.axis_names))
+
+
+def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
+         devices: tuple[jax.Device, ...]) -> Split | None:
+    """The split of a one-process product on jax.Arrays with ``distribution=None``
+    whose shardings are not both 2-D distributions and leave a mesh axis independent (:func:`dmatmul._split.split_product`),
+    or None where none does (the product is then planned over every device, as
+    its shardings read as 2-D distributions: :func:`._shardings._given_distributions`).
+    Not where C is read (``beta``): its sharding says the result's."""
+    if spec.distributions is not None or spec.family != "jax" or spec.spmd or mesh is None or spec.use_c:
+        return None
+    la, lb = _layout_of(operands.a, devices), _layout_of(operands.b, devices)
+    if la is None or lb is None or la[1].abstract_mesh != lb[1].abstract_mesh:  # (a constant's is concrete)
+        return None
+    user = la[1]
+
+    def axes(s: PartitionSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        parts = tuple(s) + (None,) * (2 - len(s))
+        return _spec_axes(parts[0], user), _spec_axes(parts[1], user)
+
+    try:  # shardings that are 2-D distributions over every device: the planner's, as they are
+        _infer_distribution(operands.a, devices, "a"), _infer_distribution(operands.b, devices, "b")
+        return None
+    except ValueError:
+        pass
+    cut = split_product(dict(user.shape), axes(la[0]), axes(lb[0]), spec.transpose_a, spec.transpose_b)
+    if cut is None:
+        return None
+    return Split(user if isinstance(mesh, AbstractMesh) else mesh, cut,
+                 (la[0], lb[0], PartitionSpec(*cut.result)))
 
 
 def _given_distributions(spec: Spec, operands: Operands, devices: tuple[jax.Device, ...]) -> _plan.Fixed:
@@ -202,13 +252,19 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     With no distribution given, c's sharding (where c is read) says the
     result's, as it does for a product with elements."""
     mesh = mesh_of(spec, operands)
+    cut = find(spec, operands, mesh, plan_devices(spec, mesh))
+    shape = (spec.m, spec.n)
     if spec.distributions is not None:
         dist = spec.distributions[2]
-    else:
+    elif cut is None:
         dist = _given_distributions(spec, operands, plan_devices(spec, mesh))[2] or Replicated()
-    shape = (spec.m, spec.n)
     if 0 in shape:
-        dist = Replicated()
+        dist, cut = Replicated(), None
+    if cut is not None:  # mesh axes the shardings leave independent: the result as a product's (:mod:`._independent`)
+        sharding = NamedSharding(cut.mesh, cut.specs[2])
+        if _traced(operands):
+            return _typed_on(depending_on(d, operands.a, operands.b), sharding)
+        return jax.device_put(d, sharding)
     if _traced(operands) and mesh is not None:
         # a and b are otherwise unused, and a jit drops unused arguments: with them the only names of its
         # devices (an abstract mesh's); and under jvp a result that depends on neither gets a tangent JAX makes

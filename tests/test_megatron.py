@@ -1,0 +1,141 @@
+"""Megatron-style shardings read as they are (contract section 3a): with
+``distribution=None``, ``dm.matmul(a, b)`` takes what ``a @ b`` takes on a
+(data, model) mesh, runs one product per group of ranks along the axes the
+shardings leave independent, and shards the result as ``jnp.matmul`` does on
+an Auto mesh. Every result is checked against numpy; the compiled program is
+read for its collectives (nothing of a whole operand gathered where nothing
+needs to move)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import dmatmul as dm  # noqa: E402
+from dmatmul.testing.reference import assert_close, reference  # noqa: E402
+
+RNG = np.random.default_rng(7)
+M, K, N = 16, 32, 24
+A = RNG.standard_normal((M, K)).astype(np.float32)
+B = RNG.standard_normal((K, N)).astype(np.float32)
+W2 = RNG.standard_normal((N, K)).astype(np.float32)
+
+#: (a's spec, b's spec): the issue's shardings, and their transposed forms
+CASES = {
+    "x-rows@w-cols": (P("data", None), P(None, "model")),
+    "tokens@w-cols": (P(("data", "model"), None), P(None, "model")),
+    "k-split": (P(None, "model"), P("model", None)),
+    "rows-k@k": (P("data", "model"), P("model", None)),
+    "w-cols@x-rows^T": (P(None, "data"), P("model", None)),  # (used transposed: see test_transposed)
+}
+
+
+def mesh_of(kind: str):
+    types = (AxisType.Explicit if kind == "explicit" else AxisType.Auto,) * 2
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=types)
+
+
+def put(x, mesh, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def collectives(hlo: str) -> dict[str, int]:
+    return {w: len(re.findall(rf" {w}(-start)?\(", hlo))
+            for w in ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")}
+
+
+def xla_sharding(sa, sb, a=A, b=B):
+    """What jnp.matmul gives the same operands on an Auto mesh."""
+    auto = mesh_of("auto")
+    return (put(a, auto, sa) @ put(b, auto, sb)).sharding
+
+
+@pytest.mark.parametrize("call", ["eager", "jit"])
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("case", [c for c in CASES if "^T" not in c])
+def test_megatron_shardings_are_read_as_they_are(case, kind, call):
+    sa, sb = CASES[case]
+    mesh = mesh_of(kind)
+    a, b = put(A, mesh, sa), put(B, mesh, sb)
+    if call == "jit" and kind == "auto":
+        pytest.skip("inside jit an Auto type says nothing of the layout: the cost model picks (docs/jax.md)")
+    d = (dm.matmul if call == "eager" else jax.jit(dm.matmul))(a, b)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert d.sharding.mesh.shape == mesh.shape
+    assert d.sharding.is_equivalent_to(xla_sharding(sa, sb), 2), (d.sharding, xla_sharding(sa, sb))
+
+
+def test_transposed():
+    mesh = mesh_of("explicit")
+    a, b = put(A.T.copy(), mesh, P(None, "data")), put(B.T.copy(), mesh, P("model", None))
+    d = dm.matmul(a, b, transpose_a=True, transpose_b=True)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert d.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2), d.sharding
+
+
+def test_explain_says_what_is_independent_and_what_moves():
+    mesh = mesh_of("explicit")
+    with dm.Matmul(put(A, mesh, P(("data", "model"), None)), put(B, mesh, P(None, "model"))) as mm:
+        text = mm.explain()
+        assert_close(np.asarray(mm.execute()), reference(A, B), "float32")
+    assert "independent: mesh axis 'data' (2) splits a's rows (M) only; nothing crosses it" in text, text
+    assert "per group (ranks along model; 4 ranks)" in text, text
+    assert "a all-gathered" in text and "roles a:M b:N result:N" in text, text  # what moves, within a group
+    with dm.Matmul(put(A, mesh, P(None, "model")), put(B, mesh, P("model", None))) as mm:
+        text = mm.explain()
+    assert "mesh axis 'data' (2) splits neither operand" in text, text
+    assert "GEMM + psum" in text and "result  Sharded(ProcessMesh((2, 4), ('data', 'model')), (None, None))" in text
+
+
+def test_nothing_moves_where_nothing_needs_to():
+    """x P(data, None) @ W P(None, model): each device its block, no collective;
+    the Megatron MLP forward: one all-reduce, no all-gather (as XLA's own)."""
+    mesh = mesh_of("explicit")
+    x, w1, w2 = put(A, mesh, P("data", None)), put(B, mesh, P(None, "model")), put(W2, mesh, P("model", None))
+    hlo = jax.jit(dm.matmul).lower(x, w1).compile().as_text()
+    assert sum(collectives(hlo).values()) == 0, collectives(hlo)
+
+    def mlp(x, w1, w2):
+        return dm.matmul(jax.nn.gelu(dm.matmul(x, w1)), w2)
+
+    out = jax.jit(mlp)(x, w1, w2)
+    assert_close(np.asarray(out), np.asarray(jax.nn.gelu(A @ B) @ W2), "float32")
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2), out.sharding
+    counts = collectives(jax.jit(mlp).lower(x, w1, w2).compile().as_text())
+    assert counts == {"all-gather": 0, "all-reduce": 1, "reduce-scatter": 0, "all-to-all": 0,
+                      "collective-permute": 0}, counts
+
+
+def test_grad_and_vmap():
+    mesh = mesh_of("explicit")
+    x, w1, w2 = put(A, mesh, P("data", None)), put(B, mesh, P(None, "model")), put(W2, mesh, P("model", None))
+
+    def loss(f, x, w1, w2):
+        return (f(jax.nn.gelu(f(x, w1)), w2) ** 2).sum()
+
+    got = jax.jit(jax.grad(lambda *a: loss(dm.matmul, *a), argnums=(0, 1, 2)))(x, w1, w2)
+    want = jax.grad(lambda *a: loss(jnp.matmul, *a), argnums=(0, 1, 2))(A, B, W2)
+    for g, w, arg in zip(got, want, (x, w1, w2)):
+        assert_close(np.asarray(g), np.asarray(w), "float32")
+        assert g.sharding.is_equivalent_to(arg.sharding, 2), g.sharding  # each gradient as its parameter
+    with jax.set_mesh(mesh):  # eager grad (outside set_mesh JAX's own sum of an Explicit array has no devices)
+        g = jax.grad(lambda a, b: dm.matmul(a, b).sum(), argnums=1)(x, w1)
+    assert_close(np.asarray(g), np.asarray(jax.grad(lambda a, b: (a @ b).sum(), argnums=1)(A, B)), "float32")
+    xs = put(np.stack([A, 2 * A]), mesh, P(None, "data", None))
+    d = jax.vmap(dm.matmul, in_axes=(0, None))(xs, w1)
+    assert_close(np.asarray(d), np.stack([A @ B, 2 * A @ B]), "float32")
+
+
+def test_bias_and_epilogue():
+    mesh = mesh_of("explicit")
+    bias = RNG.standard_normal((1, N)).astype(np.float32)
+    x, w = put(A, mesh, P("data", None)), put(B, mesh, P(None, "model"))
+    d = dm.matmul(x, w, epilog="gelu_bias", bias=put(bias, mesh, P(None, "model")), alpha=0.5)
+    assert_close(np.asarray(d), np.asarray(jax.nn.gelu(0.5 * (A @ B) + bias)), "float32")
+    assert d.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2), d.sharding
