@@ -287,9 +287,25 @@ class Spec:
 
     @property
     def bias_columns(self) -> bool:
-        """Whether the bias holds one value per result column (shape (1, N)), not per row."""
+        """Whether the bias holds one value per result column (shape (1, N), or
+        (..., 1, N) with the batch dimensions), not per row."""
         b = self.bias_shape
+        b = b[-2:] if b is not None and len(b) > 2 else b
         return b is not None and b not in ((self.m,), (self.m, 1)) and b == (1, self.n)
+
+    @property
+    def batch_size(self) -> int:
+        """How many matrix products a batched product holds (1 for matrices)."""
+        return int(np.prod(self.batch_shape, dtype=np.int64))
+
+    def item(self) -> Spec:
+        """One item of a batched product: the matrix product the 2-D kernels take
+        (c's and the bias's batch dimensions taken away)."""
+        bias = self.bias_shape
+        return dataclasses.replace(
+            self, a_shape=self.a_shape[-2:], b_shape=self.b_shape[-2:],
+            c_shape=None if self.c_shape is None else self.c_shape[-2:],
+            bias_shape=bias[-2:] if bias is not None and len(bias) > 2 else bias)
 
     @property
     def degenerate(self) -> bool:
