@@ -27,7 +27,7 @@ from ._empty import EmptyProduct
 from ._problem import Spec
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["BatchedProduct", "LoopPlan", "route", "item_operands"]
+__all__ = ["BatchedProduct", "LoopPlan", "route"]
 
 
 def route(backend: Any, spec: Spec) -> Any:
@@ -36,25 +36,6 @@ def route(backend: Any, spec: Spec) -> Any:
     if spec.batch_shape:
         return BatchedProduct(backend)
     return backend if spec.reads_ab else EmptyProduct(backend)
-
-
-def _index(shape: tuple[int, ...], idx: tuple[int, ...]) -> tuple[int, ...]:
-    """Where a batch item ``idx`` (of the broadcast batch) lies in an operand of
-    batch dimensions ``shape`` (aligned from the right; 0 along a dimension of 1)."""
-    lead = len(idx) - len(shape)
-    return tuple(0 if n == 1 else idx[lead + j] for j, n in enumerate(shape))
-
-
-def item_operands(spec: Spec, operands: Operands, idx: tuple[int, ...]) -> Operands:
-    """The operands of batch item ``idx``: views (or a jax.Array's slices) of
-    each operand's matrix at that item; a bias of one or two dimensions is
-    every item's."""
-    a, b, c, bias = operands.a, operands.b, operands.c, operands.bias
-    return Operands(
-        a[_index(tuple(a.shape[:-2]), idx)], b[_index(tuple(b.shape[:-2]), idx)],
-        None if c is None else c[idx],
-        bias if bias is None or np.ndim(bias) <= 2 else bias[idx],
-    )
 
 
 def _items(spec: Spec) -> Iterator[tuple[int, ...]]:
@@ -106,7 +87,7 @@ def _times(need: Any, count: int) -> Any:
 
 
 def _first(spec: Spec, operands: Operands) -> Operands:
-    return item_operands(spec, operands, (0,) * len(spec.batch_shape))
+    return spec.item_operands(operands, (0,) * len(spec.batch_shape))
 
 
 def _loop_line(spec: Spec) -> str:
@@ -128,7 +109,7 @@ class LoopPlan(_backends.BackendPlan):
 
     def execute(self, operands: Operands) -> Any:
         spec = self.spec
-        results = [self.plan.execute(item_operands(spec, operands, idx)) for idx in _items(spec)]
+        results = [self.plan.execute(spec.item_operands(operands, idx)) for idx in _items(spec)]
         xp = array_module(operands.family if not spec.spmd else family(results[0]))
         with precise(spec.dtype):
             return xp.stack(results).reshape(spec.batch_shape + tuple(results[0].shape))

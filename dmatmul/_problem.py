@@ -31,6 +31,7 @@ from ._spec import (
     DTYPE_INFO,
     DTYPES,
     DtypeInfo,
+    Operands,
     check_devices,
     check_distribution,
     dtype_name,
@@ -325,6 +326,20 @@ class Spec:
         "b" and the result "d", as the 2-D kernels take them."""
         return {"a": (self.a_shape[-2], self.a_shape[-1]), "b": (self.b_shape[-2], self.b_shape[-1]),
                 "d": (self.m, self.n)}
+
+    def item_operands(self, operands: Operands, idx: tuple[int, ...]) -> Operands:
+        """The operands of batch item ``idx`` (of :attr:`batch_shape`): each operand's
+        matrix at that item (a view, or a slice of a jax.Array), the batch
+        dimensions aligned from the right, those of size 1 broadcast; a bias of
+        one or two dimensions is every item's."""
+        def at(x: Any, lead: int) -> tuple[int, ...]:
+            shape = tuple(x.shape[:lead])
+            skip = len(idx) - len(shape)
+            return tuple(0 if n == 1 else idx[skip + j] for j, n in enumerate(shape))
+
+        a, b, c, bias = operands.a, operands.b, operands.c, operands.bias
+        return Operands(a[at(a, a.ndim - 2)], b[at(b, b.ndim - 2)], None if c is None else c[idx],
+                        bias if bias is None or bias.ndim <= 2 else bias[idx])
 
     @property
     def transposes(self) -> dict[str, bool]:

@@ -131,3 +131,79 @@ def test_batched_plan_runs_again_on_new_operands(here):
         assert_close(mm.execute(), reference(a2, b), "float32")
         with pytest.raises(ValueError, match="reset_operands: a must match"):
             mm.reset_operands(a=_rand(2, 4, 3))
+
+
+# --------------------------------------------------------------------------- #
+# JAX: one compiled call, the batch split over the devices or the matrix plan under vmap
+# --------------------------------------------------------------------------- #
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+
+
+def _compiled_text(mm) -> str:
+    from dmatmul._matmul import plan_of
+
+    plan = plan_of(mm)
+    ops = mm._operands
+    s = plan.spec
+    xs = [ops.a, ops.b, ops.c if s.use_c else None, ops.bias if s.has_bias else None]
+    import jax.numpy as jnp
+
+    return plan._fn.lower(*[None if x is None else jnp.asarray(x) for x in xs]).compile().as_text()
+
+
+@pytest.mark.parametrize("batch, a_batched", [((16,), True), ((4, 4), True), ((8,), False)])
+def test_a_batch_split_over_devices_communicates_nothing(batch, a_batched):
+    jax = pytest.importorskip("jax")
+    a = _rand(*(batch if a_batched else ()), 6, 5)
+    b = _rand(*batch, 5, 7)
+    bias = _rand(*batch, 1, 7)
+    with dm.Matmul(a, b, epilog="gelu_bias", bias=bias, backend="jax", devices=8) as mm:
+        assert mm.algorithm == "local"
+        text = mm.explain()
+        assert "split over the 8 devices" in text and "nothing is communicated" in text, text
+        hlo = _compiled_text(mm)
+        assert not [op for op in COLLECTIVES if op in hlo], [op for op in COLLECTIVES if op in hlo]
+        assert_close(mm.execute(), reference(a, b, epilog="gelu_bias", bias=bias), "float32")
+    # a batch of jax.Arrays: a jax.Array back, its batch split over the devices
+    d = dm.matmul(jax.numpy.asarray(a), jax.numpy.asarray(b), epilog="gelu_bias", bias=bias, devices=8)
+    assert isinstance(d, jax.Array) and len(d.sharding.device_set) == 8
+    assert_close(np.asarray(d), reference(a, b, epilog="gelu_bias", bias=bias), "float32")
+
+
+@pytest.mark.parametrize("algorithm", ["allgather", "reduce_scatter", "allreduce", "summa", "summa25d"])
+def test_a_named_algorithm_runs_each_item_under_vmap(algorithm):
+    pytest.importorskip("jax")
+    a, b, c = _rand(3, 8, 8), _rand(1, 8, 8), _rand(3, 8, 8)
+    with dm.Matmul(a, b, c, beta=1.0, algorithm=algorithm, backend="jax", devices=8) as mm:
+        assert mm.algorithm == algorithm
+        assert "under jax.vmap" in mm.explain()
+        assert_close(mm.execute(), reference(a, b, c, beta=1.0), "float32")
+
+
+def test_a_2d_distribution_applies_to_the_last_two_dimensions():
+    pytest.importorskip("jax")
+    a, b = _rand(2, 8, 6), _rand(2, 6, 4)
+    dist = (dm.Slab.X, dm.Slab.X, dm.Slab.X)
+    with dm.Matmul(a, b, distribution=dist, backend="jax", devices=4) as mm:
+        assert "Slab.X" in mm.explain() and "under jax.vmap" in mm.explain()
+        assert_close(mm.execute(), reference(a, b), "float32")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_gradients_through_a_batched_product(jit):
+    jax = pytest.importorskip("jax")
+    a, b = _rand(3, 4, 5, dtype="float64"), _rand(1, 5, 6, dtype="float64")
+    bias, g = _rand(6, dtype="float64").reshape(1, 6), _rand(3, 4, 6, dtype="float64")
+
+    def f(a, b, bias):
+        return dm.matmul(a, b, alpha=0.5, transpose_a=False, epilog="silu_bias", bias=bias, devices=4)
+
+    with jax.enable_x64(True):
+        fn = jax.jit(f) if jit else f
+        d, vjp = jax.vjp(fn, a, b, bias)
+        grads = vjp(jax.numpy.asarray(g))
+    want = reference_vjp(a, b, None, g, alpha=0.5, epilog="silu_bias", bias=bias)
+    assert_close(np.asarray(d), reference(a, b, alpha=0.5, epilog="silu_bias", bias=bias), "float64")
+    for name, got in zip(("a", "b", "bias"), grads):
+        assert got.shape == want[name].shape, name
+        assert_close(np.asarray(got), want[name], "float64")

@@ -120,6 +120,13 @@ class JaxBackend(Backend):
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
             return out
 
+    def batched(self, spec: Spec, operands: Operands) -> BackendPlan | None:
+        """A batched product in one compiled call (:mod:`._batched`): the batch split
+        over the devices, or the matrix plan under ``jax.vmap``."""
+        from ._batched import batched_plan
+
+        return batched_plan(self, spec, operands)
+
     def plan(self, spec: Spec, operands: Operands) -> JaxPlan:
         manual = jax.sharding.get_abstract_mesh().manual_axes
         if manual:
