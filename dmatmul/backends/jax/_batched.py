@@ -47,8 +47,14 @@ def batched_plan(backend: Any, spec: Spec, operands: Operands) -> BackendPlan | 
             and (mesh is None or isinstance(mesh, Mesh))):
         devices = plan_devices(spec, mesh)
         if spec.batch_size >= len(devices) or spec.algorithm == "local":
-            return BatchSplitPlan(spec, operands, devices, mesh)
+            return _split_plan(spec, devices, mesh)
     return VmapPlan(spec, backend.plan(spec.item(), spec.item_operands(operands, (0,) * len(spec.batch_shape))))
+
+
+@functools.lru_cache(maxsize=64)
+def _split_plan(spec: Spec, devices: tuple[Any, ...], mesh: Mesh | None) -> BatchSplitPlan:
+    """The batch-split plan of ``spec``, compiled once per (spec, devices, mesh)."""
+    return BatchSplitPlan(spec, devices, mesh)
 
 
 def _flat(x: Any, batch: tuple[int, ...], count: int) -> Any:
@@ -79,7 +85,7 @@ class BatchSplitPlan(BackendPlan):
 
     algorithm = "local"
 
-    def __init__(self, spec: Spec, operands: Operands, devices: tuple[Any, ...], mesh: Mesh | None) -> None:
+    def __init__(self, spec: Spec, devices: tuple[Any, ...], mesh: Mesh | None) -> None:
         self.spec = spec
         self.user_mesh = mesh
         self.mesh = mesh if mesh is not None else Mesh(np.array(devices, dtype=object), ("batch",))
