@@ -401,10 +401,15 @@ def byte_swapped(**given: Any) -> dict[str, np.ndarray]:
 #: The options of :func:`matmul` and :class:`Matmul`, documented once for both (as nvmath-python does).
 _DOCS = {
     "operands": """a, b: the stored matrices (global in one process; this rank's blocks
-            under mpirun). numpy in gives numpy out; ``jax.Array`` in gives
+            under mpirun), or batches of them: ``(..., M, K)`` and ``(..., K, N)``
+            (stored; the transposes act on the last two dimensions), the batch
+            dimensions broadcast as ``numpy.matmul`` does (a distribution then
+            splits the last two: every rank holds the whole batch of its
+            blocks). numpy in gives numpy out; ``jax.Array`` in gives
             ``jax.Array`` out (on the user's mesh when the operands are on one).
-        c: optional, with the result's shape and distribution; read only when
-            ``beta != 0`` (BLAS convention). Never modified.""",
+        c: optional, with the result's shape (batch dimensions included, no
+            broadcasting) and distribution; read only when ``beta != 0`` (BLAS
+            convention). Never modified.""",
     "options": """distribution: a Distribution for all three, or ``(dist_a, dist_b,
             dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
             one process (read off jax.Array operands' shardings, ``c``'s for
@@ -417,7 +422,9 @@ _DOCS = {
             "silu" (``x * sigmoid(x)``), "bias", "relu_bias", "gelu_bias",
             "silu_bias"; ``bias`` holds one value per result row (shape
             ``(M,)`` or ``(M, 1)``, added to every column) or one per result
-            column (shape ``(1, N)``, added to every row: ``x @ W + b``), of
+            column (shape ``(1, N)``, added to every row: ``x @ W + b``); for a
+            batch, these are every item's, or ``(..., M, 1)`` / ``(..., 1, N)``
+            with the result's batch dimensions one per item; of
             any of the supported dtypes: converted to the product's (a complex
             bias on real operands is refused: its imaginary part would be lost).
         backend: "auto" (nvmath where it can run, else jax; in one process,
