@@ -28,7 +28,7 @@ import numpy as np
 from . import _cost, _memory, _runtime
 from . import backends as _backends
 from ._distribution import Distribution
-from ._empty import EmptyProduct
+from ._batched import route as _route
 from ._epilogue import EPILOGS, Epilog, EpilogName
 from ._errors import PlanFreedError
 from ._plans import PLANS, Borrowed
@@ -147,7 +147,7 @@ class Matmul:
         B are not read: an empty product, alpha == 0) :class:`EmptyProduct`, the one
         place that computes ``epilog(beta*C [+ bias])``. No backend is given alpha == 0
         (cuBLASMp's quick return for it leaves a vector result unwritten)."""
-        return self._runs_on if self._spec.reads_ab else EmptyProduct(self._runs_on)
+        return _route(self._runs_on, self._spec)  # (a batch: _batched.BatchedProduct)
 
     def _hold(self, ops: Operands, swapped: dict[str, np.ndarray]) -> None:
         """Take ``ops`` (validated: native byte order) as the plan's operands;

@@ -111,8 +111,8 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
     if spmd:
         refuse_trace_under_mpi(ops.a, ops.b, ops.c, ops.bias)
     given = _given_as(ops)
-    ops.a = as_matrix(ops.a, "a")
-    ops.b = as_matrix(ops.b, "b")
+    ops.a = as_matrix(ops.a, "a", batched=True)
+    ops.b = as_matrix(ops.b, "b", batched=True)
     if spmd:
         for name, x in (("a", ops.a), ("b", ops.b), ("c", ops.c)):
             refuse_spanning(x, name)
@@ -126,7 +126,7 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
         usable = ", ".join(repr(name) for name, e in TABLE.items() if e.complex)
         raise TypeError(f"epilog={epilog!r} is not defined for complex operands ({dtype}); use None or {usable}")
     if ops.c is not None:
-        ops.c = as_matrix(ops.c, "c")
+        ops.c = as_matrix(ops.c, "c", batched=True)
         if dtype_name(ops.c.dtype) != result:
             got = dtype_name(ops.c.dtype)
             if dtype in FP8_DTYPES:
@@ -198,11 +198,13 @@ def _check_bias(ops: Operands, epilog: Epilog | None, dtype: str) -> tuple[int, 
         )
     ops.bias = native_order(ops.bias)
     bias_shape = tuple(int(x) for x in ops.bias.shape)
-    length = int(np.prod(bias_shape))
-    if bias_shape not in ((length,), (length, 1), (1, length)):  # per rank, before ranks compare
+    matrix = bias_shape[-2:] if len(bias_shape) > 2 else bias_shape
+    length = int(np.prod(matrix))
+    if matrix not in ((length,), (length, 1), (1, length)):  # per rank, before ranks compare
         raise ValueError(
             "bias must be a vector: one value per result row, shape (M,) or (M, 1), or one value per result "
-            f"column, shape (1, N); got shape {bias_shape}"
+            f"column, shape (1, N) (for a batched product also (..., M, 1) or (..., 1, N), one per item); got "
+            f"shape {bias_shape}"
         )
     return bias_shape
 
@@ -211,6 +213,7 @@ def _check_global(ops: Operands, spec: Spec, nprocs: int) -> Spec:
     """Phase 2: the product's global shapes (``spec``'s, once ranks agreed) fit
     together (deterministic on every rank); the Spec on ``nprocs`` processes."""
     ta, tb = spec.transpose_a, spec.transpose_b
+    _check_batch(spec)
     if spec.k != (spec.b_shape[-1] if tb else spec.b_shape[-2]):
         raise ValueError(
             f"a and b: inner dimensions differ: {_op_shape('a', spec.shapes['a'], ta)} but "
@@ -218,10 +221,51 @@ def _check_global(ops: Operands, spec: Spec, nprocs: int) -> Spec:
         )
     m, n = spec.m, spec.n
     if spec.c_shape is not None and spec.c_shape != spec.result_shape:
-        raise ValueError(f"c must have the result's shape (M, N) = {(m, n)}, got {spec.c_shape}")
+        batch = spec.batch_shape
+        what = f"(..., M, N) = {spec.result_shape}, the batch dimensions of a and b broadcast" if batch else \
+            f"(M, N) = {(m, n)}"
+        fix = f": pass np.broadcast_to(c, {spec.result_shape})" if _broadcasts(spec.c_shape, spec.result_shape) \
+            else ""
+        raise ValueError(f"c must have the result's shape {what}, got {spec.c_shape}{fix}")
     if spec.bias_shape is not None:
-        _bias_columns(spec.bias_shape, m, n)  # a bias that fits neither way raises
+        _check_bias_shape(spec)  # a bias that fits neither way raises
     return dataclasses.replace(spec, nprocs=nprocs) if nprocs != spec.nprocs else spec
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    try:
+        return tuple(np.broadcast_shapes(shape, to)) == to
+    except ValueError:
+        return False
+
+
+def _check_batch(spec: Spec) -> None:
+    """The batch dimensions of a and b broadcast as ``numpy.matmul``'s do."""
+    try:
+        spec.batch_shape
+    except ValueError:
+        raise ValueError(
+            f"a and b: batch dimensions {spec.a_shape[:-2]} and {spec.b_shape[:-2]} do not broadcast (a stored "
+            f"{spec.a_shape}, b stored {spec.b_shape}; numpy.matmul's rule: aligned from the right, each pair "
+            "equal or one of them 1): give them equal batch dimensions, or 1 where one is shared"
+        ) from None
+
+
+def _check_bias_shape(spec: Spec) -> None:
+    """A bias of one value per result row or column, every item's (one or two
+    dimensions), or one per item (the result's batch dimensions, then (M, 1)
+    or (1, N)); else a ValueError naming the fix."""
+    shape, batch, m, n = spec.bias_shape, spec.batch_shape, spec.m, spec.n
+    assert shape is not None
+    if len(shape) <= 2:
+        _bias_columns(shape, m, n)
+        return
+    if shape[:-2] != batch or shape[-2:] not in ((m, 1), (1, n)):
+        raise ValueError(
+            f"bias of shape {shape}: a bias with batch dimensions holds one vector per item of the batch "
+            f"{batch}: shape (..., M, 1) = {(*batch, m, 1)} (per result row) or (..., 1, N) = {(*batch, 1, n)} "
+            f"(per result column); a bias of shape (M,), (M, 1) or (1, N) is added to every item"
+        )
 
 
 def _bias_columns(shape: tuple[int, ...], m: int, n: int) -> bool:
@@ -285,20 +329,36 @@ def _global_shapes(local: Spec, gathered: list[tuple[Any, ...]], rank: int) -> t
     assert dists is not None
     out: list[tuple[int, ...]] = []
     for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
+        batch = _same_batch([g[i] for g in gathered], name, rank)
         try:
-            out.append(dist.global_shape([g[i] for g in gathered]))
+            out.append(batch + dist.global_shape([g[i][-2:] for g in gathered]))
         except DistributionError as e:
             raise DistributionError(f"{name}: {e} (this is rank {rank})") from None
     a_shape, b_shape = out
     if gathered[0][2] is None:  # no c (every rank agreed on that)
         return a_shape, b_shape, None
     # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
-    result = dataclasses.replace(local, a_shape=a_shape, b_shape=b_shape).shapes["d"]
+    full = dataclasses.replace(local, a_shape=a_shape, b_shape=b_shape)
+    _check_batch(full)
+    batch = _same_batch([g[2] for g in gathered], "c", rank)
     try:
-        dists[2].check_blocks([g[2] for g in gathered], result, "of the result (M, N), from a and b")
+        dists[2].check_blocks([g[2][-2:] for g in gathered], full.shapes["d"], "of the result (M, N), from a and b")
     except DistributionError as e:
         raise DistributionError(f"c: {e} (this is rank {rank})") from None
-    return a_shape, b_shape, result
+    return a_shape, b_shape, batch + full.shapes["d"]
+
+
+def _same_batch(shapes: list[tuple[int, ...]], name: str, rank: int) -> tuple[int, ...]:
+    """The batch dimensions of ``name``'s blocks: a distribution splits the last
+    two dimensions only, so every rank holds the whole batch."""
+    batches = [tuple(s[:-2]) for s in shapes]
+    if len(set(batches)) > 1:
+        told = ", ".join(f"rank {r}: {b}" for r, b in enumerate(batches))
+        raise DistributionError(
+            f"{name}: the ranks' blocks have different batch dimensions ({told}; this is rank {rank}): a "
+            "distribution splits the last two dimensions, every rank holds the whole batch"
+        )
+    return batches[0]
 
 
 def check_reset(
@@ -322,7 +382,7 @@ def check_reset(
         refuse_unusable(value, name)
         given = {name: type(value).__name__} if family(value) == "other" else {}
         if given:
-            value = to_numpy(value, name) if name == "bias" else as_matrix(value, name)
+            value = to_numpy(value, name) if name == "bias" else as_matrix(value, name, batched=True)
         held = kind(family(value))
         if held is not None:
             held.refuse_held(value, name)  # (a tracer would outlive its trace)
@@ -369,10 +429,15 @@ def byte_swapped(**given: Any) -> dict[str, np.ndarray]:
 #: The options of :func:`matmul` and :class:`Matmul`, documented once for both (as nvmath-python does).
 _DOCS = {
     "operands": """a, b: the stored matrices (global in one process; this rank's blocks
-            under mpirun). numpy in gives numpy out; ``jax.Array`` in gives
+            under mpirun), or batches of them: ``(..., M, K)`` and ``(..., K, N)``
+            (stored; the transposes act on the last two dimensions), the batch
+            dimensions broadcast as ``numpy.matmul`` does (a distribution then
+            splits the last two: every rank holds the whole batch of its
+            blocks). numpy in gives numpy out; ``jax.Array`` in gives
             ``jax.Array`` out (on the user's mesh when the operands are on one).
-        c: optional, with the result's shape and distribution; read only when
-            ``beta != 0`` (BLAS convention). Never modified.""",
+        c: optional, with the result's shape (batch dimensions included, no
+            broadcasting) and distribution; read only when ``beta != 0`` (BLAS
+            convention). Never modified.""",
     "options": """distribution: a Distribution for all three, or ``(dist_a, dist_b,
             dist_result)``; describes the *stored* ``a`` and ``b``. Optional in
             one process (read off jax.Array operands' shardings, ``c``'s for
@@ -385,7 +450,9 @@ _DOCS = {
             "silu" (``x * sigmoid(x)``), "bias", "relu_bias", "gelu_bias",
             "silu_bias"; ``bias`` holds one value per result row (shape
             ``(M,)`` or ``(M, 1)``, added to every column) or one per result
-            column (shape ``(1, N)``, added to every row: ``x @ W + b``), of
+            column (shape ``(1, N)``, added to every row: ``x @ W + b``); for a
+            batch, these are every item's, or ``(..., M, 1)`` / ``(..., 1, N)``
+            with the result's batch dimensions one per item; of
             any of the supported dtypes: converted to the product's (a complex
             bias on real operands is refused: its imaginary part would be lost).
         backend: "auto" (nvmath where it can run, else jax; in one process,

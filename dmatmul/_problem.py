@@ -33,6 +33,7 @@ from ._spec import (
     FP8_DTYPES,
     RESULT_TYPES,
     DtypeInfo,
+    Operands,
     check_devices,
     check_distribution,
     dtype_name,
@@ -376,9 +377,25 @@ class Spec:
 
     @property
     def bias_columns(self) -> bool:
-        """Whether the bias holds one value per result column (shape (1, N)), not per row."""
+        """Whether the bias holds one value per result column (shape (1, N), or
+        (..., 1, N) with the batch dimensions), not per row."""
         b = self.bias_shape
+        b = b[-2:] if b is not None and len(b) > 2 else b
         return b is not None and b not in ((self.m,), (self.m, 1)) and b == (1, self.n)
+
+    @property
+    def batch_size(self) -> int:
+        """How many matrix products a batched product holds (1 for matrices)."""
+        return int(np.prod(self.batch_shape, dtype=np.int64))
+
+    def item(self) -> Spec:
+        """One item of a batched product: the matrix product the 2-D kernels take
+        (c's and the bias's batch dimensions taken away)."""
+        bias = self.bias_shape
+        return dataclasses.replace(
+            self, a_shape=self.a_shape[-2:], b_shape=self.b_shape[-2:],
+            c_shape=None if self.c_shape is None else self.c_shape[-2:],
+            bias_shape=bias[-2:] if bias is not None and len(bias) > 2 else bias)
 
     @property
     def degenerate(self) -> bool:
@@ -398,6 +415,20 @@ class Spec:
         "b" and the result "d", as the 2-D kernels take them."""
         return {"a": (self.a_shape[-2], self.a_shape[-1]), "b": (self.b_shape[-2], self.b_shape[-1]),
                 "d": (self.m, self.n)}
+
+    def item_operands(self, operands: Operands, idx: tuple[int, ...]) -> Operands:
+        """The operands of batch item ``idx`` (of :attr:`batch_shape`): each operand's
+        matrix at that item (a view, or a slice of a jax.Array), the batch
+        dimensions aligned from the right, those of size 1 broadcast; a bias of
+        one or two dimensions is every item's."""
+        def at(x: Any, lead: int) -> tuple[int, ...]:
+            shape = tuple(x.shape[:lead])
+            skip = len(idx) - len(shape)
+            return tuple(0 if n == 1 else idx[skip + j] for j, n in enumerate(shape))
+
+        a, b, c, bias = operands.a, operands.b, operands.c, operands.bias
+        return Operands(a[at(a, a.ndim - 2)], b[at(b, b.ndim - 2)], None if c is None else c[idx],
+                        bias if bias is None or bias.ndim <= 2 else bias[idx])
 
     @property
     def transposes(self) -> dict[str, bool]:

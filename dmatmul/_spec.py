@@ -273,11 +273,12 @@ def refuse_trace_under_mpi(*xs: Any) -> None:
         )
 
 
-def as_matrix(x: Any, name: str) -> Any:
-    """``x`` as a 2-D array of a supported dtype, in native byte order; else a
-    TypeError/ValueError naming ``name``. What numpy reads as an array (an
-    ``__array__``, a nested list, a memoryview's buffer) is taken as
-    ``np.asarray`` makes it, as ``bias`` is."""
+def as_matrix(x: Any, name: str, *, batched: bool = False) -> Any:
+    """``x`` as a 2-D array (``batched``: or one with leading batch dimensions)
+    of a supported dtype, in native byte order; else a TypeError/ValueError
+    naming ``name``. What numpy reads as an array (an ``__array__``, a nested
+    list, a memoryview's buffer) is taken as ``np.asarray`` makes it, as
+    ``bias`` is."""
     refuse_unusable(x, name)
     if family(x) == "other":
         if not hasattr(x, "__array__") and not isinstance(x, (list, tuple, memoryview)):
@@ -285,7 +286,13 @@ def as_matrix(x: Any, name: str) -> Any:
                 f"{name} must be a 2-D numpy, jax or cupy array, got {type(x).__name__}"
             )
         x = to_numpy(x, name)
-    if x.ndim != 2:
+    if batched and x.ndim < 2:
+        raise ValueError(
+            f"{name} must be a 2-D matrix or a batch of matrices (..., rows, columns), got a {x.ndim}-D array of "
+            f"shape {tuple(x.shape)}" + (f": pass {name}.reshape(1, -1) (a row) or {name}.reshape(-1, 1) (a column)"
+                                         if x.ndim == 1 else "")
+        )
+    if not batched and x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix, got {x.ndim}-D array of shape {tuple(x.shape)}")
     dt = dtype_name(x.dtype)
     if dt not in DTYPES:

@@ -303,7 +303,8 @@ def _operand_corruptions(v: Valid, name: str, x: Any, data: Any) -> list[Bad]:
             bad = _like(x, np.resize(arr.ravel(), m + d))
             out.append(Bad(f"bias of length M+{d}", name, bad, (_name(name),), (str((m + d,)),)))
         else:
-            for shape in ((arr.size,), arr.shape + (1,), ()):
+            # (a trailing dimension more is a batch of matrices for a and b: wrong only for c)
+            for shape in ((arr.size,), ()) + ((arr.shape + (1,),) if name == "c" else ()):
                 bad = _like(x, _resized(arr, shape))
                 out.append(Bad(f"{name} of shape {shape}", name, bad, (_name(name),), (str(shape),)))
         # wrong dtypes

@@ -27,7 +27,7 @@ CASES = [
     (dict(a=ones(4, 3), b=ones(3, 5, dtype=np.float64)), TypeError, ["a and b", "float32", "float64"]),
     (dict(a=ones(4, 3, dtype=np.int32), b=ones(3, 5, dtype=np.int32)), TypeError, ["a has dtype int32", "float32"]),
     (dict(a=ones(4, 3, dtype=bool), b=ones(3, 5)), TypeError, ["a has dtype bool"]),
-    (dict(a=ones(4, 3, 2), b=ones(3, 5)), ValueError, ["a must be a 2-D", "(4, 3, 2)"]),
+    (dict(a=ones(4), b=ones(3, 5)), ValueError, ["a must be a 2-D matrix or a batch of matrices", "(4,)"]),
     (dict(a=ones(4, 3), b=ones(3)), ValueError, ["b must be a 2-D", "(3,)"]),
     (dict(a="matrix", b=ones(3, 5)), TypeError, ["a must be", "str"]),
     (dict(a=ones(4, 3), b=ones(3, 5), c=ones(5, 4), beta=1.0), ValueError, ["c must have", "(4, 5)", "(5, 4)"]),

@@ -160,6 +160,15 @@ def test_grid_products_and_redistribution_on_four_processes():
     assert "grid checks on 4 processes: 0 failures" in proc.stdout
 
 
+def test_batched_products_on_two_processes():
+    """tests/mpi/batched.py: each rank passes its blocks of every item (the batch
+    whole on each rank), broadcast batches, c, a per-item bias, an empty batch;
+    ranks whose batches differ raise on every rank."""
+    proc = launch(2, "tests/mpi/batched.py", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "batched checks on 2 processes: 0 failures" in proc.stdout
+
+
 def test_readme_several_processes_block(tmp_path):
     """docs/mpi.md "Several processes": its block as written, then a check of each
     rank's rows of D against numpy (the blocks of A and B joined from every rank)."""

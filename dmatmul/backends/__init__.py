@@ -156,6 +156,12 @@ class Backend:
         plan = self.plan(spec, operands)
         return plan.algorithm, plan.explain()
 
+    def batched(self, spec: Spec, operands: Operands) -> BackendPlan | None:
+        """A plan of a batched product (``spec.batch_shape`` not empty) in one
+        program of the backend's own, or None: the front end then runs one plan
+        of the matrix product on each item (:mod:`dmatmul._batched`)."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:

@@ -133,11 +133,64 @@ def _activation_grad(z: np.ndarray, epilog: str | None, relu_at_zero: float) -> 
     return 1.0
 
 
+def batch_shape(a: Any, b: Any) -> tuple[int, ...] | None:
+    """The broadcast batch shape of stored ``a`` (..., M, K) and ``b`` (..., K, N)
+    as ``numpy.matmul`` has it; None for two matrices."""
+    a, b = np.shape(a), np.shape(b)
+    return None if len(a) == len(b) == 2 else tuple(np.broadcast_shapes(a[:-2], b[:-2]))
+
+
+def _items(batch: tuple[int, ...], a: Any, b: Any, c: Any, bias: Any) -> Any:
+    """Each batch item's ``(index, a, b, c, bias)``: a and b broadcast over
+    ``batch``, c (of the result's shape) and a bias with batch dimensions taken
+    at the index, a bias of one or two dimensions as it is (every item's)."""
+    a, b = wide(a), wide(b)
+    a = np.broadcast_to(a, batch + a.shape[-2:])
+    b = np.broadcast_to(b, batch + b.shape[-2:])
+    for idx in np.ndindex(*batch):
+        yield (idx, a[idx], b[idx], None if c is None else np.asarray(c)[idx],
+               bias if bias is None or np.ndim(bias) <= 2 else np.asarray(bias)[idx])
+
+
+def _stacked(batch: tuple[int, ...], parts: list[np.ndarray], shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    out = np.zeros(batch + shape, dtype)
+    for idx, x in zip(np.ndindex(*batch), parts):
+        out[idx] = x
+    return out
+
+
+def _unbroadcast(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``x`` summed over the dimensions an operand of ``shape`` was broadcast along."""
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead else x
+    along = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=along, keepdims=True) if along else x
+
+
+def _wide_kind(*xs: Any) -> Any:
+    return np.complex128 if any(np.asarray(x).dtype.kind == "c" for x in xs) else np.float64
+
+
 def reference(
     a: Any, b: Any, c: Any = None, *, alpha: complex = 1.0, beta: complex = 0.0,
     transpose_a: bool = False, transpose_b: bool = False, epilog: str | None = None, bias: Any = None,
 ) -> np.ndarray:
-    """``epilog(alpha * op(a) @ op(b) + beta * c + bias)`` in float64/complex128."""
+    """``epilog(alpha * op(a) @ op(b) + beta * c + bias)`` in float64/complex128;
+    ``a`` and ``b`` may have batch dimensions (``numpy.matmul``'s broadcasting,
+    the transposes of the last two), ``c`` then has the result's and ``bias``
+    is every item's or has the result's batch dimensions ((..., M, 1), (..., 1, N)).
+
+    >>> reference(np.ones((2, 1, 3, 4)), np.ones((5, 4, 2))).shape
+    (2, 5, 3, 2)
+    """
+    batch = batch_shape(a, b)
+    if batch is not None:
+        kw: dict[str, Any] = dict(alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
+                                  epilog=epilog)
+        parts = [reference(ai, bi, ci, bias=bi_, **kw) for _, ai, bi, ci, bi_ in _items(batch, a, b, c, bias)]
+        m = np.shape(a)[-1 if transpose_a else -2]
+        n = np.shape(b)[-2 if transpose_b else -1]
+        return _stacked(batch, parts, (m, n), _wide_kind(a, b))
     d = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
                        epilog=epilog, bias=bias)
     with np.errstate(invalid="ignore"):
@@ -173,6 +226,22 @@ def reference_vjp(
     >>> grads["a"].tolist(), grads["b"].tolist()
     ([[2.0, 2.0, 2.0], [4.0, 4.0, 4.0]], [[0.0, 12.0], [2.0, 16.0], [4.0, 20.0]])
     """
+    batch = batch_shape(a, b)
+    if batch is not None:  # each item's, summed over what an operand was broadcast along
+        kw: dict[str, Any] = dict(alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
+                                  epilog=epilog, relu_at_zero=relu_at_zero)
+        parts = [reference_vjp(ai, bi, ci, wide(g)[idx], bias=bb, **kw)
+                 for idx, ai, bi, ci, bb in _items(batch, a, b, c, bias)]
+        given = {"a": a, "b": b, "c": c, "bias": bias}
+        out = {}
+        for name in [k for k in given if given[k] is not None and (k != "bias" or _has_bias(epilog))]:
+            shape = np.shape(given[name])
+            item = shape[-2:] if name != "bias" or len(shape) > 2 else shape
+            kind = _wide_kind(a, b) if name != "bias" else (np.complex128 if np.asarray(bias).dtype.kind == "c"
+                                                            else np.float64)
+            full = _stacked(batch, [p[name] for p in parts], tuple(item), kind)
+            out[name] = _unbroadcast(full, shape)
+        return out
     z = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
                        epilog=epilog, bias=bias)
     dz = wide(g) * _activation_grad(z, epilog, relu_at_zero)
@@ -210,6 +279,23 @@ def reference_jvp(
     >>> reference_jvp(a, b, None, {"b": np.eye(3)[:, :2]}).tolist()
     [[0.0, 1.0], [3.0, 4.0]]
     """
+    batch = batch_shape(a, b)
+    if batch is not None:
+        kw: dict[str, Any] = dict(alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
+                                  epilog=epilog, relu_at_zero=relu_at_zero)
+        t = {k: wide(v) for k, v in tangents.items()}
+        t_a = np.broadcast_to(t["a"], batch + t["a"].shape[-2:]) if "a" in t else None
+        t_b = np.broadcast_to(t["b"], batch + t["b"].shape[-2:]) if "b" in t else None
+        parts = []
+        for idx, ai, bi, ci, bb in _items(batch, a, b, c, bias):
+            ti = {k: v for k, v in (("a", None if t_a is None else t_a[idx]), ("b", None if t_b is None else t_b[idx]),
+                                     ("c", t["c"][idx] if "c" in t else None),
+                                     ("bias", (t["bias"] if t["bias"].ndim <= 2 else t["bias"][idx])
+                                      if "bias" in t else None)) if v is not None}
+            parts.append(reference_jvp(ai, bi, ci, ti, bias=bb, **kw))
+        m = np.shape(a)[-1 if transpose_a else -2]
+        n = np.shape(b)[-2 if transpose_b else -1]
+        return _stacked(batch, parts, (m, n), _wide_kind(a, b))
     z = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
                        epilog=epilog, bias=bias)
     op = lambda x, t: wide(x).T if t else wide(x)  # noqa: E731

@@ -122,6 +122,13 @@ class JaxBackend(Backend):
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
             return out
 
+    def batched(self, spec: Spec, operands: Operands) -> BackendPlan | None:
+        """A batched product in one compiled call (:mod:`._batched`): the batch split
+        over the devices, or the matrix plan under ``jax.vmap``."""
+        from ._batched import batched_plan
+
+        return batched_plan(self, spec, operands)
+
     def key(self, spec: Spec, operands: Operands) -> Any:
         """The spec, a schedule the checker forces, and (one process) the mesh the
         operands are on, the mesh axes their shardings leave independent, or

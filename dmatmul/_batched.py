@@ -1,0 +1,147 @@
+"""Batched products: ``(..., M, K) @ (..., K, N)``, the batch dimensions
+broadcast as ``numpy.matmul`` does, on the 2-D machinery of every backend.
+
+A batched :class:`Spec` is planned here (:class:`BatchedProduct`, standing in
+for the backend as :class:`dmatmul._empty.EmptyProduct` does): a backend that
+runs a batch in one program of its own says so by its ``batched`` (the JAX
+backend: the batch split over the devices, or the matrix plan under
+``jax.vmap`` in one compiled call); any other runs one plan of the matrix
+product (:meth:`Spec.item`), made once, on each item in turn
+(:class:`LoopPlan`: nvmath, whose cuBLASMp has no batched GEMM). The
+distributions of a batched product describe the last two dimensions: every
+rank holds the whole batch of its blocks, so the ranks loop alike and each
+item's collectives meet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from . import _runtime
+from . import backends as _backends
+from ._empty import EmptyProduct
+from ._plans import PLANS
+from ._problem import Spec
+from ._spec import Operands, array_module, family, numpy_dtype, precise
+
+__all__ = ["BatchedProduct", "LoopPlan", "route"]
+
+
+def route(backend: Any, spec: Spec) -> Any:
+    """What plans ``spec``: :class:`BatchedProduct` for a batch, else the backend,
+    or :class:`EmptyProduct` where A and B are not read."""
+    if spec.batch_shape:
+        return BatchedProduct(backend)
+    return backend if spec.reads_ab else EmptyProduct(backend)
+
+
+def _items(spec: Spec) -> Iterator[tuple[int, ...]]:
+    return iter(np.ndindex(*spec.batch_shape))
+
+
+class BatchedProduct(_backends.Backend):
+    """The "backend" of a batched product, standing in for ``backend``. Its plans
+    are made at every call (a loop, or the backend's batched program, around
+    plans the cache holds), so the cache keeps none of its own."""
+
+    cache_size = 0
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.plans_collectively = backend.plans_collectively
+
+    def _item_backend(self, item: Spec) -> Any:
+        return self.backend if item.reads_ab else EmptyProduct(self.backend)
+
+    def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
+        if spec.batch_size == 0:
+            return NoItems(spec, operands)
+        own = self.backend.batched(spec, operands) if spec.reads_ab else None
+        if own is not None:
+            return own
+        return LoopPlan(spec, self._item_backend(spec.item()), operands)
+
+    def ranks(self, spec: Spec, operands: Operands) -> int:
+        return self.backend.ranks(spec.item(), _first(spec, operands))
+
+    def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
+        return result
+
+    def memory(self, spec: Spec, operands: Operands) -> tuple[list[Any], dict[str, Any]]:
+        """The needs of one item's plan, the result's times the batch (the items
+        run one after another; their results are all kept)."""
+        if spec.batch_size == 0:
+            return [], {}
+        needs, probes = self._item_backend(spec.item()).memory(spec.item(), _first(spec, operands))
+        return [_times(need, spec.batch_size) if need.operand == "d" else need for need in needs], probes
+
+    def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
+        if spec.batch_size == 0:
+            return "local", NoItems(spec, operands).explain()
+        algorithm, lines = self._item_backend(spec.item()).preview(spec.item(), _first(spec, operands))
+        return algorithm, [_loop_line(spec), *lines]
+
+
+def _times(need: Any, count: int) -> Any:
+    return dataclasses.replace(need, nbytes=need.nbytes * count)
+
+
+def _first(spec: Spec, operands: Operands) -> Operands:
+    return spec.item_operands(operands, (0,) * len(spec.batch_shape))
+
+
+def _loop_line(spec: Spec) -> str:
+    return (f"batch:      {spec.batch_shape} ({spec.batch_size} items of the matrix product below): one plan, "
+            "run on each item in turn (this backend has no batched kernel); the batch is not split over ranks")
+
+
+class LoopPlan(_backends.BackendPlan):
+    """One plan of the matrix product, run on each item of the batch."""
+
+    def __init__(self, spec: Spec, backend: Any, operands: Operands) -> None:
+        self.spec = spec
+        self.plan = PLANS.borrow(backend, spec.item(), _first(spec, operands))  # (one matrix plan, cached)
+        self.algorithm = self.plan.algorithm
+
+    @property
+    def cost(self) -> Any:
+        return self.plan.cost
+
+    def execute(self, operands: Operands) -> Any:
+        spec = self.spec
+        results = [self.plan.execute(spec.item_operands(operands, idx)) for idx in _items(spec)]
+        xp = array_module(operands.family if not spec.spmd else family(results[0]))
+        with precise(spec.dtype):
+            return xp.stack(results).reshape(spec.batch_shape + tuple(results[0].shape))
+
+    def explain(self) -> list[str]:
+        return [_loop_line(self.spec), *self.plan.explain()]
+
+    def free(self) -> None:
+        self.plan.free()
+
+
+class NoItems(_backends.BackendPlan):
+    """A batch of no items: an empty result of the batch's shape (this rank's
+    block of each matrix under several processes)."""
+
+    def __init__(self, spec: Spec, operands: Operands) -> None:
+        self.spec = spec
+
+    def execute(self, operands: Operands) -> Any:
+        spec = self.spec
+        shape: tuple[int, ...] = (spec.m, spec.n)
+        rt = _runtime.active() if spec.spmd else None
+        if rt is not None and spec.distributions is not None:
+            shape = spec.distributions[2].shape(rt.rank, shape, rt.size)
+        xp = array_module(operands.family)
+        with precise(spec.dtype):
+            return xp.zeros(spec.batch_shape + tuple(shape), dtype=numpy_dtype(spec.dtype))
+
+    def explain(self) -> list[str]:
+        return [f"kernel:     none: the batch {self.spec.batch_shape} holds no item; nothing moves"]

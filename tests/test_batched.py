@@ -1,0 +1,209 @@
+"""Batched products, (..., M, K) @ (..., K, N) broadcast as numpy.matmul does
+(contract section 3a), on every backend that runs here, against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dmatmul as dm
+from dmatmul.testing import assert_close, reference
+from dmatmul.testing.reference import random_matrix, reference_jvp, reference_vjp
+
+from test_conformance import here  # noqa: F401  (the fixture: every backend that runs here)
+
+RNG = np.random.default_rng(36)
+
+
+def _rand(*shape, dtype="float32"):
+    return random_matrix(RNG, shape, dtype)
+
+
+# --------------------------------------------------------------------------- #
+# the numpy reference
+# --------------------------------------------------------------------------- #
+def test_reference_is_numpy_matmul_per_item():
+    a, b, c = _rand(2, 1, 3, 4, dtype="float64"), _rand(5, 4, 2, dtype="float64"), _rand(2, 5, 3, 2, dtype="float64")
+    bias = _rand(2, 5, 1, 2, dtype="float64")
+    want = np.maximum(1.5 * np.matmul(a, b) + 0.5 * c + bias, 0)
+    got = reference(a, b, c, alpha=1.5, beta=0.5, epilog="relu_bias", bias=bias)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    rows = np.arange(3.0)  # (M,): one value per result row, every item's
+    got = reference(np.swapaxes(a, -1, -2), b, transpose_a=True, epilog="bias", bias=rows)
+    np.testing.assert_allclose(got, np.matmul(a, b) + rows[:, None], rtol=1e-12)
+
+
+def test_reference_vjp_sums_over_what_was_broadcast():
+    a, b, g = _rand(1, 3, 4, dtype="float64"), _rand(2, 4, 5, dtype="float64"), _rand(2, 3, 5, dtype="float64")
+    bias = _rand(3, dtype="float64")
+    grads = reference_vjp(a, b, None, g, epilog="bias", bias=bias)
+    np.testing.assert_allclose(grads["a"], (g @ np.swapaxes(b, -1, -2)).sum(0, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(grads["b"], np.swapaxes(a, -1, -2) @ g, rtol=1e-12)
+    np.testing.assert_allclose(grads["bias"], g.sum(axis=(0, 2)), rtol=1e-12)
+    t = reference_jvp(a, b, None, {"b": np.ones_like(b)}, epilog="bias", bias=bias)
+    np.testing.assert_allclose(t, a @ np.ones_like(b), rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# the front end
+# --------------------------------------------------------------------------- #
+BAD = [
+    (dict(a=(2, 4, 3), b=(3, 3, 5)), ValueError, ["a and b: batch dimensions (2,) and (3,) do not broadcast"]),
+    (dict(a=(2, 4, 3), b=(2, 4, 5)), ValueError, ["inner dimensions differ"]),
+    (dict(a=(2, 1, 4, 3), b=(3, 3, 5), c=(3, 4, 5), beta=1.0), ValueError,
+     ["c must have the result's shape (..., M, N) = (2, 3, 4, 5)", "got (3, 4, 5)", "np.broadcast_to"]),
+    (dict(a=(2, 4, 3), b=(3, 5), c=(2, 5, 4), beta=1.0), ValueError, ["c must have the result's shape", "(2, 5, 4)"]),
+    (dict(a=(2, 4, 3), b=(3, 5), epilog="bias", bias=(3, 4, 1)), ValueError,
+     ["bias of shape (3, 4, 1)", "(2, 4, 1)", "(2, 1, 5)"]),
+    (dict(a=(2, 4, 3), b=(3, 5), epilog="bias", bias=(2, 4, 5)), ValueError, ["bias must be a vector", "(2, 4, 5)"]),
+    (dict(a=(4,), b=(4, 5)), ValueError, ["a must be a 2-D matrix or a batch of matrices", "reshape(1, -1)"]),
+    (dict(a=(2, 4, 3), b=(3,)), ValueError, ["b must be a 2-D matrix or a batch of matrices", "1-D"]),
+]
+
+
+@pytest.mark.parametrize("call, error, words", BAD, ids=[w[0][:40] for _, _, w in BAD])
+def test_bad_batched_calls_raise_typed_errors_naming_the_operand(here, call, error, words):
+    call = dict(call)
+    ops = {name: _rand(*call.pop(name)) for name in ("a", "b", "c", "bias") if name in call}
+    with pytest.raises(error) as info:
+        dm.matmul(ops["a"], ops["b"], ops.get("c"), bias=ops.get("bias"), backend=here.name, **call)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+# --------------------------------------------------------------------------- #
+# products against numpy
+# --------------------------------------------------------------------------- #
+SHAPES = [  # (a's batch, b's batch, c given): broadcast both ways, one side only, size 1 and 0
+    ((3,), (3,), True),
+    ((2, 1), (3,), True),
+    ((), (2,), False),
+    ((2,), (), True),
+    ((1,), (1, 1), False),
+    ((0,), (), True),
+    ((2, 0), (1,), False),
+]
+
+
+@pytest.mark.parametrize("a_batch, b_batch, with_c", SHAPES)
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, True)])
+def test_batched_products_match_numpy(here, a_batch, b_batch, with_c, ta, tb):
+    m, k, n = 5, 3, 4
+    a = _rand(*a_batch, *((k, m) if ta else (m, k)))
+    b = _rand(*b_batch, *((n, k) if tb else (k, n)))
+    batch = np.broadcast_shapes(a_batch, b_batch)
+    c = _rand(*batch, m, n) if with_c else None
+    kw = dict(alpha=0.75, beta=0.5 if with_c else 0.0, transpose_a=ta, transpose_b=tb)
+    before = [x.copy() for x in (a, b) + ((c,) if with_c else ())]
+    d = dm.matmul(a, b, c, backend=here.name, **kw)
+    assert isinstance(d, np.ndarray) and d.dtype == np.float32
+    assert_close(d, reference(a, b, c, **kw), "float32")
+    for x, y in zip((a, b, c), before):
+        np.testing.assert_array_equal(x, y)  # inputs are never modified
+
+
+@pytest.mark.parametrize("epilog, bias_shape", [("relu_bias", (2, 1, 5, 1)), ("gelu_bias", (2, 3, 1, 4)),
+                                                ("silu_bias", (5,)), ("bias", (1, 4)), ("gelu", None)])
+def test_batched_epilogues_match_numpy(here, epilog, bias_shape):
+    a, b = _rand(2, 1, 5, 3), _rand(3, 3, 4)
+    bias = None if bias_shape is None else _rand(*bias_shape)
+    if bias is not None and len(bias_shape) > 2:
+        bias = np.broadcast_to(bias, (2, 3, *bias_shape[2:])).copy()
+    d = dm.matmul(a, b, epilog=epilog, bias=bias, backend=here.name)
+    assert_close(d, reference(a, b, epilog=epilog, bias=bias), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "complex64", "complex128"])
+def test_batched_dtypes_match_numpy(here, dtype):
+    a, b = _rand(2, 4, 3, dtype=dtype), _rand(1, 3, 5, dtype=dtype)
+    d = dm.matmul(a, b, backend=here.name)
+    assert str(d.dtype) == dtype
+    assert_close(d, reference(a, b), dtype)
+
+
+def test_batched_plan_runs_again_on_new_operands(here):
+    a, b = _rand(3, 4, 3), _rand(3, 5)
+    with dm.Matmul(a, b, backend=here.name) as mm:
+        assert "batch" in mm.explain() and "(3,)" in mm.explain()
+        assert_close(mm.execute(), reference(a, b), "float32")
+        a2 = _rand(3, 4, 3)
+        mm.reset_operands(a=a2)
+        assert_close(mm.execute(), reference(a2, b), "float32")
+        with pytest.raises(ValueError, match="reset_operands: a must match"):
+            mm.reset_operands(a=_rand(2, 4, 3))
+
+
+# --------------------------------------------------------------------------- #
+# JAX: one compiled call, the batch split over the devices or the matrix plan under vmap
+# --------------------------------------------------------------------------- #
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+
+
+def _compiled_text(mm) -> str:
+    from dmatmul._matmul import plan_of
+
+    plan = plan_of(mm)
+    ops = mm._operands
+    s = plan.spec
+    xs = [ops.a, ops.b, ops.c if s.use_c else None, ops.bias if s.has_bias else None]
+    import jax.numpy as jnp
+
+    return plan._fn.lower(*[None if x is None else jnp.asarray(x) for x in xs]).compile().as_text()
+
+
+@pytest.mark.parametrize("batch, a_batched", [((16,), True), ((4, 4), True), ((8,), False)])
+def test_a_batch_split_over_devices_communicates_nothing(batch, a_batched):
+    jax = pytest.importorskip("jax")
+    a = _rand(*(batch if a_batched else ()), 6, 5)
+    b = _rand(*batch, 5, 7)
+    bias = _rand(*batch, 1, 7)
+    with dm.Matmul(a, b, epilog="gelu_bias", bias=bias, backend="jax", devices=8) as mm:
+        assert mm.algorithm == "local"
+        text = mm.explain()
+        assert "split over the 8 devices" in text and "nothing is communicated" in text, text
+        hlo = _compiled_text(mm)
+        assert not [op for op in COLLECTIVES if op in hlo], [op for op in COLLECTIVES if op in hlo]
+        assert_close(mm.execute(), reference(a, b, epilog="gelu_bias", bias=bias), "float32")
+    # a batch of jax.Arrays: a jax.Array back, its batch split over the devices
+    d = dm.matmul(jax.numpy.asarray(a), jax.numpy.asarray(b), epilog="gelu_bias", bias=bias, devices=8)
+    assert isinstance(d, jax.Array) and len(d.sharding.device_set) == 8
+    assert_close(np.asarray(d), reference(a, b, epilog="gelu_bias", bias=bias), "float32")
+
+
+@pytest.mark.parametrize("algorithm", ["allgather", "reduce_scatter", "allreduce", "summa", "summa25d"])
+def test_a_named_algorithm_runs_each_item_under_vmap(algorithm):
+    pytest.importorskip("jax")
+    a, b, c = _rand(3, 8, 8), _rand(1, 8, 8), _rand(3, 8, 8)
+    with dm.Matmul(a, b, c, beta=1.0, algorithm=algorithm, backend="jax", devices=8) as mm:
+        assert mm.algorithm == algorithm
+        assert "under jax.vmap" in mm.explain()
+        assert_close(mm.execute(), reference(a, b, c, beta=1.0), "float32")
+
+
+def test_a_2d_distribution_applies_to_the_last_two_dimensions():
+    pytest.importorskip("jax")
+    a, b = _rand(2, 8, 6), _rand(2, 6, 4)
+    dist = (dm.Slab.X, dm.Slab.X, dm.Slab.X)
+    with dm.Matmul(a, b, distribution=dist, backend="jax", devices=4) as mm:
+        assert "Slab.X" in mm.explain() and "under jax.vmap" in mm.explain()
+        assert_close(mm.execute(), reference(a, b), "float32")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_gradients_through_a_batched_product(jit):
+    jax = pytest.importorskip("jax")
+    a, b = _rand(3, 4, 5, dtype="float64"), _rand(1, 5, 6, dtype="float64")
+    bias, g = _rand(6, dtype="float64").reshape(1, 6), _rand(3, 4, 6, dtype="float64")
+
+    def f(a, b, bias):
+        return dm.matmul(a, b, alpha=0.5, transpose_a=False, epilog="silu_bias", bias=bias, devices=4)
+
+    with jax.enable_x64(True):
+        fn = jax.jit(f) if jit else f
+        d, vjp = jax.vjp(fn, a, b, bias)
+        grads = vjp(jax.numpy.asarray(g))
+    want = reference_vjp(a, b, None, g, alpha=0.5, epilog="silu_bias", bias=bias)
+    assert_close(np.asarray(d), reference(a, b, alpha=0.5, epilog="silu_bias", bias=bias), "float64")
+    for name, got in zip(("a", "b", "bias"), grads):
+        assert got.shape == want[name].shape, name
+        assert_close(np.asarray(got), want[name], "float64")
