@@ -172,6 +172,15 @@ def summary(results: Sequence[CaseResult], tolerance: float = TOLERANCE) -> dict
 # --------------------------------------------------------------------------- #
 # planning and timing (JAX)
 # --------------------------------------------------------------------------- #
+def _cost(mm: Any) -> Any:
+    """The planner's :class:`dmatmul._plan.Plan` of a planned Matmul (the JAX backend always has one)."""
+    from ..._matmul import plan_of
+
+    cost = plan_of(mm).cost
+    assert cost is not None
+    return cost
+
+
 def _label(kernel: Any) -> str:
     return f"{kernel.algorithm}/{kernel.schedule} {kernel.a},{kernel.b}->{kernel.d}"
 
@@ -197,14 +206,13 @@ def _planned(a: Any, b: Any, dists: Any, p: int, dtype: str, kernel: Any = None)
 def plan_routes(case: Case, a: Any, b: Any, p: int, routes: str = "best") -> tuple[dict[str, Any], str]:
     """The planned Matmul of each route to time, by label, and auto's route's label (``a``, ``b``: the
     operands, laid out)."""
-    from ..._matmul import plan_of
     from ...algorithms import kernels
 
     dists = parse_layout(case.layout, p)
     auto = _planned(a, b, dists, p, case.dtype)
     if auto is None:
         raise ValueError(f"case {case.name}: auto plans nothing on {p} devices")
-    auto_kernel = plan_of(auto).cost.kernel
+    auto_kernel = _cost(auto).kernel
     auto.free()
     planned: dict[str, Any] = {}
     for kernel in kernels():
@@ -215,7 +223,7 @@ def plan_routes(case: Case, a: Any, b: Any, p: int, routes: str = "best") -> tup
     if routes == "best":  # of each (algorithm, schedule), the route the model prices cheapest, and auto's
         best: dict[tuple[str, str], tuple[float, str]] = {}
         for label, mm in planned.items():
-            cost = plan_of(mm).cost
+            cost = _cost(mm)
             key = (cost.algorithm, cost.kernel.schedule)
             best[key] = min(best.get(key, (math.inf, "")), (cost.time, label))
         keep = {label for _, label in best.values()} | {_label(auto_kernel)}
@@ -237,16 +245,14 @@ def operands(case: Case, p: int) -> tuple[Any, Any, np.ndarray]:
     probe = _planned(a, b, parse_layout(case.layout, p), p, case.dtype)
     if probe is None:
         raise ValueError(f"case {case.name}: auto plans nothing on {p} devices")
-    plan = plan_of(probe)
+    plan: Any = plan_of(probe)  # the JAX backend's plan: where each operand lives
     ja, jb = jax.block_until_ready((jax.device_put(a, plan.sharding("a")), jax.device_put(b, plan.sharding("b"))))
     probe.free()
     return ja, jb, a.astype(np.float64) @ b.astype(np.float64)
 
 
 def _route(label: str, mm: Any) -> Route:
-    from ..._matmul import plan_of
-
-    cost = plan_of(mm).cost
+    cost = _cost(mm)
     moves = "; ".join(m.describe() for m in cost.moves)
     return Route(label, cost.algorithm, cost.kernel.schedule, moves, float(cost.time))
 
