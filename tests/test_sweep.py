@@ -68,6 +68,11 @@ def test_hit_rate_arithmetic():
     assert s["by"]["kind=1-D"]["cases"] == 4
     assert s["geomean_ratio"] == pytest.approx((1.0 * 1.10 * 1.12 * 3.0) ** 0.25)
     assert sweep.summary(results, tolerance=0.2)["hits"] == 3
+    assert s["misses_beyond_noise"] == 2 and math.isnan(results[2].noise)  # no twin timed: no noise known
+    results[2].twin = [1.3] * 3  # auto's route again: 1.3 / 1.12, more than its miss
+    results[3].twin = [3.3] * 3
+    assert results[2].noise == pytest.approx(1.3 / 1.12) and results[3].noise == pytest.approx(1.1)
+    assert sweep.summary(results)["misses_beyond_noise"] == 1
     text = sweep.format_summary(results)
     assert "2/4 cases (50%)" in text and "wide 8x8x8 XYX float32: allgather/ring vs local/ring 1.12" in text
     # a wrong route is never the fastest; auto's route wrong is a miss
@@ -115,7 +120,7 @@ def test_runner_checks_every_route_and_finds_the_fastest(monkeypatch):
             assert r.max_rel_err <= TOL["float32"] and r.ok
     good = {r.label: float(np.median(r.times)) for r in res.routes if r.algorithm != "allgather"}
     assert res.fastest.label == min(good, key=good.get)
-    assert res.auto in {r.label for r in res.routes}
+    assert res.auto in {r.label for r in res.routes} and res.twin == injected[sweep.TWIN]
     auto = res.route(res.auto)
     assert res.ratio == (auto.median / res.fastest.median if auto.ok else math.inf)
     assert "wrong: allgather" in sweep.format_case(res)

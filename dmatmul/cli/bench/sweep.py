@@ -11,7 +11,9 @@ already laid out (medians of ``reps``), checks each route's first result
 against a float64 numpy reference (a wrong route is reported, never counted
 as fastest), and reports per case the fastest measured, auto's route and its
 time over the fastest's, and the model's predictions; the summary says in how
-many cases auto is within 10% of the fastest.
+many cases auto is within 10% of the fastest. Auto's route is timed twice in
+the same repetitions (its *twin*): the ratio of the two medians is how far
+noise alone moves a route, and a miss by less than it is not the model's.
 
 ``routes="best"`` times, of each (algorithm, schedule), the route the model
 prices cheapest (auto's own among them); ``"all"`` every kernel that plans.
@@ -115,6 +117,8 @@ class CaseResult:
     case: Case
     routes: list[Route]
     auto: str  # the label of auto's route
+    #: auto's route timed a second time in the same repetitions: how far one route's median moves by noise alone
+    twin: list[float] = dataclasses.field(default_factory=list)
 
     def route(self, label: str) -> Route:
         return next(r for r in self.routes if r.label == label)
@@ -133,6 +137,15 @@ class CaseResult:
             return math.inf
         return auto.median / fastest.median
 
+    @property
+    def noise(self) -> float:
+        """The larger over the smaller median of auto's route and its twin (1.0: no noise seen; nan: no twin)."""
+        auto = self.route(self.auto)
+        if not self.twin or not auto.times:
+            return math.nan
+        pair = sorted((float(np.median(self.twin)), auto.median))
+        return pair[1] / pair[0]
+
     def hit(self, tolerance: float = TOLERANCE) -> bool:
         return self.ratio <= 1.0 + tolerance
 
@@ -144,7 +157,7 @@ class CaseResult:
         fastest = self.fastest
         return {
             **dataclasses.asdict(self.case), "kind": self.case.kind, "auto": self.auto,
-            "fastest": fastest.label if fastest else None, "auto_over_fastest": self.ratio, "hit": self.hit(),
+            "fastest": fastest.label if fastest else None, "auto_over_fastest": self.ratio, "hit": self.hit(), "twin": self.twin, "noise": self.noise,
             "routes": [{**dataclasses.asdict(r), "median_s": r.median if r.times else None} for r in self.routes],
         }
 
@@ -165,7 +178,8 @@ def summary(results: Sequence[CaseResult], tolerance: float = TOLERANCE) -> dict
         for value in dict.fromkeys(getattr(r.case, attr) for r in results):
             by[f"{attr}={value}"] = count([r for r in results if getattr(r.case, attr) == value])
     ratios = [r.ratio for r in results if math.isfinite(r.ratio)]
-    return {**count(results), "tolerance": tolerance, "by": by,
+    beyond = [r for r in results if not r.hit(tolerance) and not r.ratio <= r.noise]  # (nan noise: beyond)
+    return {**count(results), "tolerance": tolerance, "by": by, "misses_beyond_noise": len(beyond),
             "geomean_ratio": float(np.exp(np.mean(np.log(ratios)))) if ratios else None}
 
 
@@ -257,6 +271,8 @@ def _route(label: str, mm: Any) -> Route:
     return Route(label, cost.algorithm, cost.kernel.schedule, moves, float(cost.time))
 
 
+#: the runner name of auto's route timed again (:attr:`CaseResult.twin`)
+TWIN = "auto's route, again"
 Timer = Callable[..., tuple[dict[str, list[float]], dict[str, float]]]
 
 
@@ -274,20 +290,25 @@ def run_case(
     tol = TOL.get(case.dtype, 1e-2)
 
     def check(label: str, got: Any) -> None:
+        if label == TWIN:  # (the same plan as auto's route: checked as that)
+            return
         err = rel_err(np.asarray(got), want)
         out[label].max_rel_err = err
         if not err <= tol:  # (a NaN too)
             out[label].note = f"MISMATCH: max rel err {err:.2e} > {tol:.0e}"
 
     runners: dict[str, Runner] = {label: blocking(mm.execute) for label, mm in planned.items()}
+    runners[TWIN] = runners[auto]
     try:
         times, _ = timer(runners, reps, warmup, check=check, before=before, on_step=on_step)
     finally:
         for mm in planned.values():
             mm.free()
+    times = dict(times)  # (not the timer's own)
+    twin = list(times.pop(TWIN, []))
     for label, ts in times.items():
         out[label].times = list(ts)
-    return CaseResult(case, list(out.values()), auto)
+    return CaseResult(case, list(out.values()), auto, twin)
 
 
 # --------------------------------------------------------------------------- #
@@ -303,14 +324,14 @@ def format_case(result: CaseResult) -> str:
     return (
         f"{result.case.name:44s} {fast} {auto.label:34s} {auto.median * 1e3:7.1f} {result.ratio:6.2f}"
         f" {auto.predicted_s * 1e3:7.1f} {(fastest.predicted_s * 1e3 if fastest else math.nan):7.1f}"
-        f" {pred.predicted_s / pred.median if pred.times else math.nan:5.2f}{mark}"
+        f" {pred.predicted_s / pred.median if pred.times else math.nan:5.2f} {result.noise:5.2f}{mark}"
         + (f"  wrong: {', '.join(bad)}" if bad else "")
     )
 
 
 HEADER = (
     f"{'case':44s} {'fastest measured':34s} {'ms':>7s} {'auto ran':34s} {'ms':>7s} {'/fast':>6s}"
-    f" {'pred ms':>7s} {'pred fast':>7s} {'p/m':>5s}"
+    f" {'pred ms':>7s} {'pred fast':>7s} {'p/m':>5s} {'noise':>5s}"
 )
 
 
@@ -322,10 +343,11 @@ def format_summary(results: Sequence[CaseResult], tolerance: float = TOLERANCE) 
         f"({s['rate']:.0%}); geometric mean of auto/fastest {s['geomean_ratio'] or math.nan:.3f}",
         "  " + "; ".join(f"{key} {v['hits']}/{v['cases']}" for key, v in s["by"].items()),
     ]
+    lines.append(f"  misses by more than the noise (auto's route against its own twin): {s['misses_beyond_noise']}")
     misses = [r for r in results if not r.hit(tolerance)]
     if misses:
-        lines.append("misses (auto's route, the fastest, auto/fastest):")
-        lines += [f"  {r.case.name}: {r.auto} vs {r.fastest.label if r.fastest else '-'} {r.ratio:.2f}"
+        lines.append("misses (auto's route, the fastest, auto/fastest, noise):")
+        lines += [f"  {r.case.name}: {r.auto} vs {r.fastest.label if r.fastest else '-'} {r.ratio:.2f} {r.noise:.2f}"
                   for r in misses]
     return "\n".join(lines)
 
