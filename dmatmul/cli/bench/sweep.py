@@ -157,7 +157,8 @@ class CaseResult:
         fastest = self.fastest
         return {
             **dataclasses.asdict(self.case), "kind": self.case.kind, "auto": self.auto,
-            "fastest": fastest.label if fastest else None, "auto_over_fastest": self.ratio, "hit": self.hit(), "twin": self.twin, "noise": self.noise,
+            "fastest": fastest.label if fastest else None, "auto_over_fastest": self.ratio, "hit": self.hit(),
+            "twin": self.twin, "noise": self.noise,
             "routes": [{**dataclasses.asdict(r), "median_s": r.median if r.times else None} for r in self.routes],
         }
 
