@@ -101,27 +101,23 @@ def dist_for_role(operand: Operand, role: Role, transposed: bool) -> str:
     return "Slab.X" if stored_dims(operand, transposed).index(role) == 0 else "Slab.Y"
 
 
-#: The built-in kernels (every algorithm's, :func:`dmatmul.algorithms.kernels`): each schedule's in turn,
-#: the 1-D rings, SUMMA's ring on a grid, then the same as whole collectives ("one_shot": small products, one
-#: collective call instead of P - 1), then the rings half of each block each way ("bidirectional": full-duplex
-#: links, large blocks). A backend that runs only some leaves the others out.
+#: The built-in kernels (:func:`dmatmul.algorithms.kernels`): each schedule's in turn (rings, "one_shot" whole
+#: collectives, "bidirectional" rings half each way). A backend that runs only some leaves the others out.
 KERNELS: tuple[Kernel, ...] = registered_kernels()
 
 
-_FORCED: contextvars.ContextVar[Schedule | None] = contextvars.ContextVar("dmatmul_schedule", default=None)
+_FORCED: contextvars.ContextVar[Schedule | Kernel | None] = contextvars.ContextVar("dmatmul_schedule", default=None)
 
 
-def forced_schedule() -> Schedule | None:
-    """The schedule :func:`schedule` forces now, or None (the model picks)."""
+def forced_schedule() -> Schedule | Kernel | None:
+    """The schedule (or the one kernel) :func:`schedule` forces now, or None (the model picks)."""
     return _FORCED.get()
 
 
 @contextlib.contextmanager
-def schedule(name: Schedule | None) -> Iterator[None]:
-    """Plan every kernel that has schedule ``name`` with it alone (None: the
-    cost model picks): a hook for the differential checker and benchmarks,
-    which run each schedule whatever the model would pick. Plans made inside
-    are cached apart (the backends key their caches on it).
+def schedule(name: Schedule | Kernel | None) -> Iterator[None]:
+    """Plan every kernel of schedule ``name`` with it alone (None: the model picks; a :class:`Kernel`: it alone,
+    with its moves: ``dmatmul bench --sweep``), for the checker and benchmarks; cached apart by the backends.
 
     >>> pr = Problem1D(64, 64, 64, 8, 4, 4)
     >>> roles = {"a": "M", "b": "N", "d": "M"}
@@ -129,7 +125,7 @@ def schedule(name: Schedule | None) -> Iterator[None]:
     ...     plans(pr, roles, _cost.model_for("cpu"))[0].kernel.schedule
     'ring'
     """
-    if name is not None and name not in SCHEDULES:
+    if name is not None and not isinstance(name, Kernel) and name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES} or None, got {name!r}")
     token = _FORCED.set(name)
     try:
@@ -337,7 +333,9 @@ def plans(
     kernels = registered_kernels() if kernels is None else kernels
     grid_roles = on_grid_roles(roles, grid_ops)
     forced = forced_schedule()
-    if forced is not None:  # the kernels with a schedule of that name run only it
+    if isinstance(forced, Kernel):
+        kernels = [kern for kern in kernels if kern == forced]
+    elif forced is not None:  # the kernels with a schedule of that name run only it
         both = {kern.algorithm for kern in kernels if kern.schedule == forced}
         kernels = [kern for kern in kernels if kern.algorithm not in both or kern.schedule == forced]
     for kernel in kernels:
@@ -402,6 +400,8 @@ def choose(
     if algorithm != "auto" and ALGORITHMS[algorithm].refusal(problem):
         raise ValueError(ALGORITHMS[algorithm].refusal(problem))
     candidates = plans(problem, roles, model, native, kernels, grid_ops)
+    if not candidates:  # (only where schedule() forces a kernel that runs nowhere here)
+        raise ValueError(f"no kernel runs these distributions as forced ({forced_schedule()})")
     if algorithm == "auto":
         return candidates[0]
     fit_roles = roles if fit_roles is None else fit_roles

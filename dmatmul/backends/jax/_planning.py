@@ -126,8 +126,8 @@ class PlannedProduct:
         schedule = self._place(kern, summa, shared)
         self.local = self._local_problem(kern, shared, schedule)
         self.epilogue = _kernels.Epilogue(spec)
-        if ALGORITHMS[kern.algorithm].grid and p > 1:
-            self.plan = self._summa_cost(self.plan)
+        if ALGORITHMS[kern.algorithm].grid and p > 1 and summa is not None:
+            self.plan = self._summa_cost(self.plan, summa)
         elif kern.algorithm == _layered.NAME:
             self.plan = _layered.recost(self.plan, self.problem, self.kernel, self.local, self.model, self.problem.itemsize)
         self.algorithm = self.plan.algorithm
@@ -219,6 +219,14 @@ class PlannedProduct:
             grid_ops=on_grid | fit_grid, given=f"({given_dists})",
             kernels=self._runnable(grid),
         )
+        if spec.algorithm == "auto" and summa is not None and p > 1:
+            # auto weighs SUMMA at the traffic its kernel here has (:meth:`_summa_cost`), as explain() reports it,
+            # not at the planner's neutral count: otherwise it takes a SUMMA schedule that its own costs put last
+            found = _plan.plans(self.problem, roles, self.model, native, kernels=self._runnable(grid),
+                                grid_ops=on_grid | fit_grid)
+            costed = [self._summa_cost(pl, summa) if ALGORITHMS[pl.algorithm].grid else pl for pl in found]
+            order = list(ALGORITHMS)
+            self.plan = min(costed, key=lambda pl: (pl.time, len(pl.moves), order.index(pl.algorithm)))
         kern = self.plan.kernel
         if kern.algorithm == _layered.NAME:
             self.geom = _layered.geometry(self.devices, self.problem)
@@ -343,15 +351,16 @@ class PlannedProduct:
             return jax.lax.with_sharding_constraint(d, sharding)
         return jax.device_put(d, sharding)
 
-    def _summa_route(self) -> _kernels.SummaRoute:
-        """How this plan's SUMMA ring runs (:func:`_kernels.summa_route`)."""
-        sched = self.local.summa
+    def _summa_route(self, summa: _SummaLayout | None = None) -> _kernels.SummaRoute:
+        """How this plan's SUMMA ring runs (:func:`_kernels.summa_route`); ``summa``: SUMMA's placements and
+        schedule (default: this plan's own)."""
+        placed, sched = summa if summa is not None else (self.kernel, self.local.summa)
         assert sched is not None
         ta, tb = self.spec.transpose_a, self.spec.transpose_b
         return _kernels.summa_route(sched, self.geom.mesh.shape["r"], self.geom.mesh.shape["c"],
-                                    self.kernel["a"].block[0 if ta else 1], self.kernel["b"].block[1 if tb else 0])
+                                    placed["a"].block[0 if ta else 1], placed["b"].block[1 if tb else 0])
 
-    def _summa_cost(self, plan: _plan.Plan) -> _plan.Plan:
+    def _summa_cost(self, plan: _plan.Plan, summa: _SummaLayout) -> _plan.Plan:
         """``plan`` (SUMMA) with the bytes and transfers its kernel here really
         has, from the blocks it moves: the planner's backend-neutral count has
         each panel's byte received once, as a broadcast delivers it, and K
@@ -360,18 +369,17 @@ class PlannedProduct:
         and op(B)'s local K as the panels read it (padded to whole panels:
         :func:`_kernels.grid._pad_to_extents`), and the one-shot one gathers them
         whole along the grid row and column (``cols - 1`` and ``rows - 1``
-        blocks), block-cyclic padding included."""
-        sched = self.local.summa
-        assert sched is not None
+        blocks), block-cyclic padding included. ``summa``: SUMMA's placements and schedule."""
+        placed, sched = summa
         ta, tb = self.spec.transpose_a, self.spec.transpose_b
-        m_loc, n_loc = self.kernel["a"].block[1 if ta else 0], self.kernel["b"].block[0 if tb else 1]
+        m_loc, n_loc = placed["a"].block[1 if ta else 0], placed["b"].block[0 if tb else 1]
         if plan.kernel.schedule == "one_shot":
             rows, cols = self.geom.mesh.shape["r"], self.geom.mesh.shape["c"]
-            k_a = max(self.kernel["a"].block[0 if ta else 1], sched.extent_a)
-            k_b = max(self.kernel["b"].block[1 if tb else 0], sched.extent_b)
+            k_a = max(placed["a"].block[0 if ta else 1], sched.extent_a)
+            k_b = max(placed["b"].block[1 if tb else 0], sched.extent_b)
             elements, transfers = (cols - 1) * k_a * m_loc + (rows - 1) * k_b * n_loc, 0
         else:
-            route = self._summa_route()
+            route = self._summa_route(summa)
             elements, transfers = route.traffic(*((m_loc, n_loc) if route.ring == "a" else (n_loc, m_loc)))
         sized = self.problem.padded(("G",))
         return _plan.costed_plan(sized, plan.kernel, plan.moves, elements * sized.itemsize, transfers,

@@ -172,6 +172,18 @@ def _add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     only.add_argument(
+        "--sweep", action="store_true",
+        help="time every route the planner could take (each algorithm's kernels, moves first included) on a "
+        "sweep of shapes, layouts and dtypes on max(--devices) devices, and report where auto lands against "
+        "the fastest measured (--sizes, --layouts, --dtype and --peers do not apply)",
+    )
+    p.add_argument("--sweep-scale", type=float, default=1.0, metavar="S",
+                   help="--sweep: every case's sizes times S (1: about 0.5-2 GFLOP a case)")
+    p.add_argument("--sweep-routes", choices=("best", "all"), default="best",
+                   help="--sweep: of each (algorithm, schedule) the route the model prices cheapest, or all")
+    p.add_argument("--sweep-filter", default="", metavar="WORDS",
+                   help="--sweep: only the cases whose name holds every word (e.g. 'tall bfloat16')")
+    only.add_argument(
         "--calibrate", action="store_true",
         help="measure alpha/beta/gamma on this machine (per device count) and save them for algorithm='auto'",
     )
@@ -203,6 +215,12 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
         elif not str(target) or os.path.isdir(os.path.expanduser(target)):
             via = "argument --model-out" if args.model_out is not None else f"argument --calibrate: {_cost.MODEL_ENV}"
             _usage_error(args, f"{via}: expected a file to save the calibration to, got {str(target)!r}")
+    if not args.sweep and (args.sweep_scale != 1.0 or args.sweep_routes != "best" or args.sweep_filter):
+        _usage_error(args, "arguments --sweep-scale, --sweep-routes, --sweep-filter: only with --sweep")
+    if args.sweep and args.sweep_scale <= 0:
+        _usage_error(args, f"argument --sweep-scale: expected a positive factor, got {args.sweep_scale}")
+    if args.sweep and args.json == "dmatmul-bench.json":  # its own file: a bench's JSON has other rows
+        args.json = "dmatmul-sweep.json"
     if args.quick:
         if args.sizes == list(DEFAULT_SIZES):
             args.sizes = list(QUICK_SIZES)
@@ -230,6 +248,12 @@ def run(args: argparse.Namespace) -> int:
     require_cost_model("bench")
     if args.costs:
         return run_costs(args)
+    if args.sweep:
+        if launched_size() > 1:
+            raise SystemExit("dmatmul bench --sweep: runs in one process (simulated devices), not under mpiexec")
+        from .sweep import run_sweep
+
+        return run_sweep(args)
     mode = "processes" if launched_size() > 1 else "devices"
     results: list[Result] = []
     is_root = True
