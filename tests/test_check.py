@@ -876,9 +876,9 @@ def _passes(case):
 
 def _read_as_c_order(as_matrix):
     """as_matrix, broken: a column-major numpy operand read as if its memory were row-major."""
-    def broken(x, name):
-        x = as_matrix(x, name)
-        if isinstance(x, np.ndarray) and x.flags.f_contiguous and not x.flags.c_contiguous:
+    def broken(x, name, **kw):
+        x = as_matrix(x, name, **kw)
+        if isinstance(x, np.ndarray) and x.ndim == 2 and x.flags.f_contiguous and not x.flags.c_contiguous:
             x = np.lib.stride_tricks.as_strided(x, x.shape, (x.shape[1] * x.itemsize, x.itemsize))
         return x
     return broken
