@@ -140,9 +140,7 @@ MAX_FUNCTION_LINES = 100  # from the `def` line to the last line of the body
 # Today's offenders, each with its size now. The list only shrinks: a module or
 # function that is split below the bound must leave it (the test says so), and
 # one that grows must not grow further than its entry.
-TOO_LONG_MODULES = {
-    "dmatmul/_plan.py": 632,
-}
+TOO_LONG_MODULES: dict[str, int] = {}
 TOO_LONG_FUNCTIONS: dict[str, int] = {}
 
 

@@ -4,14 +4,13 @@ Pure Python: no JAX, no timing."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
 
-from dmatmul import _cost, _machines, _plan, _world
+from dmatmul import _cost, _layouts, _machines, _plan, _world
 from dmatmul.cli import main
 from dmatmul.cli import plan as plan_cli
 from dmatmul.cli.bench import calibration
@@ -31,7 +30,7 @@ def test_plan_prints_the_planners_own_choice(capsys):
     out = _run(capsys, "-m", "8192", "-n", "8192", "-k", "8192", "--machine", "h100-nvl8", "--dtype", "bfloat16")
     model = _machines.PROFILES["h100-nvl8"].model("bfloat16")
     problem = _plan.Problem1D(8192, 8192, 8192, 8, 2, 4)
-    triple = _plan.choose_distributions(problem, model, transposes=(False, False))
+    triple = _layouts.choose_distributions(problem, model, transposes=(False, False))
     chosen = _plan.choose(problem, _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model,
                           transposes=(False, False))
     assert f"algorithm: {chosen.algorithm} (" in out

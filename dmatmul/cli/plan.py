@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from .. import _cost, _machines, _plan
+from .. import _cost, _layouts, _machines, _plan
 from .._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from .._spec import DTYPE_INFO, DTYPES
 from .common import at_least
@@ -119,11 +119,11 @@ def project(m: int, n: int, k: int, p: int, dtype: str, model: _cost.MachineMode
         candidates = _plans_on(problem, layout, model)
         chosen = candidates[0]
     else:
-        triple = _plan.choose_distributions(problem, model, transposes=(False, False))
+        triple = _layouts.choose_distributions(problem, model, transposes=(False, False))
         chosen = _plans_on(problem, _letters(triple), model)[0]
         candidates = [c for lay in map("".join, itertools.product("XYR", repeat=3))
                       for c in _plans_on(problem, lay, model)]
-        summa = _plan.choose_grid(problem, model)
+        summa = _layouts.choose_grid(problem, model)
         rows, cols = summa[0].grid.shape if summa[0].grid is not None else (1, p)
         candidates += [Candidate(pl, "GGG", (rows, cols)) for pl in _plan.plans(
             dataclasses.replace(problem, grid=(rows, cols)), {"a": "G", "b": "G", "d": "G"}, model,
@@ -139,7 +139,7 @@ def project(m: int, n: int, k: int, p: int, dtype: str, model: _cost.MachineMode
 
 
 def _placement(problem: _plan.Problem1D, c: Candidate, model: _cost.MachineModel) -> float:
-    """Placing a and b on ``c``'s layout, as :func:`dmatmul._plan.choose_distributions` costs it: a
+    """Placing a and b on ``c``'s layout, as :func:`dmatmul._layouts.choose_distributions` costs it: a
     replicated operand costs its whole bytes, a split one its share."""
     return sum(model.beta * problem.elements(op) * problem.itemsize / (1 if x == "R" else problem.p)
                for op, x in zip("ab", c.layout))

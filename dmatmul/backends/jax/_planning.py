@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from ... import _cost, _memory, _plan
+from ... import _cost, _layouts, _memory, _plan
 from ...algorithms import ALGORITHMS
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 from ..._problem import Spec
@@ -452,7 +452,7 @@ class PlannedProduct:
         # a jax.Array result that no sharding expresses would come back replicated: not a candidate
         deliverable = None if self.spec.family != "jax" or self.spec.spmd else (
             lambda d: self._undeliverable(d, None) is None)
-        chosen = _plan.choose_distributions(
+        chosen = _layouts.choose_distributions(
             self.problem, self.model, transposes=(self.spec.transpose_a, self.spec.transpose_b), fixed=fixed,
             deliverable=deliverable, algorithm=self.spec.algorithm,
         )

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from ... import _plan
+from ... import _layouts
 from ..._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from ..._problem import Spec
 from ..._spec import Operands, check_fit
@@ -121,7 +121,7 @@ def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
                  (la[0], lb[0], PartitionSpec(*cut.result)))
 
 
-def _given_distributions(spec: Spec, operands: Operands, devices: tuple[jax.Device, ...]) -> _plan.Fixed:
+def _given_distributions(spec: Spec, operands: Operands, devices: tuple[jax.Device, ...]) -> _layouts.Fixed:
     """With ``distribution=None``: the distributions a's, b's and (where it is
     read) c's shardings express over ``devices`` (:func:`_infer_distribution`;
     ``c`` says the result's), None where one says nothing."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from .... import _cost, _plan
+from .... import _cost, _layouts, _plan
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, Distribution, ProcessGrid, Replicated
 from ...._epilogue import Epilog, has_bias
@@ -82,7 +82,7 @@ class Problem:
         cuBLASMp runs (on one rank: everything Replicated)."""
         if spec.distributions is not None:
             return cls(spec, nranks, spec.distributions, orders)
-        dists = _plan.choose_distributions(spec.sizes(nranks), MODEL, transposes=(spec.transpose_a, spec.transpose_b),
+        dists = _layouts.choose_distributions(spec.sizes(nranks), MODEL, transposes=(spec.transpose_a, spec.transpose_b),
                                            kernels=KERNELS, algorithm=spec.algorithm)
         return cls(spec, nranks, tuple(dists), orders, chosen=True)  # type: ignore[arg-type]
 

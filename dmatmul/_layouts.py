@@ -1,0 +1,161 @@
+"""The layouts the planner picks where the call gave none (``distribution=None``,
+one process): the 1-D triple, or the 2-D grid, whose cheapest plan under the
+model of :mod:`dmatmul._cost` (placing the operands there included) is
+fastest, keeping what the operands' own layouts fix. Pure: sizes and a model
+in, distributions out (:mod:`dmatmul._plan` costs each candidate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+
+from . import _cost
+from ._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
+from ._plan import ALGORITHMS, OPERANDS, Kernel, Problem1D, plans, role_dist, role_of, roles_of
+from .algorithms import kernels as registered_kernels
+
+__all__ = ["Fixed", "choose_distributions", "choose_grid"]
+
+
+#: a's, b's and the result's distribution where one is given by the operand's own layout, else None
+Fixed = tuple[Distribution | None, Distribution | None, Distribution | None]
+
+
+def choose_distributions(
+    problem: Problem1D,
+    model: _cost.MachineModel,
+    *,
+    transposes: tuple[bool, bool],
+    fixed: Fixed = (None, None, None),
+    kernels: Sequence[Kernel] | None = None,
+    deliverable: Callable[[Distribution], bool] | None = None,
+    algorithm: str = "auto",
+) -> tuple[Distribution, Distribution, Distribution]:
+    """``distribution=None`` (one process): the triple of 1-D distributions whose
+    cheapest plan, plus placing the operands there, the model says is fastest;
+    with a named ``algorithm``, the cheapest it runs (for SUMMA a
+    ``BlockNonCyclic`` on the cheapest grid: :func:`choose_grid`).
+
+    ``fixed``: a's, b's and the result's distribution where the operand
+    already has one (a ``jax.Array`` laid out on the devices; the result's:
+    ``c``'s where it is read); the others are free. Where one
+    is a 2-D grid's, the product runs on that grid and the result may stay
+    on it too (SUMMA's own layout: no move). On one rank
+    nothing is split: everything is ``Replicated()``. ``deliverable``: whether
+    the backend can hand the result back in a distribution as it is (a
+    ``jax.Array`` result shards only evenly); one it cannot is no candidate,
+    since it would come back replicated at the ``Replicated()`` candidate's
+    cost plus a gather.
+
+    >>> pr = Problem1D(64, 64, 4096, 4, 4, 4)
+    >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False))
+    (Slab.Y, Slab.X, Slab.X)
+    >>> choose_distributions(pr, _cost.model_for("cpu"), transposes=(False, False), algorithm="allgather")
+    (Slab.X, Slab.X, Slab.X)
+    """
+    if algorithm != "auto" and ALGORITHMS[algorithm].grid:
+        return choose_grid(problem, model, fixed=fixed, deliverable=deliverable, algorithm=algorithm)
+    if algorithm != "auto" and ALGORITHMS[algorithm].relays:  # the 1-D layouts its plan, moves included, likes best
+        own = [kern for kern in registered_kernels() if kern.algorithm == algorithm]  # (refused later, if it must)
+        kernels, algorithm = own if ALGORITHMS[algorithm].runs_on(problem) else kernels, "auto"
+    if algorithm != "auto":
+        return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
+    if problem.p == 1:
+        return (fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated())
+    options = (Slab.X, Slab.Y, Replicated())
+    # an operand laid out on a 2-D grid puts the product on that grid (SUMMA a candidate), and the
+    # grid's own layout is one for the result too: SUMMA leaves it there with no move
+    grid = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2
+                 and role_of(d, "d", False, problem.p) is None), None)
+    if grid is not None:
+        problem = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
+    on_grid = () if grid is None else (BlockNonCyclic(grid),)
+    results = [fixed[2]] if fixed[2] else [
+        d for d in (*options, *on_grid) if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
+    best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
+    for da, db, dd in itertools.product(
+        [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, results
+    ):
+        roles = roles_of((da, db, dd), transposes, problem.p)
+        grid_ops = frozenset(op for op, d in zip(OPERANDS, (da, db, dd)) if grid is not None and d.grid == grid
+                             and roles[op] == "G")
+        # SUMMA takes a grid operand as it lies where it is not transposed (a result: always)
+        native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
+        candidates = plans(problem, roles, model, native, kernels, grid_ops)
+        if not candidates:
+            continue
+        placement = sum(
+            model.beta * problem.padded([roles[op]]).elements(op) * problem.itemsize
+            / (1 if roles[op] == "R" else problem.p)
+            for op, given in (("a", fixed[0]), ("b", fixed[1]))
+            if given is None
+        )
+        cost = candidates[0].time + placement
+        if best is None or cost < best[0]:
+            best = (cost, (da, db, dd))
+    if best is None:
+        raise ValueError("no kernel of the backend runs any 1-D layout: pass distribution= explicitly")
+    return best[1]
+
+
+def _choose_named(
+    problem: Problem1D, model: _cost.MachineModel, algorithm: str, transposes: tuple[bool, bool],
+    fixed: Fixed, kernels: Sequence[Kernel] | None, deliverable: Callable[[Distribution], bool] | None,
+) -> tuple[Distribution, Distribution, Distribution]:
+    """:func:`choose_distributions` for a named 1-D ``algorithm``: the layouts
+    of one of its kernels as they are (a named algorithm runs on the layouts
+    given, with no move), the cheapest; a fixed operand keeps its layout (a
+    replicated one fits where a slab is needed). A result ``deliverable``
+    refuses is taken only where no other is. None fits: the given layouts
+    with Slab.X for the rest (the named algorithm then says what it needs)."""
+    if problem.p == 1:
+        return (fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated())
+    ta, tb = transposes
+    options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
+    for kern in registered_kernels() if kernels is None else kernels:
+        if kern.algorithm != algorithm:
+            continue
+        triple = (fixed[0] or role_dist("a", kern.a, ta), fixed[1] or role_dist("b", kern.b, tb),
+                  fixed[2] or role_dist("d", kern.d, False))
+        found = plans(problem, roles_of(triple, transposes, problem.p), model, kernels=[kern])
+        if found and found[0].communication_free_moves:  # it fits as given, as choose() requires
+            options.append((deliverable is not None and not deliverable(triple[2]), found[0].time, triple))
+    if not options:
+        return (fixed[0] or Slab.X, fixed[1] or Slab.X, fixed[2] or Slab.X)
+    return min(options, key=lambda o: (o[0], o[1]))[2]
+
+
+def choose_grid(
+    problem: Problem1D,
+    model: _cost.MachineModel,
+    *,
+    fixed: Fixed = (None, None, None),
+    deliverable: Callable[[Distribution], bool] | None = None,
+    algorithm: str = "summa",
+) -> tuple[Distribution, Distribution, Distribution]:
+    """A named grid ``algorithm`` (SUMMA) with ``distribution=None``: a, b and the result
+    ``BlockNonCyclic`` on the row-order grid whose SUMMA the model says is
+    fastest (a jax.Array operand keeps the layout its sharding says: its grid
+    then decides; ``deliverable`` as in :func:`choose_distributions`, waived
+    where no grid is).
+
+    >>> choose_grid(Problem1D(4096, 4096, 4096, 8, 4, 4), _cost.model_for("cpu"))[2]
+    BlockNonCyclic(ProcessGrid((2, 4), layout='row'))
+    >>> choose_grid(Problem1D(8192, 64, 4096, 8, 4, 4), _cost.model_for("cpu"))[2]  # tall: rows split more
+    BlockNonCyclic(ProcessGrid((8, 1), layout='row'))
+    """
+    p = problem.p
+    given = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2), None)
+    grids = [given] if given is not None else [ProcessGrid((r, p // r)) for r in range(1, p + 1) if p % r == 0]
+    on_grid = [kern for kern in registered_kernels() if kern.algorithm == algorithm]
+    options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
+    for grid in grids:
+        dist = BlockNonCyclic(grid)
+        triple = (fixed[0] or dist, fixed[1] or dist, fixed[2] or dist)
+        sized = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
+        found = plans(sized, {"a": "G", "b": "G", "d": "G"}, model, kernels=on_grid, grid_ops=frozenset("abd"))
+        time = found[0].time if found else float("inf")
+        options.append((deliverable is not None and not deliverable(dist), time, triple))
+    return min(options, key=lambda o: (o[0], o[1]))[2]
