@@ -63,6 +63,7 @@ def main() -> int:
     from dmatmul.cli.bench.peers import shardings
     from dmatmul.cli.bench.timing import blocking, time_interleaved
     from dmatmul._matmul import plan_of
+    from dmatmul._plans import PLANS
 
     def dist_of(code: str, p: int) -> dm.Distribution:
         if code == "G":
@@ -86,7 +87,7 @@ def main() -> int:
             for n in args.sizes:
                 a = rng.standard_normal((n, n)).astype(args.dtype)
                 b = rng.standard_normal((n, n)).astype(args.dtype)
-                dm.backends.get("jax")._plans.clear()
+                PLANS.clear("jax")
                 probe = dm.Matmul(a, b, distribution=dists, algorithm=algorithm, devices=p, precision="highest")
                 probe.plan()
                 sh = shardings(dists, jax.devices()[:p], probe)

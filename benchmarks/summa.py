@@ -124,9 +124,10 @@ def plan_variant(xa, xb, dist, kern):
     import dmatmul as dm
     from dmatmul import _plan
     from dmatmul._matmul import plan_of
+    from dmatmul._plans import PLANS
     from dmatmul.backends.jax import _kernels
 
-    dm.backends.get("jax")._plans.clear()
+    PLANS.clear("jax")
     with _plan.schedule("ring"):  # at the xla peer's precision (None may mean TF32 on a GPU)
         mm = dm.Matmul(xa, xb, distribution=dist, algorithm="summa", devices=8, precision="highest")
         mm.plan()

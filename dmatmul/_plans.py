@@ -33,7 +33,7 @@ from typing import Any
 
 from . import _runtime
 from ._lru import LRU
-from .backends import Backend, BackendPlan
+from . import backends as _backends
 
 __all__ = ["Plans", "Borrowed", "PLANS"]
 
@@ -41,7 +41,7 @@ __all__ = ["Plans", "Borrowed", "PLANS"]
 class _Held:
     """A plan on its shelf, with its borrows and the runners made for it."""
 
-    def __init__(self, plan: BackendPlan, serial: int, collective: bool) -> None:
+    def __init__(self, plan: _backends.BackendPlan, serial: int, collective: bool) -> None:
         self.plan = plan
         self.serial = serial  # its shelf's count of plans made before it: one plan's number on every rank
         self.collective = collective  # freeing it is collective (several processes): all ranks free it together
@@ -64,7 +64,7 @@ class _Shelf:
         self.made = 0
 
 
-class Borrowed(BackendPlan):
+class Borrowed(_backends.BackendPlan):
     """A borrow of a cached plan: what a :class:`dmatmul.Matmul` holds. Its
     ``free()`` returns the borrow; the plan's own attributes read through."""
 
@@ -74,13 +74,13 @@ class Borrowed(BackendPlan):
         self._backend = backend
         held.borrows += 1
 
-    def _live(self) -> BackendPlan:
+    def _live(self) -> _backends.BackendPlan:
         if self._held is None:
             raise RuntimeError("dmatmul internal error: a returned plan borrow was used")
         return self._held.plan
 
     @property
-    def backend_plan(self) -> BackendPlan:
+    def backend_plan(self) -> _backends.BackendPlan:
         """The backend's plan borrowed (the one every borrow of it shares)."""
         return self._live()
 
@@ -122,7 +122,7 @@ class Plans:
         with self._lock:
             return self._shelves.setdefault(name, _Shelf())
 
-    def borrow(self, backend: Backend, spec: Any, operands: Any) -> Borrowed:
+    def borrow(self, backend: _backends.Backend, spec: Any, operands: Any) -> Borrowed:
         """A borrow of ``backend``'s plan of ``spec`` on ``operands``, made now
         where the cache holds none."""
         key = backend.key(spec, operands)
@@ -142,7 +142,7 @@ class Plans:
                 held = self._keep(shelf, backend, spec, key, backend.plan(spec, operands), idle)
             return Borrowed(held, self, backend.name)
 
-    def _agree(self, shelf: _Shelf, backend: Backend, key: Hashable) -> tuple[Hashable, set[int] | None]:
+    def _agree(self, shelf: _Shelf, backend: _backends.Backend, key: Hashable) -> tuple[Hashable, set[int] | None]:
         """Several processes, collective plans: every rank's key (the same tuple
         on every rank, so the ranks hit, miss and evict alike), and the plans no
         rank borrows any more, which are freed now where they left the cache."""
@@ -159,7 +159,7 @@ class Plans:
             done.free()
         return keys, idle
 
-    def _keep(self, shelf: _Shelf, backend: Backend, spec: Any, key: Hashable, plan: BackendPlan,
+    def _keep(self, shelf: _Shelf, backend: _backends.Backend, spec: Any, key: Hashable, plan: _backends.BackendPlan,
               idle: set[int] | None) -> _Held:
         with self._lock:
             held = _Held(plan, shelf.made, backend.plans_collectively and spec.spmd)
@@ -221,7 +221,7 @@ class Plans:
             except Exception:  # noqa: BLE001 - at exit a backend's library may already be gone
                 pass
 
-    def drop(self, backend: str, which: Callable[[BackendPlan], bool]) -> None:
+    def drop(self, backend: str, which: Callable[[_backends.BackendPlan], bool]) -> None:
         """Forget the plans of ``backend`` that ``which`` picks (their library's state went: nothing to free)."""
         shelf = self._shelf(backend)
         for h in shelf.plans.values():
@@ -229,11 +229,11 @@ class Plans:
                 h.gone = True
         shelf.plans.keep_only(lambda h: not h.gone)
 
-    def held(self, backend: str) -> list[BackendPlan]:
+    def held(self, backend: str) -> list[_backends.BackendPlan]:
         """The plans of ``backend`` in the cache, the one unused longest first."""
         return [h.plan for h in self._shelf(backend).plans.values()]
 
-    def left(self, backend: str) -> list[BackendPlan]:
+    def left(self, backend: str) -> list[_backends.BackendPlan]:
         """The plans of ``backend`` that left the cache and wait for their borrows (not freed yet)."""
         return [h.plan for h in self._shelf(backend).left]
 

@@ -109,8 +109,8 @@ def test_scalars_of_the_operands_dtype():
         alpha, beta = a[0, 0], np.asarray(-0.75, dtype=a.dtype)[()]  # numpy scalars of the operands' dtype
         assert isinstance(beta, np.generic) and beta.dtype == a.dtype
         check(a, b, c, dtype, alpha=alpha, beta=beta, distribution=(Y, X, Y), devices=4)
-    with pytest.raises(TypeError, match=r"alpha must be a number, got .*float8_e4m3fn"):  # no supported dtype
-        dm.matmul(a, b, alpha=ml_dtypes.float8_e4m3fn(1), backend="jax", devices=4)
+    with pytest.raises(TypeError, match=r"alpha must be a number, got .*float8_e4m3b11fnuz"):  # no supported dtype
+        dm.matmul(a, b, alpha=ml_dtypes.float8_e4m3b11fnuz(1), backend="jax", devices=4)
 
 
 @pytest.mark.parametrize("epilog", ["relu", "gelu", "silu", "bias", "relu_bias", "gelu_bias", "silu_bias"])
@@ -1061,12 +1061,15 @@ def test_rings_run_both_ways_where_the_model_says_two_rings_pay(tmp_path, monkey
 
     for platform, p, roles in itertools.product(("gpu", "tpu", "cpu"), (2, 3, 8), ("MNM", "KKM", "MKM", "KNN")):
         model, given = _cost.DEFAULT_MODELS[platform], dict(zip("abd", roles))
-        large = _plan.plans(_plan.Problem1D(16384, 16384, 16384, p, 4, 4), given, model)
+        # (among the kernels that take these layouts as they are: summa25d, which re-lays any layout, may win
+        # at these sizes on 8 ranks)
+        kernels = [k for k in _plan.KERNELS if not _plan.ALGORITHMS[k.algorithm].relays]
+        large = _plan.plans(_plan.Problem1D(16384, 16384, 16384, p, 4, 4), given, model, kernels=kernels)
         ring, both = (next(pl for pl in large if pl.kernel == dataclasses.replace(large[0].kernel, schedule=s))
                       for s in ("ring", "bidirectional"))
         assert both.nbytes == ring.nbytes and both.messages == 2 * ring.messages, (platform, p, roles)
         assert (large[0].kernel.schedule == "bidirectional") == (platform != "cpu" and p > 2), (platform, p, roles)
-        small = _plan.plans(_plan.Problem1D(256, 256, 256, p, 4, 4), given, model)[0]
+        small = _plan.plans(_plan.Problem1D(256, 256, 256, p, 4, 4), given, model, kernels=kernels)[0]
         assert small.kernel.schedule != "bidirectional", (platform, p, roles)
 
     monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "model.json"))
