@@ -170,12 +170,23 @@ def test_nvmath_passes_scales_and_result_type_on_cublasmps_fp8_path(fake_nvmath)
     (dict(transpose_b=True, shape=(15, 48, 32)), "multiples of 16"),
     (dict(transpose_b=True, dtype=E5M2), "no float8_e5m2 x float8_e5m2"),
 ])
-def test_nvmath_refuses_what_cublasmp_refuses_naming_the_fix(fake_nvmath, kw: dict, words: str) -> None:
+def test_nvmath_runs_what_cublasmps_fp8_path_refuses_in_float32(fake_nvmath, kw: dict, words: str) -> None:
+    """A product cuBLASMp's FP8 path refuses runs as the float32 product it
+    equals (FP8 values are float32s exactly): nvmath is given float32 blocks and
+    alpha*sa*sb, the result is rounded to the result type once, and explain()
+    says why. The simulated nvmath refuses FP8 as cuBLASMp does, so a product
+    passed to it as FP8 would fail here."""
     m, k, n = kw.pop("shape", (16, 48, 32))
     dtype = kw.pop("dtype", E4M3)
     a, b = fp8((m, k), dtype), fp8((n, k) if kw["transpose_b"] else (k, n), dtype)
-    with pytest.raises(ValueError, match=f"{re.escape(words)}.*backend='jax'"):
-        dm.matmul(a, b, backend="nvmath", **kw)
+    c = np.random.default_rng(1).standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+    with dm.Matmul(a, b, c, beta=0.5, quantization_scales={"a": 0.5, "b": 4.0}, backend="nvmath", **kw) as mm:
+        d = mm.execute()
+        text = mm.explain()
+    assert d.dtype == ml_dtypes.bfloat16 and d.shape == (m, n)
+    want = reference(a, b, 0.5, 4.0, tb=kw["transpose_b"]) + 0.5 * c.astype(np.float64)
+    close(d, want, "bfloat16")
+    assert words in text and "upcasts a and b to float32" in text and "bfloat16 once" in text, text
 
 
 # -- the cost model -------------------------------------------------------------------------------------------

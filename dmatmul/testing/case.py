@@ -323,21 +323,7 @@ class Case:
                     self.nranks, self.distributions, self.transpose_a, self.transpose_b))):
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
-        if backend == "nvmath" and self.dtype in FP8_DTYPES:
-            self._fp8_on_nvmath(required, allowed)
         return required, allowed
-
-    def _fp8_on_nvmath(self, required: list[Refusal], allowed: list[Refusal]) -> None:
-        """cuBLASMp's FP8 path (nvmath 1.0) refuses M, N or K not multiples of 16
-        and e5m2 x e5m2 (required, where A and B are read), and any input layout
-        but "TN", which depends on the frame nvmath's call is made in (allowed);
-        dmatmul does not yet upcast or re-lay FP8 operands around it."""
-        refusal = Refusal((ValueError,), ("cuBLASMp's FP8 path", "refuses"), "FP8 as cuBLASMp refuses it")
-        reads = min(self.m, self.n, self.k) > 0 and self.alpha != 0 and (self.scales is None or 0 not in self.scales)
-        if reads and (self.dtype == "float8_e5m2" or any(x % 16 for x in (self.m, self.n, self.k))):
-            required.append(refusal)
-        else:
-            allowed.append(refusal)
 
     def _relaid_refusals(self, backend: str | None) -> list[Refusal]:
         """A named algorithm that re-lays any layout (2.5-D SUMMA) runs wherever

@@ -14,7 +14,7 @@ from ... import _runtime
 from .. import BackendPlan
 from ..._plans import PLANS
 from ..._problem import Spec
-from ..._spec import Operands, family
+from ..._spec import Operands, family, numpy_dtype
 from . import _engine, _pipeline
 from ._translate import Problem, Translation, as_dense, combine_orders, order_of, overlap, translate
 
@@ -95,6 +95,7 @@ class NvmathPlan(BackendPlan):
         if not spec.spmd:
             _check_devices(spec.devices)
         self.ctx = _engine.start(spec.spmd)  # the same start-up as BACKEND.start (idempotent)
+        self._upcast = False
         arrays = self._arrays(operands)
         self._xp = _xp(arrays)
         a, b, c, _ = arrays
@@ -104,6 +105,10 @@ class NvmathPlan(BackendPlan):
         self.orders = orders
         problem = Problem.from_spec(spec, self.ctx.size, (orders[0] or "C", orders[1] or "C", orders[2]))
         self.translation: Translation = _runtime.agree(lambda: translate(problem), "dmatmul (nvmath plan)")
+        # FP8 that cuBLASMp's FP8 path refuses runs as the float32 product it equals (translate says why)
+        self._upcast = self.translation.problem.dtype != spec.dtype
+        if self._upcast:
+            arrays = self._arrays(operands)
         self.algorithm = self.translation.algorithm
         self._last_in: Any = None
         self._last_arrays: Any = None
@@ -129,6 +134,8 @@ class NvmathPlan(BackendPlan):
         xp = _xp(xs)
         if xp is not np:  # one family for nvmath: host operands follow the device ones
             xs = [None if x is None else xp.asarray(x) for x in xs]
+        if self._upcast:  # (exact: every FP8 value, and c's and the bias's result-type values, are float32s)
+            xs = [None if x is None else x.astype(np.float32) for x in xs]
         return xs
 
     def _orders_match(self, arrays: list[Any]) -> list[Any]:
@@ -200,6 +207,8 @@ class NvmathPlan(BackendPlan):
             host = np.ascontiguousarray(d.get() if self._xp is not np else d)
             full = _pipeline.assemble(self.translation, self.ctx.comm.allgather(host))
             d = full if self._xp is np else self._xp.asarray(full)
+        if self._upcast:  # rounded to the result type once, as cuBLASMp's FP8 path rounds its D
+            d = d.astype(numpy_dtype(self.spec.result_dtype))
         if self.spec.family == "numpy" and type(d) is np.ndarray:
             return d
         return _to_family(d, self.spec.family)

@@ -78,9 +78,11 @@ NvDistribution(grid_shape=(1, 4), grid_layout='ROW_MAJOR', block_sizes=(6, 3), f
 
 from __future__ import annotations
 
+import dataclasses
+
 from .... import _plan
 from ...._errors import DistributionError
-from ._epilog import refused_epilog
+from ._epilog import FP8Refused, refused_epilog, upcast
 from ._one_d import one_d, one_rank
 from ._orient import as_dense, combine_orders, dense, order_of
 from ._overlap import Memory, overlap
@@ -164,7 +166,22 @@ def refuse_layered(problem: Problem) -> None:
 def translate(problem: Problem) -> Translation:
     """The nvmath call for ``problem``; raises ValueError when a named algorithm
     does not fit (``summa25d`` always: :func:`refuse_layered`), NotImplementedError
-    for 2-D layouts nvmath cannot take."""
+    for 2-D layouts nvmath cannot take. An FP8 product that cuBLASMp's FP8 path
+    refuses (its layout, sizes or formats) runs as the float32 product it equals
+    (:func:`_epilog.upcast`: its translation's problem is then float32), and its
+    ``explain()`` says why."""
+    try:
+        return _translate(problem)
+    except FP8Refused as e:
+        t = _translate(upcast(problem))
+        why = (f"fp8: cuBLASMp's FP8 path refuses this product ({e}); dmatmul upcasts a and b to float32 "
+               f"(exact), multiplies there with alpha*sa*sb = {problem.spec.scaled_alpha:g}, and rounds the result "
+               f"to {problem.spec.result_dtype} once; cuBLASMp takes FP8 as transpose_a=False, transpose_b=True "
+               "(C-order blocks) with M, N and K multiples of 16, not float8_e5m2 x float8_e5m2")
+        return dataclasses.replace(t, notes=(*t.notes, why))
+
+
+def _translate(problem: Problem) -> Translation:
     _check_fit(problem)
     refuse_layered(problem)
     if problem.nranks == 1:

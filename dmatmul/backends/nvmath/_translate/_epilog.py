@@ -15,6 +15,8 @@ the other frame the bias, and the activation after it, are dmatmul's.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from .... import _plan
@@ -24,7 +26,7 @@ from .._precision import compute_type
 from ._orient import Frame
 from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
 
-__all__ = ["refused_epilog", "epilogs", "pick", "finish", "options"]
+__all__ = ["refused_epilog", "epilogs", "pick", "finish", "options", "FP8Refused", "upcast"]
 
 def refused_epilog(p: Problem) -> str | None:
     """Why cuBLASMp/cuBLASLt cannot be given ``p``'s epilog fused (None: it can).
@@ -160,6 +162,20 @@ def _epilog_notes(p: Problem, path: Path, swapped: bool, fused: str | None, post
             "nvmath's call",)
 
 
+class FP8Refused(ValueError):
+    """cuBLASMp's FP8 path cannot take this product (:func:`upcast` runs it in float32 instead)."""
+
+
+def upcast(p: Problem) -> Problem:
+    """An FP8 product as the float32 one it equals: every FP8 value is a float32
+    exactly, so ``alpha*sa*sb * (A @ B)`` of the upcast operands, accumulated in
+    float32 as cuBLASMp's FP8 path accumulates, and rounded to the result type
+    once, is the FP8 product."""
+    spec = p.spec
+    options = dataclasses.replace(spec.options, alpha=spec.scaled_alpha, quantization_scales=None, result_type=None)
+    return dataclasses.replace(p, spec=dataclasses.replace(spec, dtype="float32", options=options))
+
+
 def _fp8_rules(p: Problem, qualifiers: tuple[bool, bool, bool]) -> tuple[str, ...]:
     """cuBLASMp's FP8 path (nvmath 1.0): the "TN" input layout only (nvmath's A transposed, B not), M, N and
     K multiples of 16, not e5m2 x e5m2; a ValueError naming the fix where the call cannot take it (dmatmul
@@ -174,8 +190,7 @@ def _fp8_rules(p: Problem, qualifiers: tuple[bool, bool, bool]) -> tuple[str, ..
     if p.dtype == "float8_e5m2":
         why.append("cuBLASLt has no float8_e5m2 x float8_e5m2 GEMM")
     if why:
-        raise ValueError("FP8 on the nvmath backend runs cuBLASMp's FP8 path, which refuses this product: "
-                         + "; ".join(why) + ". Use backend='jax' (any layout), or lay the operands out as it takes them")
+        raise FP8Refused("; ".join(why))
     return (f"fp8: cuBLASMp's FP8 path (TN layout), quantization_scales passed to nvmath as given, "
             f"COMPUTE_32F, result_type {p.spec.result_dtype}",)
 
