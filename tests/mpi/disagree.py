@@ -180,8 +180,8 @@ expect("matmul-while-rank-1-redistributes", ValueError,
 expect("inside-jit-on-one-rank", TypeError, ["jax.jit"],
        lambda: (jax.jit(lambda: dm.matmul(la, lb, distribution=(X, Y, X))) if odd
                 else lambda: dm.matmul(la, lb, distribution=(X, Y, X)))())
-# each rank plans with its own cost model: ranks whose calibrations choose differently raise, and so does a
-# calibration file only one rank cannot read
+# every rank plans with rank 0's calibration, broadcast when the runtime started (_cost.share_calibration): a
+# calibration file that would choose otherwise on one rank, or that one rank cannot read, changes nothing
 import json  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
@@ -195,13 +195,15 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(model, "w") as f:
         f.write(json.dumps({"version": 1, "models": {"cpu/4": dear if odd else cheap}}))
     os.environ["DMATMUL_COST_MODEL"] = model
-    expect("cost-models-choose-otherwise", ValueError, ["rank 1 chose", "cost model", "DMATMUL_COST_MODEL"],
-           lambda: dm.matmul(dm.split(ga, GRID)[me], dm.split(gb, Y)[me], distribution=(GRID, Y, X)))
+    d = dm.matmul(dm.split(ga, GRID)[me], dm.split(gb, Y)[me], distribution=(GRID, Y, X))
+    if not np.allclose(d, dm.split(ga @ gb, X)[me], atol=1e-4):
+        problems.append(f"rank {me}: a calibration file of its own on rank 1: wrong result")
     if odd:
         with open(model, "w") as f:
             f.write("not json")
-    expect("cost-model-unreadable-on-one-rank", ValueError, ["not a dmatmul calibration"],  # a new problem: planned
-           lambda: dm.matmul(dm.split(ga, GRID)[me], dm.split(gb[:, :40], Y)[me], distribution=(GRID, Y, X)))
+    d = dm.matmul(dm.split(ga, GRID)[me], dm.split(gb[:, :40], Y)[me], distribution=(GRID, Y, X))  # a new plan
+    if not np.allclose(d, dm.split(ga @ gb[:, :40], X)[me], atol=1e-4):
+        problems.append(f"rank {me}: a calibration file rank 1 cannot read: wrong result")
     del os.environ["DMATMUL_COST_MODEL"]
 
 # still in step, and products that are right on every rank
