@@ -63,11 +63,11 @@ def test_megatron_shardings_are_read_as_they_are(case, kind, call):
     sa, sb = CASES[case]
     mesh = mesh_of(kind)
     a, b = put(A, mesh, sa), put(B, mesh, sb)
-    if call == "jit" and kind == "auto":
-        pytest.skip("inside jit an Auto type says nothing of the layout: the cost model picks (docs/jax.md)")
     d = (dm.matmul if call == "eager" else jax.jit(dm.matmul))(a, b)
     assert_close(np.asarray(d), reference(A, B), "float32")
     assert d.sharding.mesh.shape == mesh.shape
+    if call == "jit" and kind == "auto":  # inside jit an Auto type says nothing of the layout: the cost model
+        return  # picks the layouts, and so the result's sharding (docs/jax.md); the values are checked above
     assert d.sharding.is_equivalent_to(xla_sharding(sa, sb), 2), (d.sharding, xla_sharding(sa, sb))
 
 
