@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -41,7 +41,39 @@ from ._spec import (
 )
 from .algorithms.base import Problem1D
 
-__all__ = ["Options", "Spec", "Triple"]
+__all__ = ["Options", "Spec", "Triple", "Via"]
+
+T = TypeVar("T")
+
+
+class Via(Generic[T]):
+    """An attribute of the same name read off another attribute (``via``) of
+    the object: the values built on a :class:`Spec` (and the Spec on its
+    :class:`Options`) read its fields rather than copy them, one line each.
+
+    >>> class Placed:
+    ...     m = Via[int]("spec")
+    ...     def __init__(self, spec): self.spec = spec
+    >>> Placed(Spec.of((3, 4), (4, 5))).m
+    3
+    """
+
+    def __init__(self, via: str) -> None:
+        self.via = via
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Via[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> Via[T] | T:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.via), self.name)
+
 
 Triple = tuple[Distribution, Distribution, Distribution]
 
@@ -278,42 +310,19 @@ class Spec:
         return dataclasses.replace(spec, c_shape=spec.result_shape) if c else spec
 
     # -- the call's options -------------------------------------------------------------------------------------
-    @property
-    def transpose_a(self) -> bool:
-        return self.options.transpose_a
-
-    @property
-    def transpose_b(self) -> bool:
-        return self.options.transpose_b
+    transpose_a = Via[bool]("options")
+    transpose_b = Via[bool]("options")
+    alpha = Via[complex]("options")
+    beta = Via[complex]("options")
+    epilog = Via[Epilog | None]("options")
+    algorithm = Via[str]("options")
+    precision = Via[str | None]("options")
+    devices = Via[Any]("options")
 
     @property
     def distributions(self) -> tuple[Distribution, Distribution, Distribution] | None:
         """``(dist_a, dist_b, dist_result)``, or None (one process: the planner picks)."""
         return self.options.distribution
-
-    @property
-    def alpha(self) -> complex:
-        return self.options.alpha
-
-    @property
-    def beta(self) -> complex:
-        return self.options.beta
-
-    @property
-    def epilog(self) -> Epilog | None:
-        return self.options.epilog
-
-    @property
-    def algorithm(self) -> str:
-        return self.options.algorithm
-
-    @property
-    def precision(self) -> str | None:
-        return self.options.precision
-
-    @property
-    def devices(self) -> Any:
-        return self.options.devices
 
     @property
     def fp8(self) -> bool:

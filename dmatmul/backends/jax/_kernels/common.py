@@ -12,7 +12,7 @@ from jax import lax
 
 from .... import _epilogue
 from ...._plan import Kernel
-from ...._problem import Spec
+from ...._problem import Spec, Via
 
 #: ``precision=`` as :class:`dmatmul._options.Options` holds it, as ``lax.dot_general`` takes it
 PRECISIONS: dict[str | None, lax.Precision | None] = {
@@ -56,25 +56,11 @@ class Epilogue:
         the float32 accumulator, not to each operand nor at each ring step."""
         return self.spec.scaled_alpha
 
-    @property
-    def beta(self) -> complex:
-        return self.spec.beta
-
-    @property
-    def epilog(self) -> Any:
-        return self.spec.epilog
-
-    @property
-    def use_c(self) -> bool:
-        return self.spec.use_c
-
-    @property
-    def has_bias(self) -> bool:
-        return self.spec.has_bias
-
-    @property
-    def bias_columns(self) -> bool:
-        return self.spec.bias_columns
+    beta = Via[complex]("spec")
+    epilog = Via[Any]("spec")
+    use_c = Via[bool]("spec")
+    has_bias = Via[bool]("spec")
+    bias_columns = Via[bool]("spec")
 
     @property
     def out_dtype(self) -> Any:
@@ -140,13 +126,8 @@ class LocalProblem:
     # sent and the step's product never coexist (peak one block lower)
     overlap: bool = True
 
-    @property
-    def transpose_a(self) -> bool:
-        return self.spec.transpose_a
-
-    @property
-    def transpose_b(self) -> bool:
-        return self.spec.transpose_b
+    transpose_a = Via[bool]("spec")
+    transpose_b = Via[bool]("spec")
 
     @property
     def acc_dtype(self) -> Any:

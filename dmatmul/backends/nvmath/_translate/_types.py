@@ -19,7 +19,7 @@ from .... import _cost, _layouts, _plan
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, Distribution, ProcessGrid, Replicated
 from ...._epilogue import Epilog, has_bias
-from ...._problem import Spec
+from ...._problem import Spec, Via
 
 __all__ = [
     "Order", "Role", "Path", "MODEL", "PATHS", "KERNELS", "Problem", "DimPlan", "NvDistribution", "Handover",
@@ -104,57 +104,19 @@ class Problem:
         return dataclasses.replace(self, spec=dataclasses.replace(
             self.spec, options=dataclasses.replace(self.spec.options, **changes)))
 
-    @property
-    def m(self) -> int:
-        return self.spec.m
-
-    @property
-    def n(self) -> int:
-        return self.spec.n
-
-    @property
-    def k(self) -> int:
-        return self.spec.k
-
-    @property
-    def transpose_a(self) -> bool:
-        return self.spec.transpose_a
-
-    @property
-    def transpose_b(self) -> bool:
-        return self.spec.transpose_b
-
-    @property
-    def dtype(self) -> str:
-        return self.spec.dtype
-
-    @property
-    def alpha(self) -> complex:
-        return self.spec.alpha
-
-    @property
-    def beta(self) -> complex:
-        return self.spec.beta
-
-    @property
-    def use_c(self) -> bool:
-        return self.spec.use_c
-
-    @property
-    def epilog(self) -> Epilog | None:
-        return self.spec.epilog
-
-    @property
-    def bias_columns(self) -> bool:
-        return self.spec.bias_columns
-
-    @property
-    def algorithm(self) -> str:
-        return self.spec.algorithm
-
-    @property
-    def precision(self) -> str | None:
-        return self.spec.precision
+    m = Via[int]("spec")
+    n = Via[int]("spec")
+    k = Via[int]("spec")
+    transpose_a = Via[bool]("spec")
+    transpose_b = Via[bool]("spec")
+    dtype = Via[str]("spec")
+    alpha = Via[complex]("spec")
+    beta = Via[complex]("spec")
+    use_c = Via[bool]("spec")
+    epilog = Via[Epilog | None]("spec")
+    bias_columns = Via[bool]("spec")
+    algorithm = Via[str]("spec")
+    precision = Via[str | None]("spec")
 
     @property
     def transposes(self) -> tuple[bool, bool]:
