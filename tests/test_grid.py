@@ -20,6 +20,7 @@ import dmatmul as dm  # noqa: E402
 from dmatmul._plans import PLANS  # noqa: E402
 import dmatmul.backends  # noqa: E402,F401
 from dmatmul.testing.reference import assert_close, random_matrix, reference  # noqa: E402
+from _hlo import received_per_rank  # noqa: E402
 
 _layout = importlib.import_module("dmatmul.backends.jax._layout")
 _exchange = importlib.import_module("dmatmul.backends.jax._exchange")
@@ -477,41 +478,6 @@ def test_summa_ring_choices(ring, gather, overlap, shape, layout, blocks, monkey
     assert_close(got, reference(a, b, c, beta=0.5, transpose_b=True), "float32")
 
 
-def _received_per_rank(hlo, p):
-    """Bytes each of ``p`` devices receives in a compiled module's collective-permutes
-    and all-gathers, a loop body's counted as often as the loop runs."""
-    sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
-    bodies = {}  # a computation's name -> its lines
-    for block in hlo.split("\n\n"):
-        head = block.lstrip().split(" ", 2)
-        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = block.splitlines()
-
-    def visit(name):
-        got = np.zeros(p)
-        for line in bodies.get(name, ()):
-            out = re.search(r"= (\w+)\[([\d,]*)\]", line)
-            nbytes = out and sizes.get(out[1], 0) * int(np.prod([int(x) for x in out[2].split(",") if x]))
-            if " collective-permute(" in line:
-                for src, dst in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]):
-                    got[int(dst)] += nbytes * (src != dst)
-            elif " all-gather(" in line:
-                groups = re.search(r"replica_groups=(\{\{[\d,{}]*\}\}|\[\d+,\d+\]<=\[[\d,]+\]\S*)", line)[1]
-                if groups.startswith("["):  # iota: [groups, size]<=[dims]T(perm)
-                    n, size, dims, perm = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", groups).groups()
-                    ids = np.arange(p).reshape([int(x) for x in dims.split(",")])
-                    rows = (ids.transpose([int(x) for x in perm.split(",")]) if perm else ids).reshape(int(n), -1)
-                else:
-                    rows = [[int(x) for x in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", groups)]
-                for g in rows:
-                    got[list(g)] += nbytes * (len(g) - 1) / len(g)
-            elif " while(" in line:
-                trips = int(re.search(r'"known_trip_count":\{"n":"(\d+)"', line)[1])
-                got += trips * visit(re.search(r"body=%?([\w.\-]+)", line)[1])
-        return got
-
-    return visit(next(name for name, lines in bodies.items() if lines and lines[0].startswith("ENTRY")))
-
-
 @pytest.mark.parametrize("shape, layout, blocks, dtype, schedule, sizes", [
     ((2, 4), "row", None, "float32", "ring", (64, 48, 64)), ((4, 2), "col", None, "float32", "ring", (64, 48, 64)),
     ((2, 2), "row", None, "float32", "ring", (64, 48, 64)), ((2, 4), "row", (4, 4), "float32", "ring", (64, 48, 64)),
@@ -541,7 +507,7 @@ def test_summa_bytes_in_explain_are_what_the_program_moves(shape, layout, blocks
         fn = plan._function("padded")
         args = [jax.ShapeDtypeStruct(plan.given[op].shape, a.dtype, sharding=plan.sharding(op)) for op in "ab"]
         with plan._own_context():
-            got = _received_per_rank(fn.lower(*args, None, None).compile().as_text(), p)
+            got = received_per_rank(fn.lower(*args, None, None).compile().as_text(), p)
         number, unit = re.search(r"modelled:\s+([\d.]+) (K?i?B)", mm.explain()).groups()
         modelled = float(number) * (1024 if unit == "KiB" else 1)
         assert plan.cost.kernel.schedule == schedule and not plan.cost.moves, mm.explain()

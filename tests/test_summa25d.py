@@ -17,6 +17,7 @@ import dmatmul as dm  # noqa: E402
 from dmatmul import _cost, _plan, algorithms  # noqa: E402
 from dmatmul.algorithms import summa25d  # noqa: E402
 from dmatmul.testing.reference import assert_close, random_matrix, reference, reference_vjp  # noqa: E402
+from _hlo import received_per_rank  # noqa: E402
 
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
 GRID = dm.ProcessGrid((2, 4))
@@ -134,48 +135,6 @@ def test_a_rank_count_that_is_no_layered_grid_is_refused(devices):
         dm.matmul(a, b, algorithm="summa25d", devices=devices)
 
 
-def _received_per_rank(hlo, p):
-    """Bytes each of ``p`` devices receives in a compiled module's collective-permutes,
-    all-gathers and reduce-scatters (``(g - 1)`` output blocks from the group's
-    others), a loop body's counted as often as the loop runs."""
-    import re
-
-    sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
-    bodies = {}
-    for block in hlo.split("\n\n"):
-        head = block.lstrip().split(" ", 2)
-        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = block.splitlines()
-
-    def groups_of(line):
-        groups = re.search(r"replica_groups=(\{\{[\d,{}]*\}\}|\[\d+,\d+\]<=\[[\d,]+\]\S*)", line)[1]
-        if groups.startswith("["):  # iota: [groups, size]<=[dims]T(perm)
-            n, _, dims, perm = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", groups).groups()
-            ids = np.arange(p).reshape([int(x) for x in dims.split(",")])
-            return (ids.transpose([int(x) for x in perm.split(",")]) if perm else ids).reshape(int(n), -1).tolist()
-        return [[int(x) for x in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", groups)]
-
-    def visit(name):
-        got = np.zeros(p)
-        for line in bodies.get(name, ()):
-            out = re.search(r"= (\w+)\[([\d,]*)\]", line)
-            nbytes = out and sizes.get(out[1], 0) * int(np.prod([int(x) for x in out[2].split(",") if x]))
-            if " collective-permute(" in line:
-                for src, dst in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]):
-                    got[int(dst)] += nbytes * (src != dst)
-            elif " all-gather(" in line:
-                for g in groups_of(line):
-                    got[g] += nbytes * (len(g) - 1) / len(g)
-            elif " reduce-scatter(" in line:
-                for g in groups_of(line):
-                    got[g] += nbytes * (len(g) - 1)
-            elif " while(" in line:
-                trips = int(re.search(r'"known_trip_count":\{"n":"(\d+)"', line)[1])
-                got += trips * visit(re.search(r"body=%?([\w.\-]+)", line)[1])
-        return got
-
-    return visit(next(name for name, lines in bodies.items() if lines and lines[0].startswith("ENTRY")))
-
-
 def _kernel_bytes(mm, p):
     """Bytes every rank receives in the compiled kernel alone, its operands
     already in the layouts it takes (no move before nor after)."""
@@ -188,7 +147,7 @@ def _kernel_bytes(mm, p):
                                out_specs=kern["d"].spec))
     args = [jax.ShapeDtypeStruct(kern[op].shape, jnp.float32, sharding=geom.sharding(kern[op])) for op in "ab"]
     with plan._own_context():
-        return _received_per_rank(fn.lower(*args).compile().as_text(), p)
+        return received_per_rank(fn.lower(*args).compile().as_text(), p)
 
 
 @pytest.mark.parametrize("schedule", ["ring", "one_shot"])

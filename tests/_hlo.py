@@ -1,0 +1,48 @@
+"""Bytes each device receives in a compiled XLA module, read off its HLO text
+(the tests that count a kernel's traffic against the cost model's)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+def received_per_rank(hlo: str, p: int) -> np.ndarray:
+    """Bytes each of ``p`` devices receives in a compiled module's collective-permutes,
+    all-gathers and reduce-scatters (``(g - 1)`` output blocks from the group's
+    others), a loop body's counted as often as the loop runs."""
+    sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
+    bodies = {}
+    for block in hlo.split("\n\n"):
+        head = block.lstrip().split(" ", 2)
+        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = block.splitlines()
+
+    def groups_of(line):
+        groups = re.search(r"replica_groups=(\{\{[\d,{}]*\}\}|\[\d+,\d+\]<=\[[\d,]+\]\S*)", line)[1]
+        if groups.startswith("["):  # iota: [groups, size]<=[dims]T(perm)
+            n, _, dims, perm = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", groups).groups()
+            ids = np.arange(p).reshape([int(x) for x in dims.split(",")])
+            return (ids.transpose([int(x) for x in perm.split(",")]) if perm else ids).reshape(int(n), -1).tolist()
+        return [[int(x) for x in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", groups)]
+
+    def visit(name):
+        got = np.zeros(p)
+        for line in bodies.get(name, ()):
+            out = re.search(r"= (\w+)\[([\d,]*)\]", line)
+            nbytes = out and sizes.get(out[1], 0) * int(np.prod([int(x) for x in out[2].split(",") if x]))
+            if " collective-permute(" in line:
+                for src, dst in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]):
+                    got[int(dst)] += nbytes * (src != dst)
+            elif " all-gather(" in line:
+                for g in groups_of(line):
+                    got[g] += nbytes * (len(g) - 1) / len(g)
+            elif " reduce-scatter(" in line:
+                for g in groups_of(line):
+                    got[g] += nbytes * (len(g) - 1)
+            elif " while(" in line:
+                trips = int(re.search(r'"known_trip_count":\{"n":"(\d+)"', line)[1])
+                got += trips * visit(re.search(r"body=%?([\w.\-]+)", line)[1])
+        return got
+
+    return visit(next(name for name, lines in bodies.items() if lines and lines[0].startswith("ENTRY")))
