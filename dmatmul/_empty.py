@@ -41,10 +41,11 @@ class EmptyProduct(_backends.Backend):
         ranks = self.backend.ranks(spec, operands)  # (refuses operands whose layout the backend refuses)
         if spec.distributions is not None:
             check_fit(spec.distributions, ranks, spmd=spec.spmd)
-            if spec.algorithm != "auto":
-                # a named algorithm fits the layouts or not whatever the sizes: as for one element each
-                self.backend.fits(dataclasses.replace(spec, a_shape=_at_least_1(spec.a_shape), b_shape=_at_least_1(spec.b_shape)),
-                     operands)
+        if spec.algorithm != "auto":
+            # a named algorithm fits the layouts (given, or those the planner would pick) and the rank count or
+            # not whatever the sizes: as for one element each
+            self.backend.fits(dataclasses.replace(spec, a_shape=_at_least_1(spec.a_shape), b_shape=_at_least_1(spec.b_shape)),
+                              operands)
         return EmptyPlan(spec, self.backend.place)
 
 
