@@ -135,6 +135,15 @@ def test_a_rank_count_that_is_no_layered_grid_is_refused(devices):
         dm.matmul(a, b, algorithm="summa25d", devices=devices)
 
 
+def test_an_empty_product_is_refused_on_a_rank_count_that_is_no_layered_grid():
+    """N = 0 reads neither a nor b, but the algorithm named still needs its ranks,
+    as for N = 1 (the long run of the matrix found it running)."""
+    a = np.ones((1, 1), np.float32)
+    for n in (0, 1):
+        with pytest.raises(ValueError, match=r"summa25d.*q\*q\*c"):
+            dm.matmul(a, np.ones((1, n), np.float32), algorithm="summa25d", devices=2)
+
+
 def _kernel_bytes(mm, p):
     """Bytes every rank receives in the compiled kernel alone, its operands
     already in the layouts it takes (no move before nor after)."""
