@@ -553,13 +553,16 @@ class _Recent:
                 break
         else:
             return None
+        values = tuple(options.values())
+        types = tuple(map(type, values))  # (1.0 and 1+0j differ: a real product refuses the second)
+        if "bias" in options or list in types or tuple in types:
+            opts: Hashable = tuple(sorted((k, _typed(v)) for k, v in options.items() if k != "bias"))
+        else:  # the common case, built fast (keywords in another order make another key, as good)
+            opts = (tuple(options), values, types)
         try:
-            opts = tuple(sorted((k, _typed(v)) for k, v in options.items() if k != "bias"))
-            key = (arrays, opts)
-            hash(key)
+            return _Key((arrays, opts))
         except TypeError:  # an unhashable option (an array as alpha, say): the full call judges it
             return None
-        return key
 
     def run(self, key: Hashable, operands: Operands) -> Any:
         """The product by the runner kept for ``key``; None where there is none or it may not run."""
@@ -571,6 +574,23 @@ class _Recent:
         run = plan.repeat(operands)
         if run is not None:
             PLANS.keep_runner(key, plan, run)
+
+
+class _Key:
+    """A recent call's key, hashed once: the cache's lookup and its move to the end hash it again,
+    and the shardings in it hash in Python."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)  # (TypeError where an option is unhashable)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self._hash == other._hash and self.value == other.value
 
 
 def _typed(v: Any) -> Any:

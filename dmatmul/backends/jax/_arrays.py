@@ -28,21 +28,46 @@ def in_trace(*xs: Any) -> bool:
     jax = sys.modules.get("jax")
     if jax is None:
         return False
-    if any(isinstance(x, jax.core.Tracer) for x in xs):
-        return True
-    global _trace_state_clean
-    clean = _trace_state_clean
-    if clean is None:  # looked up once (an import statement at every call costs more than the answer)
+    if xs:
+        tracer = jax.core.Tracer
+        for x in xs:
+            if isinstance(x, tracer):
+                return True
+    clean = _private().trace_state_clean
+    return clean is not None and not clean()
+
+
+class _Private:
+    """JAX's private answers dmatmul asks on every call, looked up once (an
+    import statement at every call costs more than the answer); None where
+    this JAX has none."""
+
+    def __init__(self) -> None:
         try:
             from jax._src.core import trace_state_clean
         except ImportError:  # pragma: no cover - a JAX without it
-            _trace_state_clean = clean = False
-        else:
-            _trace_state_clean = clean = trace_state_clean
-    return clean is not False and not clean()
+            trace_state_clean = None
+        try:
+            from jax._src.mesh import get_concrete_mesh
+        except ImportError:  # pragma: no cover - a JAX without it: the abstract route
+            get_concrete_mesh = None
+        try:
+            from jax._src.config import enable_x64
+        except ImportError:  # pragma: no cover
+            enable_x64 = None
+        self.trace_state_clean: Any = trace_state_clean
+        self.get_concrete_mesh: Any = get_concrete_mesh
+        self.enable_x64: Any = enable_x64
 
 
-_trace_state_clean: Any = None  # JAX's trace_state_clean, once in_trace looked it up (False: this JAX has none)
+_PRIVATE: _Private | None = None
+
+
+def _private() -> _Private:
+    global _PRIVATE
+    if _PRIVATE is None:
+        _PRIVATE = _Private()
+    return _PRIVATE
 
 
 def context_mesh() -> Any:
@@ -51,11 +76,12 @@ def context_mesh() -> Any:
     (or this JAX keeps it elsewhere, or JAX is not loaded)."""
     if "jax" not in sys.modules:
         return None
+    get = _private().get_concrete_mesh
+    if get is None:  # pragma: no cover
+        return None
     try:
-        from jax._src.mesh import get_concrete_mesh
-
-        mesh = get_concrete_mesh()
-    except (ImportError, AttributeError):  # pragma: no cover - a JAX without it: the abstract route
+        mesh = get()
+    except AttributeError:  # pragma: no cover - a JAX that keeps it elsewhere
         return None
     return None if mesh is None or getattr(mesh, "empty", True) else mesh
 
@@ -121,21 +147,25 @@ class JaxArrays(ArrayKind):
     def recent_key(self, xs: Sequence[Any]) -> Hashable | None:
         """Concrete jax.Arrays (or None) outside any trace: what the checks read of
         them (shape, dtype, weak type, sharding, committedness), ``jax.set_mesh``'s
-        mesh and the x64 flag."""
+        mesh and the x64 flag. (Asked at every ``dm.matmul``: written for speed.)"""
         jax = sys.modules.get("jax")
         if jax is None:
             return None
+        array, tracer = jax.Array, jax.core.Tracer
         arrays: list[Any] = []
         for x in xs:
             if x is None:
                 arrays.append(None)
-            elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            elif isinstance(x, array) and not isinstance(x, tracer):
                 arrays.append((x.shape, x.dtype, x.weak_type, x.sharding, x.committed))
             else:
                 return None
-        if in_trace():
+        private = _private()
+        clean = private.trace_state_clean
+        if clean is not None and not clean():
             return None
-        return (tuple(arrays), context_mesh(), bool(jax.config.jax_enable_x64))
+        x64 = private.enable_x64
+        return (tuple(arrays), context_mesh(), bool(jax.config.jax_enable_x64 if x64 is None else x64.value))
 
     def refuse_held(self, x: Any, name: str) -> None:
         jax = sys.modules.get("jax")
