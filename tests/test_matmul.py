@@ -694,6 +694,23 @@ def test_a_recent_call_of_another_alpha_is_not_taken_for_it():
         assert_close(np.asarray(d), want, "float32")
 
 
+def test_a_recent_call_is_keyed_by_the_options_types_and_values():
+    """The repeated-call shortcut keys options by type and value: a complex
+    alpha equal to a real one that ran a moment ago still meets the real
+    product's check, on every keyword order; a list of devices (keyed as a
+    tuple) and reordered keywords run the same product."""
+    a, b = jnp.asarray(np.arange(12.0, dtype=np.float32).reshape(4, 3)), jnp.ones((3, 5), jnp.float32)
+    want = np.asarray(a, np.float64) @ np.ones((3, 5))
+    for _ in range(2):  # the second round runs through the kept runners
+        assert_close(np.asarray(dm.matmul(a, b, alpha=1.0, backend="jax")), want, "float32")
+        assert_close(np.asarray(dm.matmul(a, b, backend="jax", alpha=2.0)), 2 * want, "float32")
+        assert_close(np.asarray(dm.matmul(a, b, alpha=2.0, backend="jax")), 2 * want, "float32")
+        assert_close(np.asarray(dm.matmul(a, b, devices=jax.devices()[:2], backend="jax")), want, "float32")
+        for kw in ({"alpha": 1 + 0j, "backend": "jax"}, {"backend": "jax", "alpha": 1 + 0j}):
+            with pytest.raises(TypeError, match=r"alpha=\(1\+0j\) is complex but the operands are float32"):
+                dm.matmul(a, b, **kw)
+
+
 def test_beta_without_c_names_c_and_the_fix():
     """beta != 0 needs c: a ValueError naming c and the fix (it returned a @ b),
     in dm.matmul, dm.Matmul and reset_operands; beta = 0 without c is fine."""

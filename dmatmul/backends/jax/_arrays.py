@@ -43,21 +43,27 @@ class _Private:
     this JAX has none."""
 
     def __init__(self) -> None:
+        self.trace_state_clean: Any = None
+        self.get_concrete_mesh: Any = None
+        self.enable_x64: Any = None
         try:
             from jax._src.core import trace_state_clean
+
+            self.trace_state_clean = trace_state_clean
         except ImportError:  # pragma: no cover - a JAX without it
-            trace_state_clean = None
+            pass
         try:
             from jax._src.mesh import get_concrete_mesh
+
+            self.get_concrete_mesh = get_concrete_mesh
         except ImportError:  # pragma: no cover - a JAX without it: the abstract route
-            get_concrete_mesh = None
+            pass
         try:
             from jax._src.config import enable_x64
+
+            self.enable_x64 = enable_x64
         except ImportError:  # pragma: no cover
-            enable_x64 = None
-        self.trace_state_clean: Any = trace_state_clean
-        self.get_concrete_mesh: Any = get_concrete_mesh
-        self.enable_x64: Any = enable_x64
+            pass
 
 
 _PRIVATE: _Private | None = None
