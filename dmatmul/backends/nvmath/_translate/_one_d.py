@@ -17,12 +17,11 @@ from ...._dimmap import DimMap
 from ...._distribution import ProcessGrid, Replicated
 from ._epilog import finish, pick
 from ._orient import AxisOp, build_frame, copy_weights
-from ._types import KERNELS, MODEL, PATHS, DimPlan, NvDistribution, Problem, Role, Translation
+from ._types import GRID, KERNELS, LOCAL, MODEL, PATHS, DimPlan, NvDistribution, Problem, Role, Translation
 
 __all__ = ["one_rank", "one_d", "model_plan", "shared_grid"]
 
 #: one rank: one local GEMM
-_LOCAL = next(k for k in KERNELS if (k.a, k.b, k.d) == ("R", "R", "R"))
 #: dmatmul's own allgather of a replicated result crosses PCIe twice besides the network
 _HOST_STAGING = 3.0
 
@@ -91,7 +90,7 @@ def one_rank(p: Problem) -> Translation:
     Any named algorithm runs as that GEMM, but SUMMA only when an operand is on
     a (1x1) process grid, as on every backend: it is the grid algorithm.
     """
-    if p.algorithm == "summa" and not any(d.grid is not None and d.grid.ndim == 2 for d in p.distributions):
+    if p.algorithm == GRID.algorithm and not any(d.grid is not None and d.grid.ndim == 2 for d in p.distributions):
         raise ValueError(_needs_message(p))
     dims = _dims(p, ())
     targets = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
@@ -106,12 +105,12 @@ def one_rank(p: Problem) -> Translation:
     frame = pick(frames, p, "local GEMM", "cublasmp")
     result, shape = _result_nv(p, "R", dims, frame.swapped)
     notes: tuple[str, ...] = ()
-    if p.algorithm not in ("auto", "local"):
+    if p.algorithm not in ("auto", LOCAL.algorithm):
         notes = (f"algorithm={p.algorithm!r} requested: on one rank cuBLASMp runs a local GEMM",)
     return finish(
-        p, algorithm="local", path="local GEMM", engine="cublasmp", frame=frame, roles=("R", "R", "R"),
+        p, algorithm=LOCAL.algorithm, path="local GEMM", engine="cublasmp", frame=frame, roles=("R", "R", "R"),
         kernel=("R", "R", "R"), dims=dims, result=result, result_shape=shape, computed=Replicated(),
-        gather=False, notes=notes, cost=model_plan(p, _LOCAL, None),
+        gather=False, notes=notes, cost=model_plan(p, LOCAL, None),
     )
 
 
@@ -165,7 +164,7 @@ def one_d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     >>> t.path, t.kernel, t.handover("a").target, t.handover("a").copy, t.gather
     ('AG+GEMM', ('M', 'N', 'M'), Slab.X, None, False)
     """
-    if p.algorithm == "summa":
+    if p.algorithm == GRID.algorithm:
         return _summa_1d(p, roles)
     best = _cheapest(p, roles, KERNELS)
     if best is not None:
@@ -240,16 +239,15 @@ def _summa_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
         raise ValueError(_needs_message(p))
     auto = p.with_options(algorithm="auto")
     # only cuBLASMp's distributed paths: a local cuBLASLt GEMM per rank is no SUMMA
-    t = _cheapest(auto, roles, tuple(k for k in KERNELS if k.algorithm != "local")) or _general_1d(auto, roles)
-    summa = next(k for k in _plan.KERNELS if k.algorithm == "summa")
+    t = _cheapest(auto, roles, tuple(k for k in KERNELS if k.algorithm != LOCAL.algorithm)) or _general_1d(auto, roles)
     rows, cols = grid.shape
     note = (
         f"algorithm='summa' on the {rows}x{cols} grid, which is 1-D: its layouts are handed to cuBLASMp as they "
         f"are, and nvmath steers cuBLASMp away from SUMMA on a 1-D grid: expect its {t.path} path"
     )
     notes = tuple(n for n in t.notes if not n.startswith("no cuBLASMp fast path")) + (note,)
-    cost = model_plan(p, summa, "G" if t.gather else None, grid=(rows, cols))
-    return dataclasses.replace(t, problem=p, algorithm="summa", notes=notes, cost=cost)
+    cost = model_plan(p, GRID, "G" if t.gather else None, grid=(rows, cols))
+    return dataclasses.replace(t, problem=p, algorithm=GRID.algorithm, notes=notes, cost=cost)
 
 
 def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
@@ -278,7 +276,7 @@ def _general_1d(p: Problem, roles: tuple[Role, Role, Role]) -> Translation:
     # named and modelled as the closest contract algorithm: the cheapest communicating plan the planner
     # finds for these roles (a local kernel would need a redistribution first, which cuBLASMp does not do as such)
     plans = _plan.plans(p.sizes(), {"a": ga, "b": gb, "d": gd}, MODEL)
-    closest = next((pl for pl in plans if pl.algorithm != "local"), plans[0])
+    closest = next((pl for pl in plans if pl.algorithm != LOCAL.algorithm), plans[0])
     return finish(
         p, algorithm=closest.algorithm, path="general", engine="cublasmp", frame=frame, roles=roles,
         kernel=(ka, kb, kd), dims=dims, result=result, result_shape=shape, computed=p.role_dist("d", kd),

@@ -19,7 +19,7 @@ from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replica
 from ._epilog import finish
 from ._one_d import model_plan, shared_grid
 from ._orient import AxisOp, Frame, build_frame, copy_weights
-from ._types import DimPlan, NvDistribution, Path, Problem, Role, Translation
+from ._types import GRID, DimPlan, NvDistribution, Path, Problem, Role, Translation
 
 __all__ = ["two_d"]
 
@@ -178,7 +178,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     """
     names = {"a": "a", "b": "b", "c": "result"}
     dists = {"a": p.distributions[0], "b": p.distributions[1], "c": p.distributions[2]}
-    if p.algorithm not in ("auto", "summa"):
+    if p.algorithm not in ("auto", GRID.algorithm):
         raise ValueError(
             f"algorithm={p.algorithm!r} needs 1-D distributions (Slab.X, Slab.Y, Replicated(), or "
             f"BlockNonCyclic on a (P, 1)/(1, P) grid); given {p.given()}: use algorithm='summa' or 'auto'"
@@ -219,7 +219,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
                         frame, path, notes, shared))
     _, frame, path, notes, shared = min(options, key=lambda o: o[0])
     # a Slab is no ProcessGrid (nvmath would see it as a (P, 1) or (1, P) one): SUMMA names the grid
-    if p.algorithm == "summa" and (not any(o[4] for o in options) or shared_grid(p) is None):
+    if p.algorithm == GRID.algorithm and (not any(o[4] for o in options) or shared_grid(p) is None):
         raise ValueError(
             f"algorithm='summa' needs a, b and the result on one shared 2-D ProcessGrid (Replicated() also "
             f"fits); given {p.given()}; or use algorithm='auto'"
@@ -235,10 +235,9 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     home = (nvd_user.grid_shape, nvd_user.grid_layout)
     elsewhere = [op for op in ("a", "b") if (nv[op].grid_shape, nv[op].grid_layout) != home]  # type: ignore[union-attr]
     moves = tuple(_plan.move(sizes, op, "G", "G") for op in elsewhere if path != "SUMMA")
-    summa = next(k for k in _plan.KERNELS if k.algorithm == "summa")
-    cost = model_plan(p, summa, "G" if gather else None, grid=nvd_user.grid_shape, moves=moves)
+    cost = model_plan(p, GRID, "G" if gather else None, grid=nvd_user.grid_shape, moves=moves)
     return finish(
-        p, algorithm="summa", path=path, engine="cublasmp", frame=frame, roles=tuple(roles),  # type: ignore[arg-type]
+        p, algorithm=GRID.algorithm, path=path, engine="cublasmp", frame=frame, roles=tuple(roles),  # type: ignore[arg-type]
         kernel=None, dims=dims, result=result, result_shape=shape, computed=computed, gather=gather,
         notes=tuple(notes), cost=cost,
     )

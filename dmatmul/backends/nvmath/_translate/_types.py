@@ -22,7 +22,7 @@ from ...._epilogue import Epilog, has_bias
 from ...._problem import Spec, Via
 
 __all__ = [
-    "Order", "Role", "Path", "MODEL", "PATHS", "KERNELS", "Problem", "DimPlan", "NvDistribution", "Handover",
+    "Order", "Role", "Path", "MODEL", "PATHS", "KERNELS", "GRID", "LOCAL", "Problem", "DimPlan", "NvDistribution", "Handover",
     "Translation", "describe",
 ]
 
@@ -56,6 +56,11 @@ PATHS: dict[_plan.Kernel, tuple[Path, tuple[bool, ...]]] = {
     _kernel("allreduce", "K", "K", "R"): ("GEMM+AR", (False, True)),
 }
 KERNELS: tuple[_plan.Kernel, ...] = tuple(PATHS)
+#: The grid kernel cuBLASMp runs on one 2-D process grid shared by a, b and
+#: the result (its SUMMA); the translation of 2-D layouts (``_two_d``) runs it.
+GRID: _plan.Kernel = _kernel("summa", "G", "G", "G")
+#: The kernel of one rank, or of replicated operands: a local GEMM.
+LOCAL: _plan.Kernel = _kernel("local", "R", "R", "R")
 
 
 @dataclasses.dataclass(frozen=True)
