@@ -70,6 +70,36 @@ def test_machine_and_nodes_change_the_constants(capsys):
     assert _machines.PROFILES["h200-nvl8"].model("float16", 4).beta == 1 / _machines.PROFILES["h200-nvl8"].network
 
 
+def test_plan_chooses_the_layers_within_the_machines_memory(capsys, monkeypatch):
+    """``dmatmul plan`` gives the planner the memory a rank of the named machine
+    may count on (DMATMUL_MEMORY_FRACTION of a GPU's): 2.5-D SUMMA's layers are
+    chosen within it (fewer when it is tight, none when nothing fits), as a
+    product on that machine would choose them, and the memory line counts the
+    layers chosen."""
+    from dmatmul.algorithms import ALGORITHMS
+
+    prof, model, p = plan_cli.machine_model("h100-nvl8", "bfloat16", 16)  # 128 GPUs: (q, c) = (4, 8) or (8, 2)
+    n, alg = 32768, ALGORITHMS["summa25d"]
+
+    def layered(memory):
+        pr = plan_cli.project(n, n, n, p, "bfloat16", model, "GGG", memory)
+        return pr, next((c for c in (pr.chosen, *pr.runners_up) if c.plan.algorithm == "summa25d"), None)
+
+    free = layered(None)[1]
+    assert free is not None
+    blocks = 3 * n * n * 2 / p
+    ring = next(k for k in alg.kernels if k.schedule == "ring")  # (the layers are chosen by the ring's memory)
+    tight = blocks + alg.extra_bytes(_plan.Problem1D(n, n, n, p, 2, 4), ring) * 0.9
+    pr, cand = layered(tight)
+    assert cand is not None and cand.plan.nbytes > free.plan.nbytes  # fewer layers: more bytes received
+    assert alg.layers(_plan.Problem1D(n, n, n, p, 2, 4, memory=tight)) != alg.layers(_plan.Problem1D(n, n, n, p, 2, 4))
+    assert layered(blocks)[1] is None  # no room beyond the blocks: no layers fit
+    monkeypatch.setenv("DMATMUL_MEMORY_FRACTION", "0.5")
+    assert plan_cli.machine_memory(prof, p) == 0.5 * prof.memory
+    out = _run(capsys, "-m", "4096", "-n", "4096", "-k", "4096", "--machine", "h100-nvl8", "--dtype", "bfloat16")
+    assert f"(a plan may count on {0.5 * prof.memory / 2**30:.2f} GiB)" in out
+
+
 def test_profiles_state_published_rates_and_efficiency():
     h100, h200, b200 = (_machines.PROFILES[n] for n in ("h100-nvl8", "h200-nvl8", "b200-nvl8"))
     assert h100.peak_for("bfloat16") == 989e12 and h100.peak_for("float32") == 495e12

@@ -171,5 +171,12 @@ class Algorithm:
         """Memory a rank holds beyond its blocks of A, B and the result, ``p > 1`` (bytes)."""
         return 0.0
 
+    def extra_bytes(self, problem: Problem1D, kernel: Kernel) -> float:
+        """:meth:`extra_memory_bytes` of ``kernel`` on ``problem``; an algorithm whose
+        memory is a choice (2.5-D SUMMA's layers) chooses within ``problem.memory``."""
+        return self.extra_memory_bytes(problem.m, problem.n, problem.k, problem.p, problem.itemsize,
+                                       problem.acc_itemsize, moving=kernel.moving,
+                                       one_shot=kernel.schedule == "one_shot")
+
     def __repr__(self) -> str:
         return f"<algorithm {self.name!r}>"

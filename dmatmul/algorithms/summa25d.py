@@ -112,10 +112,10 @@ class Summa25D(Algorithm):
             raise ValueError(self.refusal(problem))
         return min(fitting, key=lambda qc: self._bytes(problem, qc))
 
-    def extra_bytes(self, problem: Problem1D, one_shot: bool) -> float:
+    def extra_bytes(self, problem: Problem1D, kernel: Kernel) -> float:
         """The bytes a rank holds beyond its blocks, on the layers :meth:`layers` chooses."""
         return self._extra(problem.m, problem.n, problem.k, self.layers(problem), problem.itemsize,
-                           problem.acc_itemsize, one_shot)
+                           problem.acc_itemsize, kernel.schedule == "one_shot")
 
     @staticmethod
     def _bytes(problem: Problem1D, qc: tuple[int, int]) -> float:

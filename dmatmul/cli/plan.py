@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from .. import _cost, _layouts, _machines, _plan
+from .. import _cost, _layouts, _machines, _memory, _plan
 from .._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from .._spec import DTYPE_INFO, DTYPES
 from .common import at_least
@@ -72,6 +72,8 @@ class Projection:
     bound: float
     regime: str
     given_layout: bool
+    #: the bytes a rank may hold (the machine's memory times DMATMUL_MEMORY_FRACTION), None: not limited
+    memory: float | None = None
 
     @property
     def gemm_time(self) -> float:
@@ -82,7 +84,7 @@ class Projection:
 
 def _sized(pr: Projection, cand: Candidate) -> _plan.Problem1D:
     info = DTYPE_INFO[pr.dtype]
-    return _plan.Problem1D(pr.m, pr.n, pr.k, pr.p, info.itemsize, info.acc_itemsize, grid=cand.grid)
+    return _plan.Problem1D(pr.m, pr.n, pr.k, pr.p, info.itemsize, info.acc_itemsize, grid=cand.grid, memory=pr.memory)
 
 
 def _dists(layout: str, p: int) -> tuple[Distribution, Distribution, Distribution]:
@@ -107,14 +109,16 @@ def _plans_on(problem: _plan.Problem1D, layout: str, model: _cost.MachineModel) 
 
 
 def project(m: int, n: int, k: int, p: int, dtype: str, model: _cost.MachineModel, layout: str | None = None,
-            ) -> Projection:
+            memory: float | None = None) -> Projection:
     """What the planner does for ``m x k @ k x n`` in ``dtype`` on ``p`` ranks
     under ``model``: on ``layout`` as given (letters, :func:`parse_layout`),
     or, free, on the layout ``choose_distributions`` picks (as a one-process
     product with ``distribution=None``); and the cheapest plan of every other
-    algorithm (free: on any 1-D layout, SUMMA on its best grid)."""
+    algorithm (free: on any 1-D layout, SUMMA on its best grid). ``memory``:
+    the bytes a rank may hold, where an algorithm's memory is a choice (2.5-D
+    SUMMA's layers) or refuses it; None: not limited."""
     info = DTYPE_INFO[dtype]
-    problem = _plan.Problem1D(m, n, k, p, info.itemsize, info.acc_itemsize)
+    problem = _plan.Problem1D(m, n, k, p, info.itemsize, info.acc_itemsize, memory=memory)
     if layout is not None:
         candidates = _plans_on(problem, layout, model)
         chosen = candidates[0]
@@ -135,7 +139,7 @@ def project(m: int, n: int, k: int, p: int, dtype: str, model: _cost.MachineMode
     runners = tuple(c for name, c in best.items() if name != chosen.plan.algorithm)
     lb = _cost.lower_bounds(m, n, k, p, info.itemsize)
     return Projection(m, n, k, p, dtype, model, chosen, runners, len(candidates), lb["memory_independent"],
-                      str(lb["regime"]), layout is not None)
+                      str(lb["regime"]), layout is not None, memory)
 
 
 def _placement(problem: _plan.Problem1D, c: Candidate, model: _cost.MachineModel) -> float:
@@ -198,10 +202,10 @@ def format_projection(pr: Projection, machine: _machines.Profile, nodes: int = 1
     ]
     if machine.memory:
         info = DTYPE_INFO[pr.dtype]
-        held = (pr.m * pr.k + pr.k * pr.n + pr.m * pr.n) * info.itemsize / pr.p + _cost.extra_memory_bytes(
-            plan.algorithm, pr.m, pr.n, pr.k, pr.p, info.itemsize, info.acc_itemsize, moving=plan.kernel.moving,
-            one_shot=plan.kernel.schedule == "one_shot")
-        lines.append(f"memory per GPU: {held / 2**30:.2f} GiB of {machine.memory / 1e9:.0f} GB")
+        extra = _plan.ALGORITHMS[plan.algorithm].extra_bytes(_sized(pr, pr.chosen), plan.kernel) if pr.p > 1 else 0.0
+        held = (pr.m * pr.k + pr.k * pr.n + pr.m * pr.n) * info.itemsize / pr.p + extra
+        budget = "" if pr.memory is None else f" (a plan may count on {pr.memory / 2**30:.2f} GiB)"
+        lines.append(f"memory per GPU: {held / 2**30:.2f} GiB of {machine.memory / 1e9:.0f} GB{budget}")
     if pr.runners_up:
         lines.append("runners-up: each algorithm's cheapest plan" + ("" if pr.given_layout else (
             " on any layout, ranked as the planner ranks layouts (its time plus placing a and b there)")))
@@ -228,6 +232,17 @@ def machine_model(name: str, dtype: str, nodes: int) -> tuple[_machines.Profile,
     return prof, prof.model(dtype, nodes), prof.ranks(nodes)
 
 
+def machine_memory(prof: _machines.Profile, p: int) -> float | None:
+    """The bytes each of ``p`` ranks of ``prof`` may hold, as a product on it would
+    count (:func:`dmatmul._memory.fraction` of a GPU's memory; ``cpu``/``here``:
+    of this host's memory shared by the ``p`` simulated devices); None where
+    nothing says."""
+    if prof.memory:
+        return _memory.fraction() * prof.memory
+    total = _memory.host_total()
+    return None if total is None else _memory.fraction() * total / p
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
         layout = None if args.layout is None else parse_layout(args.layout)
@@ -239,7 +254,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         prof.peak_for(args.dtype)
     except ValueError as e:
         raise SystemExit(f"dmatmul plan: {e}") from None
-    print(format_projection(project(args.m, args.n, args.k, p, args.dtype, model, layout), prof, args.nodes), end="")
+    memory = machine_memory(prof, p)
+    print(format_projection(project(args.m, args.n, args.k, p, args.dtype, model, layout, memory), prof, args.nodes),
+          end="")
     return 0
 
 

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ... import _cost, _memory
+from ... import _memory
 from ...algorithms import ALGORITHMS
 from ..._distribution import Replicated
 from ._arrays import in_trace as in_jax_trace
-from . import _exchange, _kernels, _layered, _layout, _mesh
+from . import _exchange, _kernels, _layout, _mesh
 from ._mesh import _explicit
 from ._shardings import _on_mesh, _typed_on
 from ._planning import PlannedProduct
@@ -103,10 +103,9 @@ class CompiledProduct(PlannedProduct):
         if spec.use_c:
             per.append(("c", "c's blocks", float(np.prod(self.given["d"].block)) * info.itemsize))
         pr = self.problem.padded((kern.a, kern.b, kern.d))
+        assert pr.p == p
         one_shot = kern.schedule == "one_shot"
-        travel = _layered.extra_bytes(pr, one_shot) if kern.algorithm == _layered.NAME else _cost.extra_memory_bytes(
-            kern.algorithm, pr.m, pr.n, pr.k, p, info.itemsize, info.acc_itemsize, moving=kern.moving,
-            one_shot=one_shot)
+        travel = ALGORITHMS[kern.algorithm].extra_bytes(pr, kern) if p > 1 else 0.0
         if travel:
             in_flight = ALGORITHMS[kern.algorithm].in_flight(kern)
             if len(in_flight) > 1:

@@ -26,11 +26,6 @@ def has_layers(p: int) -> bool:
     return bool(summa25d.layouts(p))
 
 
-def extra_bytes(problem: _plan.Problem1D, one_shot: bool) -> float:
-    """The bytes a rank holds beyond its blocks on the chosen layers (the memory check's)."""
-    return ALGORITHMS[NAME].extra_bytes(problem, one_shot)  # type: ignore[attr-defined]
-
-
 def geometry(devices: tuple, problem: _plan.Problem1D) -> Geometry:
     """The ("r", "c", "l") mesh of ``devices`` for ``problem``'s layers."""
     q, c = layers(problem)
