@@ -477,7 +477,12 @@ _DOCS = {
         quantization_scales: FP8 a and b only (float8_e4m3fn, float8_e5m2):
             ``{"a": sa, "b": sb}``, per-tensor float32 scalars (1 where left
             out); the product is ``alpha * (sa*a) @ (sb*b)``, accumulated in
-            float32. result_type: FP8 only, the dtype of the result and of
+            float32. Or block scales (MXFP8): uint8 arrays of UE8M0
+            exponents (``2**(s - 127)``), one per 32 elements along K, of the
+            stored operand's shape with K counted in blocks (a ``(M, K)``:
+            ``(M, ceil(K/32))``; b ``(K, N)``: ``(ceil(K/32), N)``), local
+            blocks' under mpiexec; emulated on every backend (dequantized to
+            float32 once, see docs/guide.md). result_type: FP8 only, the dtype of the result and of
             ``c``: "bfloat16" (default), "float16" or "float32".""",
     "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
     sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without

@@ -6,6 +6,8 @@ float64 on the dequantized operands."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -54,7 +56,7 @@ def problem(m: int, k: int, n: int, ta: bool, tb: bool, dtype: np.dtype = E4M3) 
 # -- the JAX backend: emulated ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm, ta, tb", [("local", False, False), ("allgather", False, True),
                                                ("reduce_scatter", True, False), ("summa", True, True)])
-def test_jax_runs_the_dequantized_product_on_uneven_splits(algorithm: str, ta: bool, tb: bool) -> None:
+def test_jax_runs_the_dequantized_product_on_uneven_splits(algorithm: Any, ta: bool, tb: bool) -> None:
     """K = 70 (three blocks, the last of 6), M = 13 and N = 11 split unevenly over 4 devices."""
     a, b, sa, sb, want = problem(13, 70, 11, ta, tb)
     for result_type in ("float32", "bfloat16"):
@@ -113,10 +115,10 @@ def test_scale_255_is_nan_and_127_is_one() -> None:
     (lambda sa, sb: {"a": sa, "b": sb, "c": sa}, ValueError, "no scale of c"),
     (lambda sa, sb: {"a": sa.ravel(), "b": sb}, ValueError, "quantization_scales['a'] must have shape (16, 2)"),
 ])
-def test_bad_block_scales_name_the_operand(make: object, error: type, words: str) -> None:
+def test_bad_block_scales_name_the_operand(make: Callable[..., dict[str, Any]], error: type, words: str) -> None:
     a, b, sa, sb, _ = problem(16, 40, 8, False, False)
     with pytest.raises(error, match=re.escape(words)):
-        dm.matmul(a, b, backend="jax", devices=1, quantization_scales=make(sa, sb))  # type: ignore[operator]
+        dm.matmul(a, b, backend="jax", devices=1, quantization_scales=make(sa, sb))
 
 
 def test_block_scales_need_fp8_operands() -> None:
