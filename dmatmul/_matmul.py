@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from . import _cost, _memory, _runtime
+from . import _cost, _memory, _mxfp8, _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._batched import route as _route
@@ -435,6 +435,8 @@ class Matmul:
             + (f", precision={s.precision!r}" if s.precision is not None else ""),
             *([f"  fp8:        scales a={s.scales[0]!r} b={s.scales[1]!r}, applied once as alpha*sa*sb = "
                f"{s.scaled_alpha!r}; accumulated in float32, result {s.result_dtype}"] if s.fp8 else []),
+            *([f"  {_mxfp8.explain_line(s.options.block_scaled, s.result_dtype)}"]
+              if s.options.block_scaled is not None else []),
             f"  backend:    {self._backend.name}",
             *(f"  {name + ':':11s} passed over: {why}" for name, why in self._passed_over),
             f"  algorithm:  {algorithm}",

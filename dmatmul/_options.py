@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from . import _runtime
+from . import _mxfp8, _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._epilogue import TABLE, Epilog, EpilogName, has_bias
@@ -119,7 +119,12 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
     dtype = dtype_name(ops.a.dtype)
     if dtype_name(ops.b.dtype) != dtype:
         raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype), given))
+    block = _mxfp8.take(options := dict(options))
     opts = Options(**options)
+    if block is not None:  # MXFP8: the product of the dequantized operands, in float32 (dmatmul._mxfp8)
+        _mxfp8.apply(ops, block, dtype, opts.transpose_a, opts.transpose_b)
+        opts = dataclasses.replace(opts, block_scaled=dtype, precision="highest")
+        dtype = "float32"
     result = _check_fp8(opts, dtype)
     epilog = opts.epilog
     if epilog is not None and not epilog.info.complex and dtype.startswith("complex"):
@@ -129,7 +134,7 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
         ops.c = as_matrix(ops.c, "c", batched=True)
         if dtype_name(ops.c.dtype) != result:
             got = dtype_name(ops.c.dtype)
-            if dtype in FP8_DTYPES:
+            if dtype in FP8_DTYPES or opts.block_scaled is not None:
                 raise TypeError(f"c must have the result's dtype, result_type={result!r} (a and b are {dtype}), got "
                                 f"{got}: pass c.astype({result!r}), or result_type={got!r}"
                                 if got in RESULT_TYPES else f"c must have the result's dtype ({result}), got {got}")
@@ -156,7 +161,7 @@ def _check_fp8(opts: Options, dtype: str) -> str:
     """The FP8 keywords against the operands' dtype (nvmath-python's rules: scales
     only for narrow-precision operands; an FP8 result is not offered); the
     result's dtype."""
-    if dtype in FP8_DTYPES:
+    if dtype in FP8_DTYPES or opts.block_scaled is not None:
         return opts.result_type or "bfloat16"
     if opts.quantization_scales is not None:
         raise ValueError(
@@ -374,6 +379,10 @@ def check_reset(
     for name, value in (("a", a), ("b", b), ("c", c), ("bias", bias)):
         if value is None:
             continue
+        if name in ("a", "b") and spec.options.block_scaled is not None:
+            raise ValueError(f"reset_operands: {name}'s block scales (MXFP8) were applied when the plan was made "
+                             f"(a and b are held dequantized): make a new Matmul with the new {name} and its "
+                             "quantization_scales")
         swapped.pop(name, None)
         swapped.update(byte_swapped(**{name: value}))
         old = getattr(ops, name)
@@ -468,7 +477,12 @@ _DOCS = {
         quantization_scales: FP8 a and b only (float8_e4m3fn, float8_e5m2):
             ``{"a": sa, "b": sb}``, per-tensor float32 scalars (1 where left
             out); the product is ``alpha * (sa*a) @ (sb*b)``, accumulated in
-            float32. result_type: FP8 only, the dtype of the result and of
+            float32. Or block scales (MXFP8): uint8 arrays of UE8M0
+            exponents (``2**(s - 127)``), one per 32 elements along K, of the
+            stored operand's shape with K counted in blocks (a ``(M, K)``:
+            ``(M, ceil(K/32))``; b ``(K, N)``: ``(ceil(K/32), N)``), local
+            blocks' under mpiexec; emulated on every backend (dequantized to
+            float32 once, see docs/guide.md). result_type: FP8 only, the dtype of the result and of
             ``c``: "bfloat16" (default), "float16" or "float32".""",
     "semantics": """``D = epilog(alpha * op(a) @ op(b) + beta * c [+ bias])``. Degenerate
     sizes follow BLAS: K = 0 gives ``epilog(beta*c [+ bias])`` (zeros without

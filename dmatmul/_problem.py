@@ -105,6 +105,9 @@ class Options:
     quantization_scales: tuple[float, float] | None = dataclasses.field(default=None, metadata={_NAMES: (
         "the quantization scale of a", "the quantization scale of b")})
     result_type: str | None = None  # FP8 only: the result's dtype name (None: bfloat16)
+    #: MXFP8 only: the FP8 dtype of a and b whose block scales were applied at the front (dmatmul._mxfp8);
+    #: the operands the backends see are then float32
+    block_scaled: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("transpose_a", "transpose_b"):
@@ -119,6 +122,8 @@ class Options:
         self._set("devices", check_devices(self.devices, spmd=False))
         self._set("quantization_scales", _scales_pair(self.quantization_scales))
         self._set("result_type", _result_type_name(self.result_type))
+        if self.block_scaled is not None and self.block_scaled not in FP8_DTYPES:
+            raise ValueError(f"block_scaled must be None or one of {FP8_DTYPES}, got {self.block_scaled!r}")
 
     def _set(self, name: str, value: Any) -> None:
         if value is not getattr(self, name):
@@ -223,7 +228,8 @@ def _scale(x: Any, name: str) -> float:
     if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
         if int(np.prod(x.shape)) != 1:
             raise ValueError(f"quantization_scales[{name!r}] must be a per-tensor scalar (one value), got an array "
-                             f"of shape {tuple(x.shape)}: block scaling (MXFP8) is not supported")
+                             f"of shape {tuple(x.shape)}: block scales (MXFP8) are a uint8 array of the operand's "
+                             "shape with K counted in blocks of 32")
         try:
             x = np.asarray(x).reshape(()).item()
         except Exception:  # a traced value has no concrete value
@@ -333,7 +339,7 @@ class Spec:
     def result_dtype(self) -> str:
         """The dtype of c and of the result: ``result_type`` for FP8 operands
         (bfloat16 unless given), else the operands' dtype."""
-        if self.fp8:
+        if self.fp8 or self.options.block_scaled is not None:
             return self.options.result_type or "bfloat16"
         return self.dtype
 

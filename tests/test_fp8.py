@@ -50,7 +50,7 @@ def test_options_hold_scales_and_result_type_in_one_spelling() -> None:
     ({"b": 1 + 2j}, TypeError, "quantization_scales['b']"),
     ({"a": float("inf")}, ValueError, "finite"),
     ({"b": 1e39}, ValueError, "quantization_scales['b'] must be finite as a float32"),
-    ({"a": np.ones(4)}, ValueError, "block scaling (MXFP8) is not supported"),
+    ({"a": np.ones(4)}, ValueError, "block scales (MXFP8) are a uint8 array"),
     ({"d": 1.0}, ValueError, "takes no scale"),
 ])
 def test_bad_scales_name_the_operand(scales: object, error: type, words: str) -> None:

@@ -296,3 +296,12 @@ def test_check_under_mpiexec():
         output(proc)
     assert "layout family" in proc.stdout
     assert proc.returncode == 0, output(proc)
+
+
+def test_mxfp8_block_scales_split_with_their_operands():
+    """tests/mpi/mxfp8.py: block-scaled FP8 on 3 ranks (uneven M and N, K split or not), each rank's scales
+    those of its blocks, on JAX and the simulated nvmath; a bad scale shape on one rank raises on every rank."""
+    proc = launch(3, "tests/mpi/mxfp8.py", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "MISMATCH" not in proc.stdout and proc.stdout.count("done on 3 processes") == 3, output(proc)
+    assert "quantization_scales['a'] must have shape" in proc.stdout

@@ -18,7 +18,7 @@ X, Y = dm.Slab.X, dm.Slab.Y
 #: For every field of Options, a value other than its default (a new field needs one: see the tests)
 OTHER = dict(distribution=Y, alpha=2.0, beta=1.0, transpose_a=True, transpose_b=True, epilog="relu",
              backend="jax", algorithm="allgather", precision="high", devices=1,
-             quantization_scales={"a": 2.0}, result_type="float32")
+             quantization_scales={"a": 2.0}, result_type="float32", block_scaled="float8_e4m3fn")
 
 
 def test_every_field_has_another_value_here():

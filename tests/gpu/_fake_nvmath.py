@@ -58,6 +58,8 @@ from typing import Any
 import numpy as np
 
 CALLS: list[tuple[str, dict[str, Any]]] = []
+#: the fake GPU's compute capability (an H200's): nvmath's MXFP8 (``block_scaling=True``) needs 10.0
+COMPUTE_CAPABILITY: tuple[int, int] = (9, 0)
 #: what the fake GPU's cupy.cuda.runtime.memGetInfo() reports: [free, total] bytes (an 80 GB GPU, nearly empty)
 GPU_MEMORY: list[int] = [79 * 10**9, 80 * 10**9]
 #: ``True``: ``execute()`` does no work and returns a result buffer allocated once
@@ -234,6 +236,7 @@ class MatmulOptions:
     inplace: bool = False
     compute_type: int | None = None
     result_type: Any = None
+    block_scaling: bool = False
     logger: Any = None
     blocking: Any = "auto"
 
@@ -295,6 +298,8 @@ def _fp8_rules(a: np.ndarray, b: np.ndarray, c: Any, scales: Any, options: Any, 
     names = (a.dtype.name, b.dtype.name)
     fp8 = [n in _FP8 for n in names]
     result = getattr(options, "result_type", None)
+    if getattr(options, "block_scaling", False):
+        _mxfp8_rules(a, b, scales, fp8, transposes, mnk)
     if not any(fp8):
         if scales is not None:
             raise ValueError("Scales can only be set for narrow-precision (FP8 and lower) matrices.")
@@ -312,6 +317,29 @@ def _fp8_rules(a: np.ndarray, b: np.ndarray, c: Any, scales: Any, options: Any, 
     if result is None:
         result = c.dtype if c is not None else a.dtype
     return sa * sb, result
+
+
+def _mxfp8_rules(a: np.ndarray, b: np.ndarray, scales: Any, fp8: list[bool], transposes: tuple[bool, bool],
+                 mnk: tuple[int, int, int] | None) -> None:
+    """nvmath 1.0's MXFP8 rules (``block_scaling=True``, distributed Matmul): compute capability 10.0 or
+    higher (a RuntimeError, at construction); FP8 operands only; both scales uint8 1-D tensors of the local
+    operand's size / 32 (cuBLAS's tiled VEC32_UE8M0 layout), never scalars; local M, N and K multiples of
+    128. The fake computes no block-scaled product: dmatmul never sends one (it dequantizes at the front),
+    and these rules make any that it did send fail here as on an H200."""
+    if COMPUTE_CAPABILITY < (10, 0):
+        raise RuntimeError("MXFP8 requires a device with compute capability 10.0 or higher (Blackwell or newer "
+                           f"architecture). The compute capability of process 0's device is {COMPUTE_CAPABILITY}")
+    if not all(fp8):
+        raise ValueError("block_scaling == True is not supported for non-FP8 types.")
+    for name, x in (("a", a), ("b", b)):
+        s = (scales or {}).get(name)
+        if s is None or not hasattr(s, "shape"):
+            raise ValueError(f"A scalar tensor-wide scale factor is not allowed for {name.upper()} when "
+                             "block_scaling=True.")
+        if s.dtype != np.uint8 or tuple(s.shape) != (x.size // 32,):
+            raise ValueError(f"Scales for {name.upper()} should have shape {(x.size // 32,)}. Got {s.shape}.")
+    raise NotImplementedError("fake nvmath: no block-scaled product (local M, N, K multiples of 128 on a "
+                              "compute capability 10.0 device)")
 
 
 def _refuse_at_execute(epilog: Any, dtype: np.dtype, lib: str) -> None:
@@ -402,7 +430,8 @@ class Matmul:
                                  "has_c": c is not None, "alpha": alpha, "beta": beta,
                                  "grids": [(d.process_grid.shape, d.process_grid.layout.name, d.block_sizes,
                                             d.first_process) for d in self.distributions],
-                                 "global_shapes": list(self.global_shapes)}))
+                                 "global_shapes": list(self.global_shapes),
+                                 "dtypes": tuple(x.dtype.name for x in ops)}))
 
     def plan(self, *, preferences: Any = None, epilog: Any = None, epilog_inputs: Any = None, stream: Any = None) -> None:
         if self.freed:

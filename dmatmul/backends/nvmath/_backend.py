@@ -106,7 +106,8 @@ class NvmathPlan(BackendPlan):
         problem = Problem.from_spec(spec, self.ctx.size, (orders[0] or "C", orders[1] or "C", orders[2]))
         self.translation: Translation = _runtime.agree(lambda: translate(problem), "dmatmul (nvmath plan)")
         # FP8 that cuBLASMp's FP8 path refuses runs as the float32 product it equals (translate says why)
-        self._upcast = self.translation.problem.dtype != spec.dtype
+        # (MXFP8: float32 a and b, dequantized at the front, with c, the bias and the result of result_type)
+        self._upcast = self.translation.problem.dtype != spec.dtype or spec.options.block_scaled is not None
         if self._upcast:
             arrays = self._arrays(operands)
         self.algorithm = self.translation.algorithm

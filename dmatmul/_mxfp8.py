@@ -1,0 +1,136 @@
+"""Block-scaled FP8 (MXFP8): ``quantization_scales={"a": sa, "b": sb}`` with
+``sa`` and ``sb`` arrays of UE8M0 block scales (contract 3b, issue 38 item 3).
+
+The layout is the plain logical one, not cuBLAS's tiled one: a scale array
+has the shape of its *stored* operand with the K axis counted in blocks of
+32 (``ceil(K / 32)``, a last shorter block included). So a stored ``(M, K)``
+takes ``(M, ceil(K/32))``, a stored ``(K, M)`` (``transpose_a=True``)
+``(ceil(K/32), M)``; b alike with N. Element ``s`` (uint8) scales its 32
+elements by ``2**(s - 127)``; 255 is E8M0's NaN. Batched operands take
+scales of the same batch dimensions.
+
+In one process the operands and their scales are global arrays. Under a
+multi-process launch each rank passes its local blocks and the scales of its
+local blocks, counted from the block's first K element: the scales are split
+along with their operand. That is the global layout split where every rank's
+K offset is a multiple of 32 (always where K is not split).
+
+Every backend runs MXFP8 as the product it equals: each 32-element block is
+dequantized once, at the front (``float32(x) * 2**(s - 127)``, exact while
+the value stays in float32's range), the product runs in float32 with
+float32 accumulation (``precision="highest"``), and the result is rounded to
+``result_type`` once. cuBLASMp's own MXFP8 path (nvmath-python's
+``MatmulOptions(block_scaling=True)``, scales in cuBLAS's 128x4-tiled 1-D
+layout of each local block) needs compute capability 10.0 (Blackwell), local
+M, N and K multiples of 128 and the TN layout; dmatmul does not hand block
+scales to it yet, on any GPU.
+
+Light: numpy only; a family's array module is taken from its kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._spec import FP8_DTYPES, array_module, dtype_name, family
+
+#: elements per block along K (OCP MX: 32)
+BLOCK = 32
+
+
+def is_block(scale: Any) -> bool:
+    """Whether a ``quantization_scales`` value is a block-scale array (any
+    array of more than one dimension, or of a uint8 dtype) rather than a
+    per-tensor scalar."""
+    if not (hasattr(scale, "shape") and hasattr(scale, "dtype")) or isinstance(scale, np.generic):
+        return False
+    return len(scale.shape) >= 2 or dtype_name(scale.dtype) == "uint8"
+
+
+def take(options: dict[str, Any]) -> tuple[Any, Any] | None:
+    """The block scales ``(sa, sb)`` out of ``options`` (the call's keywords,
+    changed in place: ``quantization_scales`` then None, ``block_scaled`` set
+    by :func:`apply`), or None where the scales are per-tensor or absent. Both
+    or neither: nvmath's ``block_scaling=True`` takes no per-tensor scale."""
+    scales = options.get("quantization_scales")
+    if not isinstance(scales, dict) or not any(is_block(v) for v in scales.values()):
+        return None
+    extra = [key for key in scales if key not in ("a", "b")]
+    if extra:
+        raise ValueError(f'quantization_scales takes the keys "a" and "b", got {extra!r}: block scaling (MXFP8) '
+                         "has no scale of c or of the result")
+    for name in ("a", "b"):
+        if name not in scales or not is_block(scales[name]):
+            given = "nothing" if name not in scales else f"{scales[name]!r}"
+            raise ValueError(
+                f"quantization_scales[{name!r}]: block scaling (MXFP8) takes block scales for both a and b, got "
+                f"{given} for {name}: pass a uint8 array of {name}'s UE8M0 scales (all 127 for a scale of 1), or "
+                "per-tensor scalars for both"
+            )
+    options["quantization_scales"] = None
+    return scales["a"], scales["b"]
+
+
+def scale_shape(shape: tuple[int, ...], k_axis: int) -> tuple[int, ...]:
+    """The shape of the block scales of a stored operand of ``shape`` whose K is axis ``k_axis`` (-1 or -2)."""
+    out = list(shape)
+    out[k_axis] = -(-shape[k_axis] // BLOCK)
+    return tuple(out)
+
+
+def check(name: str, x: Any, s: Any, transposed: bool) -> int:
+    """``s`` against its operand ``x`` (stored; ``transposed``: its
+    ``transpose_`` flag); the axis of K in ``x``. Raises a TypeError or
+    ValueError naming the operand, what was expected and what was given."""
+    k_axis = (-2 if transposed else -1) if name == "a" else (-1 if transposed else -2)
+    got = dtype_name(s.dtype)
+    if got != "uint8":
+        raise TypeError(f"quantization_scales[{name!r}] must be a uint8 array of UE8M0 block scales (2**(s-127) "
+                        f"each), got dtype {got}: for float exponents e pass (e + 127).astype(np.uint8)")
+    shape, want = tuple(int(d) for d in s.shape), scale_shape(tuple(int(d) for d in x.shape), k_axis)
+    if shape != want:
+        along = "rows" if k_axis == -1 else "columns"
+        raise ValueError(
+            f"quantization_scales[{name!r}] must have shape {want}, one scale per 32 elements of K along each of "
+            f"{name}'s {along} ({name} stored {tuple(x.shape)}, transpose_{name}={transposed}), got {shape}"
+        )
+    if family(s) != family(x) and family(s) != "numpy":
+        raise TypeError(f"quantization_scales[{name!r}] is a {family(s)} array but {name} is {family(x)}: pass "
+                        f"them as one family (or the scales as numpy)")
+    return k_axis
+
+
+def dequantize(x: Any, s: Any, k_axis: int) -> Any:
+    """``float32(x)`` with each 32-element block along ``k_axis`` times
+    ``2**(s - 127)`` (NaN where ``s`` is 255), in ``x``'s array family."""
+    xp = array_module(family(x))
+    s = xp.asarray(s)
+    scale = xp.exp2(xp.minimum(s, 254).astype(xp.float32) - 127)  # (2**128 is no float32: 255 is NaN anyway)
+    scale = xp.where(s == 255, xp.float32(np.nan), scale)
+    k = x.shape[k_axis]
+    scale = xp.repeat(scale, BLOCK, axis=k_axis)
+    index = [slice(None)] * len(x.shape)
+    index[k_axis] = slice(0, k)
+    return x.astype(xp.float32) * scale[tuple(index)]
+
+
+def apply(ops: Any, scales: tuple[Any, Any], dtype: str, transpose_a: bool, transpose_b: bool) -> None:
+    """Check the block scales against FP8 ``ops.a`` and ``ops.b`` (of ``dtype``)
+    and put their dequantized float32 values in their place."""
+    if dtype not in FP8_DTYPES:
+        raise ValueError(f"block quantization_scales (MXFP8) are for FP8 operands (float8_e4m3fn, float8_e5m2), "
+                         f"but a and b are {dtype}: pass FP8 a and b, or scale a {dtype} product with alpha=")
+    ka = check("a", ops.a, scales[0], transpose_a)
+    kb = check("b", ops.b, scales[1], transpose_b)
+    ops.a = dequantize(ops.a, scales[0], ka)
+    ops.b = dequantize(ops.b, scales[1], kb)
+
+
+def explain_line(fmt: str, result: str) -> str:
+    """explain()'s line for a block-scaled product."""
+    return (f"mxfp8:      {fmt} a and b with UE8M0 block scales (one per 32 along K), dequantized once at the front "
+            f"to float32 (exact), multiplied in float32 (precision 'highest'), result rounded to {result} once; "
+            "cuBLASMp's MXFP8 path (nvmath block_scaling=True: compute capability 10.0+, local M, N, K multiples "
+            "of 128, TN) is not used, and JAX has no block-scaled dot")
