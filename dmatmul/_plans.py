@@ -125,6 +125,13 @@ class Plans:
     def borrow(self, backend: _backends.Backend, spec: Any, operands: Any) -> Borrowed:
         """A borrow of ``backend``'s plan of ``spec`` on ``operands``, made now
         where the cache holds none."""
+        if backend.cache_size <= 0 and not (backend.plans_collectively and spec.spmd):
+            plan = backend.plan(spec, operands)
+            if isinstance(plan, Borrowed):  # a plan the cache holds already (a backend's own, borrowed): this
+                return plan                 # borrow is of it, and lives as long as it stays in the cache
+            with self._lock:
+                return Borrowed(self._keep(self._shelf(backend.name), backend, spec, None, plan, None), self,
+                                backend.name)
         key = backend.key(spec, operands)
         shelf = self._shelf(backend.name)
         if not backend.plans_collectively:  # made outside the lock: threads plan different problems at once

@@ -139,3 +139,36 @@ def test_bias_and_epilogue():
     d = dm.matmul(x, w, epilog="gelu_bias", bias=put(bias, mesh, P(None, "model")), alpha=0.5)
     assert_close(np.asarray(d), np.asarray(jax.nn.gelu(0.5 * (A @ B) + bias)), "float32")
     assert d.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2), d.sharding
+
+
+@pytest.mark.parametrize("what", ["megatron", "batch split"])
+def test_repeated_eager_calls_skip_the_front_end_and_stay_right(what, monkeypatch):
+    """A second eager dm.matmul like a first one runs the first one's plan through
+    its kept runner (no Matmul is made: no checks, no planning, no memory
+    judgement), on new values of the same layout, and gets numpy's product; a
+    deleted operand takes the full path, which names it."""
+    from dmatmul import _matmul
+
+    mesh = mesh_of("auto")
+    if what == "megatron":
+        sa, sb, shape_a, shape_b = P("data", None), P(None, "model"), (16, 24), (24, 32)
+    else:
+        sa, sb, shape_a, shape_b = P(("data", "model"), None, None), P(), (8, 6, 5), (5, 7)
+    rng = np.random.default_rng(7)
+    x0, x1 = (rng.standard_normal(shape_a).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(shape_b).astype(np.float32)
+    wj = put(w, mesh, sb)
+    first = dm.matmul(put(x0, mesh, sa), wj)
+    assert_close(np.asarray(first), reference(x0, w), "float32")
+    made = []
+    real = _matmul.Matmul.__init__
+    monkeypatch.setattr(_matmul.Matmul, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    x1j = put(x1, mesh, sa)
+    d = dm.matmul(x1j, wj)
+    assert made == [], "the repeated call was planned again"
+    assert_close(np.asarray(d), reference(x1, w), "float32")
+    assert d.sharding == first.sharding
+    x1j.delete()
+    with pytest.raises(ValueError, match="a is a deleted jax.Array"):
+        dm.matmul(x1j, wj)
+    assert made == [1]

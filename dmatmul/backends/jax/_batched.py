@@ -21,6 +21,7 @@ on each item (``dmatmul._batched``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,6 +33,7 @@ from ..._problem import Spec
 from ..._spec import Operands
 from ..._plans import PLANS
 from .. import Backend, BackendPlan
+from ._execute import concrete_runner
 from ._kernels.common import PRECISIONS, Epilogue, contract, finish
 from ._mesh import _tracing, mesh_of, plan_devices
 from ._planning import _x64
@@ -142,6 +144,9 @@ class BatchSplitPlan(BackendPlan):
             with jax.set_mesh(self.mesh):
                 return d[:spec.batch_size].reshape(shape)
         return d
+
+    def repeat(self, operands: Operands) -> Callable[[Operands], Any] | None:
+        return concrete_runner(self.spec, operands, self.execute)
 
     @property
     def _relaid(self) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from ... import _plan
+from ..._problem import Spec
 from ..._spec import Operands
 from ._arrays import in_trace as in_jax_trace
 from . import _layout, _mesh
@@ -22,6 +23,33 @@ from ._mesh import _concrete, _same, _traced, _tracing, depending_on, mesh_of
 from ._shardings import _on_mesh
 from ._planning import _OPERANDS, _x64
 from ._compile import CompiledProduct
+
+
+def concrete_runner(spec: Spec, operands: Operands, call: Callable[[Operands], Any]) -> Callable[[Operands], Any] | None:
+    """A plan's ``repeat`` runner (:meth:`dmatmul.backends.BackendPlan.repeat`):
+    ``call`` on operands laid out as ``operands`` are, which must be one
+    process's concrete jax.Arrays outside any trace (else None: no shortcut).
+    The runner returns None (the caller then takes the full path, which raises
+    what it must) where a trace runs now or an operand was deleted."""
+    use_c, has_bias = spec.use_c, spec.has_bias
+
+    def used(ops: Operands) -> tuple[Any, Any, Any, Any]:
+        return ops.a, ops.b, ops.c if use_c else None, ops.bias if has_bias else None
+
+    xs = used(operands)
+    if (spec.spmd or operands.family != "jax" or in_jax_trace(*xs)
+            or not all(x is None or isinstance(x, jax.Array) for x in xs)):
+        return None
+
+    def run(ops: Operands) -> Any:
+        if in_jax_trace():
+            return None
+        for x in used(ops):
+            if x is not None and x.is_deleted():
+                return None
+        return call(ops)
+
+    return run
 
 
 class ExecutingProduct(CompiledProduct):
@@ -100,30 +128,21 @@ class ExecutingProduct(CompiledProduct):
         the front end's checks (the backend protocol's optional shortcut): for
         :meth:`dmatmul.Matmul.execute` on the operands it checked the first time,
         and for :func:`dmatmul.matmul` on operands of the shapes, dtypes and
-        placements of a call that passed its checks. One process, concrete
-        jax.Arrays, outside any trace; None here where there is no such shortcut.
+        placements of a call that passed its checks (:func:`concrete_runner`).
         What moves onto the plan's devices is decided here, once, from these
-        operands' placements; the runner returns None (the caller then takes the
-        full path, which raises what it must) where an operand was deleted, or a
-        trace is running now."""
+        operands' placements."""
         xs = self._repeated(operands)
         mesh = self.geom.mesh
-        if (self.spec.spmd or self.traced or operands.family != "jax" or in_jax_trace(*xs)
-                or not isinstance(mesh, Mesh) or not all(x is None or isinstance(x, jax.Array) for x in xs)):
+        if self.traced or not isinstance(mesh, Mesh):
             return None
         geom, targets = self.geom, {i: self._target(op) for i, op in enumerate(_OPERANDS) if xs[i] is not None}
         # an operand not where the plan keeps it moves at every call
-        moves = tuple((i, t) for i, t in targets.items() if not geom.holds(xs[i]))
+        moves = tuple((i, t) for i, t in targets.items() if isinstance(xs[i], jax.Array) and not geom.holds(xs[i]))
         fn, onto, dtype, after, repeated = self._function("jax"), geom.onto, self.spec.dtype, self._delivery(), self._repeated
         wide = dtype in ("float64", "complex128")  # (x64 may be switched between calls: asked at each)
 
-        def run(ops: Operands) -> Any:
-            if in_jax_trace():
-                return None
+        def call(ops: Operands) -> Any:
             now: Sequence[Any] = repeated(ops)
-            for x in now:
-                if x is not None and x.is_deleted():
-                    return None
             if moves:
                 moved = list(now)
                 for i, target in moves:
@@ -138,7 +157,7 @@ class ExecutingProduct(CompiledProduct):
                     d = fn(*now)
             return after(d)
 
-        return run
+        return concrete_runner(self.spec, operands, call)
 
     def _repeated(self, ops: Operands) -> tuple[Any, Any, Any, Any]:
         """The arrays the compiled function takes, in :data:`_OPERANDS`' order (C only where it is used)."""

@@ -9,6 +9,7 @@ independent axes that split M or N (each cut on its own devices).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -21,6 +22,7 @@ from ..._problem import Spec
 from ..._sharded import Sharded
 from ..._spec import Operands
 from . import _kernels, _layout, _mesh
+from ._execute import concrete_runner
 from ._explain import ExplainedProduct
 from ._planning import _x64
 from ._shardings import Split, _typed_on, find
@@ -68,8 +70,8 @@ class IndependentPlan(BackendPlan):
     def free(self) -> None:
         """Nothing to release: the compiled function lives in the backend's plan cache."""
 
-    def repeat(self, operands: Operands) -> None:
-        return None
+    def repeat(self, operands: Operands) -> Callable[[Operands], Any] | None:
+        return concrete_runner(self.spec, operands, self.execute)
 
     def memory_needs(self) -> Any:
         """One group's needs: each device holds its blocks of one group's product."""
