@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _runtime
 from . import backends as _backends
-from ._distribution import Distribution, Replicated, Slab
+from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
 from ._errors import DistributionError
@@ -246,6 +246,12 @@ class ShardedProduct(_backends.Backend):
         dists = spec.distributions
         assert dists is not None
         triple = tuple(taken_as(d) for d in dists)
+        # next to a 2-D grid the plan runs on, the others are taken on that grid too (SUMMA's own layout:
+        # cuBLASMp takes one block size per dimension, and JAX then re-lays nothing more)
+        grid = next((d.grid for d in triple if d.grid is not None and d.grid.ndim == 2), None)
+        if grid is not None:
+            triple = tuple(BlockNonCyclic(grid) if isinstance(o, Sharded) and d.grid != grid else d
+                           for o, d in zip(dists, triple))
         options = dataclasses.replace(spec.options, distribution=triple)
         return dataclasses.replace(spec, options=options)
 
