@@ -44,6 +44,7 @@ from ._plans import PLANS
 from ._problem import Spec
 from ._sharded import Sharded
 from ._args import to_numpy
+from ._batched import route
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
 __all__ = ["ShardedProduct", "exchange", "needs_relay", "taken_as"]
@@ -103,7 +104,7 @@ def taken_as(d: Distribution) -> Distribution:
     >>> mesh = ProcessMesh((2, 2), ("x", "y"))
     >>> taken_as(Sharded(mesh, ("x", None))), taken_as(Sharded(mesh, (None, None, "y")))
     (Slab.X, Slab.Y)
-    >>> taken_as(Sharded(mesh, ("x", ("x", "y")[1:], None)))
+    >>> taken_as(Sharded(mesh, ("x", "y", None)))  # the batch over x, the rows over y
     Slab.X
     """
     if not isinstance(d, Sharded):
@@ -245,19 +246,19 @@ class ShardedProduct(_backends.Backend):
     def _inner(self, spec: Spec) -> Spec:
         dists = spec.distributions
         assert dists is not None
-        triple = tuple(taken_as(d) for d in dists)
+        triple: tuple[Distribution, Distribution, Distribution] = (
+            taken_as(dists[0]), taken_as(dists[1]), taken_as(dists[2]))
         # next to a 2-D grid the plan runs on, the others are taken on that grid too (SUMMA's own layout:
         # cuBLASMp takes one block size per dimension, and JAX then re-lays nothing more)
         grid = next((d.grid for d in triple if d.grid is not None and d.grid.ndim == 2), None)
         if grid is not None:
-            triple = tuple(BlockNonCyclic(grid) if isinstance(o, Sharded) and d.grid != grid else d
-                           for o, d in zip(dists, triple))
+            a, b, r = (BlockNonCyclic(grid) if isinstance(o, Sharded) and d.grid != grid else d
+                       for o, d in zip(dists, triple))
+            triple = (a, b, r)
         options = dataclasses.replace(spec.options, distribution=triple)
         return dataclasses.replace(spec, options=options)
 
     def _route(self, inner: Spec) -> Any:
-        from ._batched import route
-
         return route(self.backend, inner)
 
     def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
@@ -284,7 +285,7 @@ class ShardedProduct(_backends.Backend):
         if spec.spmd:  # the inner plan's blocks are not this rank's blocks: judged by the plan's run
             return [], {}
         inner = self._inner(spec)
-        return self._route(inner).memory(inner, operands)  # type: ignore[no-any-return]
+        return self._route(inner).memory(inner, operands)
 
     def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
         inner = self._inner(spec)
@@ -417,10 +418,10 @@ class RelayPlan(_backends.BackendPlan):
         rt = _runtime.active()
         assert rt is not None
         if dry:  # (blocks of the right shapes: the plan reads their shapes, orders and places only)
-            return Operands(*(self._blank(name, getattr(operands, attr), rt.rank)
-                              for name, attr in (("a", "a"), ("b", "b"), ("c", "c"))), operands.bias)
-        return Operands(*(self._moved(name, getattr(operands, attr), rt)
-                          for name, attr in (("a", "a"), ("b", "b"), ("c", "c"))), operands.bias)
+            a, b, c = (self._blank(name, getattr(operands, name), rt.rank) for name in ("a", "b", "c"))
+        else:
+            a, b, c = (self._moved(name, getattr(operands, name), rt) for name in ("a", "b", "c"))
+        return Operands(a, b, c, operands.bias)
 
     def _blank(self, name: str, x: Any, rank: int) -> Any:
         if x is None or name not in self.routes:
