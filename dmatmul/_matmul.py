@@ -37,6 +37,7 @@ from ._options import _held, _shapes
 from ._options import validate as _validate
 from ._problem import Spec
 from ._recent import RECENT as _RECENT
+from ._relay import ShardedProduct, needs_relay
 from ._spec import (
     DTYPES,
     AlgorithmName,
@@ -147,6 +148,8 @@ class Matmul:
         B are not read: an empty product, alpha == 0) :class:`EmptyProduct`, the one
         place that computes ``epilog(beta*C [+ bias])``. No backend is given alpha == 0
         (cuBLASMp's quick return for it leaves a vector result unwritten)."""
+        if needs_relay(self._spec):  # a Sharded no backend takes as it is: re-laid around a 2-D plan
+            return ShardedProduct(self._runs_on)
         return _route(self._runs_on, self._spec)  # (a batch: _batched.BatchedProduct)
 
     def _hold(self, ops: Operands, swapped: dict[str, np.ndarray]) -> None:

@@ -28,6 +28,7 @@ from ._distribution import Distribution
 from ._epilogue import TABLE, Epilog, EpilogName, has_bias
 from ._errors import DistributionError
 from ._problem import Options, Spec, _require_number
+from ._relay import check_mesh, check_ndims
 from ._spec import (
     DTYPES,
     FP8_DTYPES,
@@ -152,6 +153,13 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
         )
     if spmd:
         check_devices(opts.devices, spmd=True)
+    if opts.distribution is not None:
+        ndims = (ops.a.ndim, ops.b.ndim, max(ops.a.ndim, ops.b.ndim))
+        check_ndims(opts.distribution, ndims, (f"stored shape {tuple(ops.a.shape)}", f"stored shape {tuple(ops.b.shape)}",
+                                                "the batch dimensions of a and b, then (M, N)"))
+        rt = _runtime.active() if spmd else None
+        if rt is not None:
+            check_mesh(opts.distribution, rt.size, f"{rt.size} processes", "")
     shape = lambda x: tuple(int(d) for d in x.shape)  # noqa: E731
     return Spec(shape(ops.a), shape(ops.b), dtype, opts._scaled_for(alpha, beta), family=ops.family,
                 c_shape=None if ops.c is None else shape(ops.c), bias_shape=bias_shape)
@@ -334,8 +342,11 @@ def _global_shapes(local: Spec, gathered: list[tuple[Any, ...]], rank: int) -> t
     assert dists is not None
     out: list[tuple[int, ...]] = []
     for i, (name, dist) in enumerate(zip(("a", "b"), dists)):
-        batch = _same_batch([g[i] for g in gathered], name, rank)
         try:
+            if dist.ndim > 2:  # a Sharded of every dimension: the batch may be split too
+                out.append(dist.global_shape([g[i] for g in gathered]))
+                continue
+            batch = _same_batch([g[i] for g in gathered], name, rank)
             out.append(batch + dist.global_shape([g[i][-2:] for g in gathered]))
         except DistributionError as e:
             raise DistributionError(f"{name}: {e} (this is rank {rank})") from None
@@ -345,6 +356,12 @@ def _global_shapes(local: Spec, gathered: list[tuple[Any, ...]], rank: int) -> t
     # c's blocks are checked against the result's shape that a and b imply: a misfit names its own rank
     full = dataclasses.replace(local, a_shape=a_shape, b_shape=b_shape)
     _check_batch(full)
+    if dists[2].ndim > 2:
+        try:
+            dists[2].check_blocks([g[2] for g in gathered], full.result_shape, "of the result, from a and b")
+        except DistributionError as e:
+            raise DistributionError(f"c: {e} (this is rank {rank})") from None
+        return a_shape, b_shape, full.result_shape
     batch = _same_batch([g[2] for g in gathered], "c", rank)
     try:
         dists[2].check_blocks([g[2][-2:] for g in gathered], full.shapes["d"], "of the result (M, N), from a and b")

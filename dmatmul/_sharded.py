@@ -316,20 +316,17 @@ class Sharded(Distribution):
 
 
 def matrix_distribution(d: Distribution, what: str) -> Distribution:
-    """``d``, a :class:`Sharded` as its 2-D form (what :func:`dmatmul.matmul`
-    takes for now), else a DistributionError naming ``what``, which says which
-    Shardeds have one.
+    """``d``, a :class:`Sharded` of 2 dimensions as its 2-D form where it has
+    one (the same value, which every backend takes as it is); any other
+    Sharded as it is: :mod:`dmatmul._relay` plans its product, re-laying the
+    operands into a layout the plan takes. ``what`` names it in errors.
 
     >>> matrix_distribution(Sharded(ProcessMesh(2, "x"), ("x", None)), "distribution")
     Slab.X
+    >>> matrix_distribution(Sharded(ProcessMesh((2, 2), ("x", "y")), ("x", None)), "distribution")
+    Sharded(ProcessMesh((2, 2), ('x', 'y')), ('x', None))
     """
     if not isinstance(d, Sharded):
         return d
     two = d.as_2d()
-    if two is None:
-        raise DistributionError(
-            f"{what}: {d!r} is no 2-D distribution, and dm.matmul takes only those for now: use a Sharded of "
-            "2 dimensions that splits rows, columns or both over every mesh axis in rank order (Slab.X, Slab.Y, "
-            "Replicated() or a BlockNonCyclic grid; Sharded.from_2d gives them), or one of those"
-        )
-    return two
+    return d if two is None else two

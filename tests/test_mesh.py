@@ -383,10 +383,8 @@ def test_options_read_a_sharded_as_its_2d_form():
     assert [type(d) for d in opts.distribution] == [dm.Slab, dm.BlockNonCyclic, dm.Slab]
     assert Options(distribution=x).distribution == (dm.Slab.X,) * 3
     nd = dm.Sharded(dm.ProcessMesh((2, 4), ("x", "y")), ("x", None))  # replicated over y: no 2-D form
-    with pytest.raises(dm.DistributionError, match=r"distribution of b: Sharded\(.*\) is no 2-D distribution"):
-        Options(distribution=(x, nd, x))
-    with pytest.raises(dm.DistributionError, match=r"^distribution: Sharded\(.*\) is no 2-D distribution"):
-        Options(distribution=nd)
+    assert Options(distribution=(x, nd, x)).distribution == (dm.Slab.X, nd, dm.Slab.X)  # kept: re-laid (_relay)
+    assert Options(distribution=nd).distribution[0] is nd
 
 
 def test_matmul_with_shardeds_equal_to_2d_distributions():

@@ -169,6 +169,17 @@ def test_batched_products_on_two_processes():
     assert "batched checks on 2 processes: 0 failures" in proc.stdout
 
 
+@pytest.mark.parametrize("backend", ["jax", "fake"])
+def test_sharded_products_on_four_processes(backend):
+    """tests/mpi/sharded.py: each rank passes its blocks of Shardeds that no 2-D
+    distribution expresses (replicated over a mesh axis, axes out of rank order,
+    the batch split); they are re-laid, or multiplied where they are (a batch
+    split alike), and each rank's result block matches numpy."""
+    proc = launch(4, "tests/mpi/sharded.py", backend, timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "sharded checks on 4 processes: 0 failures" in proc.stdout
+
+
 def test_readme_several_processes_block(tmp_path):
     """docs/mpi.md "Several processes": its block as written, then a check of each
     rank's rows of D against numpy (the blocks of A and B joined from every rank)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ... import _memory, _plan, _runtime
 from ..._distribution import Distribution, Replicated
@@ -121,6 +122,25 @@ class JaxBackend(Backend):
             if isinstance(mesh, Mesh):  # the same blocks on the same devices, named on the user's mesh
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
             return out
+
+    def lay_out(self, d: Any, dist: Any) -> Any:
+        """One process: a result laid out as the :class:`~dmatmul.Sharded` ``dist``
+        (of every dimension) says, on the devices it is on (in rank order), with
+        the NamedSharding of ``dist``'s mesh and spec where every split is even
+        (JAX shards only evenly), else replicated there."""
+        sharding = d.sharding
+        devices = list(sharding.mesh.devices.flat) if isinstance(sharding, NamedSharding) else \
+            sorted(sharding.device_set, key=lambda dev: dev.id)
+        if len(devices) != dist.mesh.size:  # (the rank counts were checked: a result on one device)
+            return d
+        mesh = Mesh(np.array(devices, dtype=object).reshape(dist.mesh.shape), dist.mesh.axis_names)
+        even = all(size % max(1, int(np.prod([dist.mesh.shape[dist.mesh.axis_names.index(n)]
+                                                  for n in dist.axes(i)]))) == 0
+                   for i, size in enumerate(d.shape))
+        out = NamedSharding(mesh, PartitionSpec(*dist.spec) if even else PartitionSpec())
+        if isinstance(d, jax.core.Tracer):
+            return jax.lax.with_sharding_constraint(d, out)
+        return jax.device_put(d, out)
 
     def batched(self, spec: Spec, operands: Operands) -> BackendPlan | None:
         """A batched product in one compiled call (:mod:`._batched`): the batch split

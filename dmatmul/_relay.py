@@ -1,0 +1,467 @@
+"""Products on any :class:`~dmatmul.Sharded` distribution (backend-neutral).
+
+The backends' plans take the 2-D distributions (``Slab``, ``Replicated``,
+grids), each rank holding the whole batch of its blocks. A ``Sharded`` that
+has no such form (replicated over some mesh axes only, axes cut out of rank
+order, a batch dimension split) is planned here (:class:`ShardedProduct`,
+standing in for the backend as :class:`dmatmul._batched.BatchedProduct`
+does):
+
+* each such operand is taken by the plan in a 2-D layout of its own kind
+  (:func:`taken_as`: the rows split -> ``Slab.X``, the columns -> ``Slab.Y``,
+  nothing -> ``Replicated()``; its own 2-D form where only the batch is
+  split) and re-laid into it, the result out of it into the result's
+  Sharded. Under ``mpiexec`` the ranks exchange exactly the elements each
+  lacks (:func:`exchange`, from ``global_indices``: nothing is gathered
+  whole); in one process the operands are the global arrays, so nothing
+  moves but what placing them on the devices moves (a ``jax.Array`` result
+  is laid out as the result's Sharded says, or replicated where no
+  ``NamedSharding`` expresses it, as the backend has it);
+* a batch dimension split alike for a, b and the result, with the matrices
+  split nowhere, is independent products: under ``mpiexec`` each rank
+  multiplies its own items, and nothing moves (:class:`LocalPlan`).
+
+``explain()`` states each move, its bytes per rank and why; the plan's
+``cost`` counts them as the backends count their own moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from . import _runtime
+from . import backends as _backends
+from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
+from ._epilogue import apply as epilogue_apply
+from ._epilogue import work_dtype
+from ._errors import DistributionError
+from ._plan import Move, Plan
+from ._plans import PLANS
+from ._problem import Spec
+from ._sharded import Sharded
+from ._args import to_numpy
+from ._batched import route
+from ._spec import Operands, array_module, family, numpy_dtype, precise
+
+__all__ = ["ShardedProduct", "exchange", "needs_relay", "taken_as"]
+
+_NAMES = ("a", "b", "result")
+
+
+def needs_relay(spec: Spec) -> bool:
+    """Whether ``spec`` names a Sharded that the backends do not take as it is."""
+    dists = spec.distributions
+    return dists is not None and any(isinstance(d, Sharded) for d in dists)
+
+
+def _ndims(spec: Spec) -> tuple[int, int, int]:
+    return len(spec.a_shape), len(spec.b_shape), len(spec.result_shape)
+
+
+def _shapes(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    return spec.a_shape, spec.b_shape, spec.result_shape
+
+
+def check_ndims(dists: Sequence[Distribution], ndims: Sequence[int], shapes: Sequence[str]) -> None:
+    """A Sharded lays out arrays of as many dimensions as the operand has (or
+    2: its matrices, every rank holding the whole batch), else a
+    DistributionError naming the operand."""
+    for name, d, ndim, shape in zip(_NAMES, dists, ndims, shapes):
+        if isinstance(d, Sharded) and d.ndim not in (ndim, 2):
+            raise DistributionError(
+                f"distribution of {name}: {d!r} has {d.ndim} spec entries but {name} has {ndim} dimensions "
+                f"({shape}): give one entry per dimension of {name} (None where it is not split), "
+                "or 2 for its matrices, every rank then holding the whole batch"
+            )
+
+
+def check_mesh(dists: Sequence[Distribution], nranks: int, where: str, fix: str) -> None:
+    """A Sharded's mesh spans exactly the ``nranks`` ranks in use, else a
+    DistributionError naming the operand (``where``: "4 processes"...)."""
+    for name, d in zip(_NAMES, dists):
+        if isinstance(d, Sharded) and d.mesh.size != nranks:
+            raise DistributionError(
+                f"distribution of {name}: {d!r} spans {d.mesh.size} ranks (its mesh {d.mesh.shape}) but there "
+                f"are {where}: use a ProcessMesh of {nranks} ranks{fix}"
+            )
+
+
+def _matrix(d: Sharded) -> Sharded:
+    return d if d.ndim == 2 else Sharded(d.mesh, d.spec[-2:])
+
+
+def taken_as(d: Distribution) -> Distribution:
+    """The 2-D distribution a plan takes an operand laid out as ``d`` in: ``d``
+    itself where it is one; a Sharded's own 2-D form where only its batch is
+    split; else the 1-D layout of its kind (rows split: ``Slab.X``, columns
+    only: ``Slab.Y``, neither: ``Replicated()``).
+
+    >>> from dmatmul import ProcessMesh
+    >>> mesh = ProcessMesh((2, 2), ("x", "y"))
+    >>> taken_as(Sharded(mesh, ("x", None))), taken_as(Sharded(mesh, (None, None, "y")))
+    (Slab.X, Slab.Y)
+    >>> taken_as(Sharded(mesh, ("x", "y", None)))  # the batch over x, the rows over y
+    Slab.X
+    """
+    if not isinstance(d, Sharded):
+        return d
+    m = _matrix(d)
+    two = m.as_2d()
+    if two is not None:
+        return two
+    split = [bool(m.axes(i)) and m.mesh.sublayout(m.axes(i)).size > 1 for i in range(2)]
+    return Slab.X if split[0] else Slab.Y if split[1] else Replicated()
+
+
+def as_nd(d: Distribution, ndim: int, nranks: int) -> Sharded | Distribution:
+    """``d`` laying out arrays of ``ndim`` dimensions: a Sharded of 2 entries (or
+    a 2-D distribution) with the batch dimensions not split, where it has a
+    Sharded form; else ``d`` (a 2-D distribution, every rank the whole batch)."""
+    s = d if isinstance(d, Sharded) else Sharded.from_2d(d, nranks)
+    if s is None:
+        return d
+    return s if s.ndim == ndim else Sharded(s.mesh, (None,) * (ndim - s.ndim) + s.spec)
+
+
+def _indices(d: Distribution, rank: int, shape: tuple[int, ...], nranks: int) -> tuple[np.ndarray, ...]:
+    """``rank``'s global ids per dimension of an array of ``shape`` laid out as
+    ``d`` (a 2-D one: every batch index, then its matrix's)."""
+    if d.ndim == len(shape):
+        return tuple(d.global_indices(rank, shape, nranks))
+    return (*(np.arange(s) for s in shape[:-2]), *d.global_indices(rank, shape[-2:], nranks))
+
+
+def _key(ids: tuple[np.ndarray, ...]) -> tuple[bytes, ...]:
+    return tuple(np.ascontiguousarray(i, dtype=np.int64).tobytes() for i in ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Which rank sends which part to which (the same tables on every rank):
+    ``parts[s]``: ``(sender, ids per dimension)`` of the parts rank ``s`` gets."""
+
+    src: tuple[tuple[np.ndarray, ...], ...]
+    dst: tuple[tuple[np.ndarray, ...], ...]
+    parts: tuple[tuple[tuple[int, tuple[np.ndarray, ...]], ...], ...]
+
+    @classmethod
+    def of(cls, src: Distribution, dst: Distribution, shape: tuple[int, ...], nranks: int) -> Route:
+        s_ids = tuple(_indices(src, r, shape, nranks) for r in range(nranks))
+        d_ids = tuple(_indices(dst, r, shape, nranks) for r in range(nranks))
+        holders: dict[tuple[bytes, ...], list[int]] = {}  # the ranks that hold one same block
+        for r, ids in enumerate(s_ids):
+            holders.setdefault(_key(ids), []).append(r)
+        parts = []
+        for s in range(nranks):
+            got = []
+            for group in holders.values():
+                sender = s if s in group else group[s % len(group)]  # spread the replicas' sends
+                common = tuple(np.intersect1d(a, b, assume_unique=True) for a, b in zip(s_ids[group[0]], d_ids[s]))
+                if all(len(c) for c in common):
+                    got.append((sender, common))
+            parts.append(tuple(got))
+        return cls(s_ids, d_ids, tuple(parts))
+
+    def received(self, rank: int) -> int:
+        """The elements ``rank`` gets from other ranks."""
+        return sum(int(np.prod([len(c) for c in ids])) for sender, ids in self.parts[rank] if sender != rank)
+
+
+def _positions(held: tuple[np.ndarray, ...], ids: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    return tuple(np.searchsorted(h, i) for h, i in zip(held, ids))
+
+
+def exchange(x: Any, route: Route, rank: int, comm: Any, dtype: Any) -> np.ndarray:
+    """This rank's block ``x`` under ``route``'s source layout -> its block under
+    the destination's: one all-to-all of exactly the parts each rank lacks."""
+    x = x.get() if family(x) == "cupy" else to_numpy(x, "x")  # (a CuPy block: to the host)
+    size = len(route.parts)
+    outgoing: list[list[np.ndarray]] = [[] for _ in range(size)]
+    for s in range(size):
+        for sender, ids in route.parts[s]:
+            if sender == rank:
+                outgoing[s].append(x[np.ix_(*_positions(route.src[rank], ids))])
+    incoming = comm.alltoall(outgoing) if size > 1 else outgoing
+    out = np.empty(tuple(len(i) for i in route.dst[rank]), dtype=dtype)
+    taken = [0] * size
+    for sender, ids in route.parts[rank]:
+        out[np.ix_(*_positions(route.dst[rank], ids))] = incoming[sender][taken[sender]]
+        taken[sender] += 1
+    return out
+
+
+def _in_family(x: np.ndarray, like: str) -> Any:
+    return x if like == "numpy" else array_module(like).asarray(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Relay:
+    """One operand's move between its Sharded and the layout the plan takes."""
+
+    name: str  # a, b, c or result
+    src: Distribution
+    dst: Distribution
+    shape: tuple[int, ...]
+    received: int  # elements the rank that gets most gets from others
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.received * self.itemsize
+
+    def describe(self, moved: bool) -> str:
+        if not moved:
+            how = "in one process the global array is placed so: nothing moves between ranks beyond placing it"
+        elif self.nbytes == 0:
+            how = "each rank holds its part already: nothing moves"
+        else:
+            how = f"{_fmt(self.nbytes)}/rank at most (each rank gets only the elements it lacks)"
+        return f"  {self.name:7s} {self.src!r} -> {self.dst!r}: {how}"
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+class ShardedProduct(_backends.Backend):
+    """The "backend" of a product with Shardeds the backends do not take as
+    they are, standing in for ``backend``. Its plans are made at every call
+    around a plan of the 2-D product that the cache holds."""
+
+    cache_size = 0
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.plans_collectively = backend.plans_collectively
+
+    def _inner(self, spec: Spec) -> Spec:
+        dists = spec.distributions
+        assert dists is not None
+        triple: tuple[Distribution, Distribution, Distribution] = (
+            taken_as(dists[0]), taken_as(dists[1]), taken_as(dists[2]))
+        # next to a 2-D grid the plan runs on, the others are taken on that grid too (SUMMA's own layout:
+        # cuBLASMp takes one block size per dimension, and JAX then re-lays nothing more)
+        grid = next((d.grid for d in triple if d.grid is not None and d.grid.ndim == 2), None)
+        if grid is not None:
+            a, b, r = (BlockNonCyclic(grid) if isinstance(o, Sharded) and d.grid != grid else d
+                       for o, d in zip(dists, triple))
+            triple = (a, b, r)
+        options = dataclasses.replace(spec.options, distribution=triple)
+        return dataclasses.replace(spec, options=options)
+
+    def _route(self, inner: Spec) -> Any:
+        return route(self.backend, inner)
+
+    def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
+        assert spec.distributions is not None
+        check_ndims(spec.distributions, _ndims(spec), [f"shape {s}" for s in _shapes(spec)])
+        inner = self._inner(spec)
+        if not spec.spmd:
+            ranks = self._route(inner).ranks(inner, operands)
+            check_mesh(spec.distributions, ranks, f"{ranks} device{'s' if ranks > 1 else ''} in use",
+                       ", or devices= that many")
+        local = _independent(spec)
+        if local is not None and spec.spmd:
+            return LocalPlan(spec, local)
+        return RelayPlan(spec, inner, self._route(inner), operands)
+
+    def ranks(self, spec: Spec, operands: Operands) -> int:
+        inner = self._inner(spec)
+        return int(self._route(inner).ranks(inner, operands))
+
+    def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
+        return result
+
+    def memory(self, spec: Spec, operands: Operands) -> tuple[list[Any], dict[str, Any]]:
+        if spec.spmd:  # the inner plan's blocks are not this rank's blocks: judged by the plan's run
+            return [], {}
+        inner = self._inner(spec)
+        return self._route(inner).memory(inner, operands)
+
+    def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
+        inner = self._inner(spec)
+        algorithm, lines = self._route(inner).preview(inner, operands)
+        return algorithm, [*_relay_header(spec, inner), *lines]
+
+
+def _relay_header(spec: Spec, inner: Spec) -> list[str]:
+    assert spec.distributions is not None and inner.distributions is not None
+    taken = ", ".join(f"{n} as {d!r}" for n, d, o in zip(_NAMES, inner.distributions, spec.distributions)
+                      if isinstance(o, Sharded))
+    return [f"sharded:    the plan takes {taken} (no 2-D distribution it runs lays them out as given)"]
+
+
+def _independent(spec: Spec) -> tuple[str, ...] | None:
+    """The mesh axes that split the batch alike for a, b and the result where
+    their matrices are split nowhere (and a, b and the result have the same
+    batch dimensions): independent products. Else None."""
+    dists = spec.distributions
+    assert dists is not None
+    if not all(isinstance(d, Sharded) for d in dists) or not spec.batch_shape:
+        return None
+    a, b, d = cast(tuple[Sharded, Sharded, Sharded], dists)
+    nb = len(spec.batch_shape)
+    if spec.a_shape[:-2] != spec.batch_shape or spec.b_shape[:-2] != spec.batch_shape:
+        return None
+    if not (a.ndim == b.ndim == d.ndim == nb + 2) or a.mesh != b.mesh or a.mesh != d.mesh:
+        return None
+    if a.spec[:nb] != b.spec[:nb] or a.spec[:nb] != d.spec[:nb] or all(e is None for e in a.spec[:nb]):
+        return None
+    if any(e is not None for x in (a, b, d) for e in x.spec[nb:]):
+        return None
+    if spec.bias_shape is not None and len(spec.bias_shape) > 2:
+        return None
+    return tuple(n for i in range(nb) for n in a.axes(i))
+
+
+class LocalPlan(_backends.BackendPlan):
+    """Under ``mpiexec``: the batch split alike for a, b and the result, the
+    matrices whole on each rank: each rank multiplies its own items."""
+
+    algorithm = "local"
+
+    def __init__(self, spec: Spec, axes: tuple[str, ...]) -> None:
+        self.spec = spec
+        self.axes = axes
+
+    @property
+    def cost(self) -> Plan | None:
+        return None  # nothing is communicated
+
+    def execute(self, operands: Operands) -> Any:
+        spec = self.spec
+        fam = operands.family
+        xp = array_module(fam)
+        a, b = xp.asarray(operands.a), xp.asarray(operands.b)
+        if spec.transpose_a:
+            a = xp.swapaxes(a, -1, -2)
+        if spec.transpose_b:
+            b = xp.swapaxes(b, -1, -2)
+        work = work_dtype(numpy_dtype(spec.result_dtype))
+        with precise(spec.result_dtype):
+            acc = xp.matmul(a.astype(work), b.astype(work))
+            bias = None if not spec.has_bias else xp.asarray(operands.bias)
+            return epilogue_apply(
+                xp, acc, alpha=spec.scaled_alpha, beta=spec.beta,
+                c=xp.asarray(operands.c) if spec.use_c else None, bias=bias, epilog=spec.epilog,
+                out_dtype=numpy_dtype(spec.result_dtype), bias_columns=spec.bias_columns,
+            )
+
+    def explain(self) -> list[str]:
+        return [f"kernel:     local: the batch is split alike over mesh axes {self.axes} for a, b and the result, "
+                "and their matrices are whole on each rank: each rank multiplies its own items; nothing moves"]
+
+    def free(self) -> None:
+        pass
+
+
+class RelayPlan(_backends.BackendPlan):
+    """The operands re-laid into the 2-D layouts the plan of ``inner`` takes,
+    that plan run, and its result re-laid into the result's Sharded."""
+
+    def __init__(self, spec: Spec, inner: Spec, backend: Any, operands: Operands) -> None:
+        self.spec = spec
+        self.inner = inner
+        self.backend = backend
+        dists, taken = spec.distributions, inner.distributions
+        assert dists is not None and taken is not None
+        # the ranks whose blocks move: under mpiexec, each rank's; in one process a jax.Array's device
+        # blocks move as well (counted over the Sharded's mesh), host arrays are only placed
+        sharded = next(d for d in dists if isinstance(d, Sharded))
+        p = spec.nprocs if spec.spmd else sharded.mesh.size if spec.family == "jax" else None
+        self.relays: list[Relay] = []
+        shapes = {"a": spec.a_shape, "b": spec.b_shape, "c": spec.result_shape, "result": spec.result_shape}
+        itemsize = {"a": spec.dtype_info.itemsize, "b": spec.dtype_info.itemsize}
+        out_size = int(np.dtype(numpy_dtype(spec.result_dtype)).itemsize)
+        self.routes: dict[str, Route] = {}  # under mpiexec: the exchanges to run
+        self.counted: dict[str, int] = {}  # the moves counted: operand -> ranks
+        pairs = [("a", dists[0], taken[0]), ("b", dists[1], taken[1]), ("result", taken[2], dists[2])]
+        if spec.c_shape is not None and spec.use_c:
+            pairs.append(("c", dists[2], taken[2]))
+        for name, src, dst in pairs:
+            if not (isinstance(src, Sharded) or isinstance(dst, Sharded)):
+                continue
+            shape, got = shapes[name], 0
+            if p is not None:  # under mpiexec each rank holds its block: the elements it lacks move
+                s_nd, d_nd = as_nd(src, len(shape), p), as_nd(dst, len(shape), p)
+                route = Route.of(s_nd, d_nd, shape, p)
+                got = max(route.received(r) for r in range(p))
+                if spec.spmd and (s_nd != d_nd or got):
+                    self.routes[name] = route
+                self.counted[name] = len(route.parts)
+            self.relays.append(Relay(name, src, dst, shape, got, itemsize.get(name, out_size)))
+        self.plan = PLANS.borrow(backend, inner, self._inner_operands(operands, dry=True))
+        self.algorithm = self.plan.algorithm
+
+    @property
+    def cost(self) -> Plan | None:
+        base = self.plan.cost
+        moves = tuple(Move(r.name if r.name != "result" else "d", cast(Any, "S"), cast(Any, "S"),
+                           "exchange (re-lay)", float(r.nbytes), float(self.counted[r.name] - 1), 1.0)
+                      for r in self.relays if r.nbytes)
+        if base is None or not moves:
+            return base
+        return dataclasses.replace(base, moves=base.moves + moves)
+
+    def _inner_operands(self, operands: Operands, dry: bool = False) -> Operands:
+        if not self.spec.spmd or not self.routes:
+            return operands
+        rt = _runtime.active()
+        assert rt is not None
+        if dry:  # (blocks of the right shapes: the plan reads their shapes, orders and places only)
+            a, b, c = (self._blank(name, getattr(operands, name), rt.rank) for name in ("a", "b", "c"))
+        else:
+            a, b, c = (self._moved(name, getattr(operands, name), rt) for name in ("a", "b", "c"))
+        return Operands(a, b, c, operands.bias)
+
+    def _blank(self, name: str, x: Any, rank: int) -> Any:
+        if x is None or name not in self.routes:
+            return x
+        shape = tuple(len(i) for i in self.routes[name].dst[rank])
+        return _in_family(np.zeros(shape, dtype=x.dtype), family(x))
+
+    def _moved(self, name: str, x: Any, rt: Any) -> Any:
+        if x is None or name not in self.routes:
+            return x
+        fam = family(x)
+        return _in_family(exchange(x, self.routes[name], rt.rank, rt.comm, x.dtype), fam)
+
+    def execute(self, operands: Operands) -> Any:
+        d = self.plan.execute(self._inner_operands(operands))
+        if self.spec.spmd:
+            if "result" not in self.routes:
+                return d
+            rt = _runtime.active()
+            assert rt is not None
+            return _in_family(exchange(d, self.routes["result"], rt.rank, rt.comm, d.dtype), family(d))
+        lay = getattr(self.backend, "lay_out", None) or getattr(getattr(self.backend, "backend", None), "lay_out",
+                                                                None)
+        dist = self.spec.distributions[2] if self.spec.distributions is not None else None
+        if lay is not None and isinstance(dist, Sharded) and operands.family == "jax":
+            return lay(d, as_nd(dist, len(self.spec.result_shape), dist.mesh.size))
+        return d
+
+    def explain(self) -> list[str]:
+        spmd, moved = self.spec.spmd, bool(self.counted)
+        lines = [*_relay_header(self.spec, self.inner)[:1]]
+        how = ("under mpiexec each rank gets the elements it lacks in one all-to-all" if spmd else
+               "one process: the jax.Arrays' device blocks move between devices" if moved else
+               "one process: the global arrays are placed on the devices as the plan takes them")
+        lines += [f"re-lay:     {how}: {_fmt(sum(r.nbytes for r in self.relays))}/rank at most in all"]
+        lines += [r.describe(moved) for r in self.relays]
+        if not spmd and self.spec.family == "jax":
+            lines.append("  (the result is laid out as its Sharded says, replicated where no NamedSharding "
+                         "expresses it: uneven)")
+        return [*lines, *self.plan.explain()]
+
+    def free(self) -> None:
+        self.plan.free()

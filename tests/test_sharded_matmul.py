@@ -1,0 +1,148 @@
+"""dm.matmul on any dm.Sharded (contract 3a): layouts no 2-D distribution
+expresses (replicated over some mesh axes, axes out of rank order, uneven
+sizes, batch dimensions split), in one process on the 8 simulated devices,
+checked against numpy. Under mpiexec: tests/mpi/sharded.py (test_mpi.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dmatmul as dm
+from dmatmul._matmul import plan_of
+
+jax = pytest.importorskip("jax")
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+MESH = dm.ProcessMesh((2, 4), ("x", "y"))
+
+# (a, b, result) specs on MESH, a's and b's shapes: 2-D products
+PRODUCTS = [
+    (("x", None), (None, "y"), (("y", "x"), None), (11, 7), (7, 9)),  # rows over x only: replicated over y
+    ((None, None), ("y", "x"), (None, "x"), (6, 9), (9, 13)),  # a replicated, b's axes out of rank order
+    ((None, ("y", "x")), ("x", None), ("y", None), (5, 17), (5, 8)),  # transpose_a (a stored (K, M))
+    (("y", None), (None, None), (None, ("x", "y")), (16, 8), (8, 24)),  # even: every result NamedSharding
+]
+
+
+def _operands(a, b, family):
+    """a and b as the family holds them (jax: float32, JAX's default), and the tolerance."""
+    if family == "numpy":
+        return a, b, 1e-12
+    return jax.numpy.asarray(a, dtype=np.float32), jax.numpy.asarray(b, dtype=np.float32), 2e-5
+
+
+def _sharded(spec):
+    return dm.Sharded(MESH, spec)
+
+
+def _check_layout(got, dist, shape):
+    """A jax.Array result is laid out as its Sharded says where every split is
+    even (each device, in its mesh's order, holds the global indices of that
+    rank), else replicated, on 8 devices."""
+    assert isinstance(got.sharding, NamedSharding) and len(got.sharding.device_set) == 8
+    even = all(size % int(np.prod([MESH.shape[MESH.axis_names.index(n)] for n in dist.axes(i)] or [1])) == 0
+               for i, size in enumerate(shape))
+    if not even:
+        assert got.sharding.is_fully_replicated
+        return
+    ranks = {dev: r for r, dev in enumerate(got.sharding.mesh.devices.flat)}
+    for shard in got.addressable_shards:
+        want = dist.global_indices(ranks[shard.device], shape)
+        held = [np.arange(n)[sl] for sl, n in zip(shard.index, shape)]
+        assert all(np.array_equal(h, w) for h, w in zip(held, want)), (shard.device, shard.index)
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+@pytest.mark.parametrize("case", range(len(PRODUCTS)))
+def test_any_sharded_2d_product_matches_numpy(case, family):
+    sa, sb, sr, a_shape, b_shape = PRODUCTS[case]
+    ta = case == 2
+    rng = np.random.default_rng(case)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    want = (a.T if ta else a) @ b
+    dists = tuple(map(_sharded, (sa, sb, sr)))
+    xa, xb, tol = _operands(a, b, family)
+    got = dm.matmul(xa, xb, distribution=dists, transpose_a=ta, devices=8, backend="jax")
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
+    if family == "jax":
+        _check_layout(got, dists[2], want.shape)
+    else:
+        assert isinstance(got, np.ndarray)
+
+
+BATCHED = [
+    (("x", None, "y"), ("x", None, None), ("x", "y", None), (4, 5, 6), (4, 6, 3)),
+    ((("x", "y"), None, None),) * 3 + ((8, 3, 4), (8, 4, 2)),  # the batch split alike: independent products
+    ((None, "y", None), (None, None, "x"), ("y", None, None), (3, 9, 5), (3, 5, 7)),
+]
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+@pytest.mark.parametrize("case", range(len(BATCHED)))
+def test_batched_shardeds_match_numpy(case, family):
+    sa, sb, sr, a_shape, b_shape = BATCHED[case]
+    rng = np.random.default_rng(10 + case)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    dists = tuple(map(_sharded, (sa, sb, sr)))
+    xa, xb, tol = _operands(a, b, family)
+    got = dm.matmul(xa, xb, distribution=dists, devices=8, backend="jax")
+    np.testing.assert_allclose(np.asarray(got), a @ b, rtol=tol, atol=tol)
+    if family == "jax":
+        _check_layout(got, dists[2], (a @ b).shape)
+
+
+def test_jax_operands_laid_out_as_their_shardeds_and_the_moves_explained():
+    """jax.Arrays placed as their Shardeds say, no distribution read off them:
+    explain() names each move and its bytes, and the plan's cost counts them."""
+    mesh = jax.make_mesh((2, 4), ("x", "y"))
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((16, 8)), rng.standard_normal((8, 12))
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    ja = jax.device_put(a, NamedSharding(mesh, PartitionSpec("x", None)))
+    jb = jax.device_put(b, NamedSharding(mesh, PartitionSpec(None, "y")))
+    dists = (_sharded(("x", None)), _sharded((None, "y")), _sharded((("y", "x"), None)))
+    with dm.Matmul(ja, jb, distribution=dists, backend="jax") as mm:
+        got = mm.execute()
+        told = mm.explain()
+        cost = plan_of(mm).cost
+    np.testing.assert_allclose(np.asarray(got), a @ b, rtol=2e-5, atol=2e-5)
+    assert "the plan takes a as Slab.X, b as Slab.Y, result as Slab.X" in told
+    # b: (None, "y") holds half... a quarter of the columns on each rank, Slab.Y an eighth of them: rank 1
+    # (x=0, y=1) holds columns 3..5 but needs 1..2 and 3..4's neighbour: the elements it lacks move
+    moved = [line for line in told.splitlines() if "B/rank at most (each rank gets only" in line]
+    assert moved and any(line.strip().startswith("b ") for line in moved), told
+    relays = [m for m in cost.moves if m.collective == "exchange (re-lay)"]
+    assert relays and sum(m.nbytes for m in relays) > 0
+
+
+def test_numpy_operands_in_one_process_move_nothing_between_ranks():
+    a, b = np.ones((8, 4)), np.ones((4, 8))
+    with dm.Matmul(a, b, distribution=_sharded(("x", None)), devices=8, backend="jax") as mm:
+        np.testing.assert_allclose(mm.execute(), a @ b)
+        told = mm.explain()
+    assert "the global arrays are placed on the devices as the plan takes them: 0 B/rank" in told
+
+
+@pytest.mark.parametrize("dist, devices, pattern", [
+    (dm.Sharded(MESH, ("x", None)), 4,
+     r"distribution of a: Sharded\(ProcessMesh\(\(2, 4\).*spans 8 ranks \(its mesh \(2, 4\)\) but there are 4 "
+     r"devices in use: use a ProcessMesh of 4 ranks"),
+    (dm.Sharded(MESH, ("x", None, None, "y")), 8,
+     r"distribution of a: Sharded\(.*\) has 4 spec entries but a has 3 dimensions \(stored shape \(2, 3, 4\)\)"),
+    ((dm.Slab.X, dm.Sharded(MESH, ("x", None, None, None)), dm.Slab.X), 8,
+     r"distribution of b: Sharded\(.*\) has 4 spec entries but b has 3 dimensions"),
+])
+def test_sharded_misfits_are_distribution_errors(dist, devices, pattern):
+    with pytest.raises(dm.DistributionError, match=pattern):
+        dm.matmul(np.ones((2, 3, 4)), np.ones((2, 4, 5)), distribution=dist, devices=devices, backend="jax")
+
+
+def test_nvmath_takes_a_batched_sharded(fake_nvmath):
+    """The nvmath backend (one process: one rank) through the same re-lay."""
+    mesh = dm.ProcessMesh((1, 1), ("x", "y"))
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2))
+    d = dm.Sharded(mesh, ("x", None, "y"))
+    got = dm.matmul(a, b, distribution=d, backend="nvmath")
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
