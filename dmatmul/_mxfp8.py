@@ -15,15 +15,19 @@ local blocks, counted from the block's first K element: the scales are split
 along with their operand. That is the global layout split where every rank's
 K offset is a multiple of 32 (always where K is not split).
 
-Every backend runs MXFP8 as the product it equals: each 32-element block is
-dequantized once, at the front (``float32(x) * 2**(s - 127)``, exact while
-the value stays in float32's range), the product runs in float32 with
-float32 accumulation (``precision="highest"``), and the result is rounded to
-``result_type`` once. cuBLASMp's own MXFP8 path (nvmath-python's
-``MatmulOptions(block_scaling=True)``, scales in cuBLAS's 128x4-tiled 1-D
-layout of each local block) needs compute capability 10.0 (Blackwell), local
-M, N and K multiples of 128 and the TN layout; dmatmul does not hand block
-scales to it yet, on any GPU.
+Where it runs: the front end checks the scales and holds them with FP8 a
+and b (:func:`hold`) until the backend is known. The nvmath backend hands
+them to cuBLASMp's own MXFP8 path (nvmath-python's
+``MatmulOptions(block_scaling=True)``) where nvmath 1.0 takes it: compute
+capability 10.0 (Blackwell) or higher, the TN layout, each rank's whole blocks
+with local M, N and K multiples of 128; each rank converts its blocks' scales
+to cuBLAS's tiled 1-D layout (:func:`to_tiled`). Everywhere else (JAX, which
+has no block-scaled dot; nvmath where those rules fail) MXFP8 is emulated as
+the product it equals: each 32-element block is dequantized
+(``float32(x) * 2**(s - 127)``, exact while the value stays in float32's
+range; :func:`release`, once at the front for JAX), the product runs in
+float32 with float32 accumulation (``precision="highest"``), and the result is
+rounded to ``result_type`` once. ``explain()`` says which ran, and why.
 
 Light: numpy only; a family's array module is taken from its kind.
 """

@@ -208,7 +208,7 @@ def test_nvmath_hands_fp8_and_tiled_scales_to_cublasmp_on_blackwell(blackwell, t
     layout; the simulated nvmath reads them as cuBLAS does, so a wrong conversion is a wrong result. A
     second call on the cached plan with other scales uses those."""
     a, b, sa, sb, want = problem(256, 256, 128, ta, tb)
-    a, b = np.asarray(a, order=order), np.asarray(b, order=order)
+    a, b = (np.asfortranarray(x) if order == "F" else np.ascontiguousarray(x) for x in (a, b))
     c = RNG.standard_normal((256, 128)).astype(np.float32)
     with dm.Matmul(a, b, c, beta=0.5, transpose_a=ta, transpose_b=tb, backend="nvmath",
                    quantization_scales={"a": sa, "b": sb}, result_type="float32") as mm:
