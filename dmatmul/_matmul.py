@@ -136,6 +136,8 @@ class Matmul:
         # what backend="auto" passed over on its way to this backend (ranks that would share a GPU), for explain()
         self._passed_over = _passed_over(backend, self._runs_on.name)
         self._backend = self._routed()
+        if not getattr(self._backend, "takes_block_scales", False):  # MXFP8 emulated: dequantized here, once
+            _mxfp8.release(self._operands)
         self._plan: _backends.BackendPlan | None = None
         self._agreed = False  # several processes: every rank has made this spec's plan and agreed on it
         self._fits: Spec | None = None  # the spec judged to fit in memory (:meth:`_planned`)
@@ -438,7 +440,7 @@ class Matmul:
             + (f", precision={s.precision!r}" if s.precision is not None else ""),
             *([f"  fp8:        scales a={s.scales[0]!r} b={s.scales[1]!r}, applied once as alpha*sa*sb = "
                f"{s.scaled_alpha!r}; accumulated in float32, result {s.result_dtype}"] if s.fp8 else []),
-            *([f"  {_mxfp8.explain_line(s.options.block_scaled, s.result_dtype)}"]
+            *([f"  {_mxfp8.explain_line(s.options.block_scaled, s.result_dtype, self._backend.name)}"]
               if s.options.block_scaled is not None else []),
             f"  backend:    {self._backend.name}",
             *(f"  {name + ':':11s} passed over: {why}" for name, why in self._passed_over),

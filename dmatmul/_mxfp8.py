@@ -15,15 +15,19 @@ local blocks, counted from the block's first K element: the scales are split
 along with their operand. That is the global layout split where every rank's
 K offset is a multiple of 32 (always where K is not split).
 
-Every backend runs MXFP8 as the product it equals: each 32-element block is
-dequantized once, at the front (``float32(x) * 2**(s - 127)``, exact while
-the value stays in float32's range), the product runs in float32 with
-float32 accumulation (``precision="highest"``), and the result is rounded to
-``result_type`` once. cuBLASMp's own MXFP8 path (nvmath-python's
-``MatmulOptions(block_scaling=True)``, scales in cuBLAS's 128x4-tiled 1-D
-layout of each local block) needs compute capability 10.0 (Blackwell), local
-M, N and K multiples of 128 and the TN layout; dmatmul does not hand block
-scales to it yet, on any GPU.
+Where it runs: the front end checks the scales and holds them with FP8 a
+and b (:func:`hold`) until the backend is known. The nvmath backend hands
+them to cuBLASMp's own MXFP8 path (nvmath-python's
+``MatmulOptions(block_scaling=True)``) where nvmath 1.0 takes it: compute
+capability 10.0 (Blackwell) or higher, the TN layout, each rank's whole blocks
+with local M, N and K multiples of 128; each rank converts its blocks' scales
+to cuBLAS's tiled 1-D layout (:func:`to_tiled`). Everywhere else (JAX, which
+has no block-scaled dot; nvmath where those rules fail) MXFP8 is emulated as
+the product it equals: each 32-element block is dequantized
+(``float32(x) * 2**(s - 127)``, exact while the value stays in float32's
+range; :func:`release`, once at the front for JAX), the product runs in
+float32 with float32 accumulation (``precision="highest"``), and the result is
+rounded to ``result_type`` once. ``explain()`` says which ran, and why.
 
 Light: numpy only; a family's array module is taken from its kind.
 """
@@ -116,21 +120,92 @@ def dequantize(x: Any, s: Any, k_axis: int) -> Any:
     return x.astype(xp.float32) * scale[tuple(index)]
 
 
-def apply(ops: Any, scales: tuple[Any, Any], dtype: str, transpose_a: bool, transpose_b: bool) -> None:
+def hold(ops: Any, scales: tuple[Any, Any], dtype: str, transpose_a: bool, transpose_b: bool) -> None:
     """Check the block scales against FP8 ``ops.a`` and ``ops.b`` (of ``dtype``)
-    and put their dequantized float32 values in their place."""
+    and keep them with the operands (``ops.block_scales``: ``(sa, sb, k axis
+    of a, k axis of b)``); a and b stay FP8 until a backend takes them
+    (:func:`release` dequantizes them for those that do not)."""
     if dtype not in FP8_DTYPES:
         raise ValueError(f"block quantization_scales (MXFP8) are for FP8 operands (float8_e4m3fn, float8_e5m2), "
                          f"but a and b are {dtype}: pass FP8 a and b, or scale a {dtype} product with alpha=")
     ka = check("a", ops.a, scales[0], transpose_a)
     kb = check("b", ops.b, scales[1], transpose_b)
-    ops.a = dequantize(ops.a, scales[0], ka)
-    ops.b = dequantize(ops.b, scales[1], kb)
+    ops.block_scales = (scales[0], scales[1], ka, kb)
 
 
-def explain_line(fmt: str, result: str) -> str:
-    """explain()'s line for a block-scaled product."""
-    return (f"mxfp8:      {fmt} a and b with UE8M0 block scales (one per 32 along K), dequantized once at the front "
-            f"to float32 (exact), multiplied in float32 (precision 'highest'), result rounded to {result} once; "
-            "cuBLASMp's MXFP8 path (nvmath block_scaling=True: compute capability 10.0+, local M, N, K multiples "
-            "of 128, TN) is not used, and JAX has no block-scaled dot")
+def release(ops: Any) -> None:
+    """Put the dequantized float32 values of ``ops.a`` and ``ops.b`` in their
+    place (the emulation: for a backend that does not take block scales)."""
+    if ops.block_scales is None:
+        return
+    sa, sb, ka, kb = ops.block_scales
+    ops.a, ops.b = dequantize(ops.a, sa, ka), dequantize(ops.b, sb, kb)
+    ops.block_scales = None
+
+
+def apply(ops: Any, scales: tuple[Any, Any], dtype: str, transpose_a: bool, transpose_b: bool) -> None:
+    """:func:`hold`, then :func:`release`: ``ops.a`` and ``ops.b`` dequantized."""
+    hold(ops, scales, dtype, transpose_a, transpose_b)
+    release(ops)
+
+
+# --------------------------------------------------------------------------- #
+# cuBLAS's tiled layout of block scales
+# --------------------------------------------------------------------------- #
+#: a tile of the tiled layout: 128 rows (the operand's non-K dimension) by 4 blocks of K
+TILE_ROWS, TILE_BLOCKS = 128, 4
+
+
+def logical(s: Any, k_axis: int) -> Any:
+    """A 2-D scale array as ``(rows, K / 32)``: rows the operand's other dimension."""
+    return s if k_axis in (-1, 1) else s.T
+
+
+def _tile_check(rows: int, blocks: int) -> None:
+    if rows % TILE_ROWS or blocks % TILE_BLOCKS:
+        raise ValueError(f"cuBLAS's tiled scale layout takes whole 128x4 tiles: (rows, K/32) must be multiples of "
+                         f"(128, 4) (M, N and K multiples of 128), got ({rows}, {blocks})")
+
+
+def to_tiled(s: Any) -> Any:
+    """The 1-D tiled layout cuBLAS reads block scales in (``CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0``), from
+    the logical ``(rows, K / 32)`` scales of one operand (rows: its M or N; see :func:`logical`).
+
+    The layout (https://docs.nvidia.com/cuda/cublas/index.html#d-block-scaling-factors-layout, "1D Block
+    Scaling Factors Layout"): the scales are cut into tiles of 128 rows by 4 blocks of K, 512 bytes each, the
+    tiles of one band of 128 rows first along K (tile ``(r // 128, c // 4)`` at ``512 * ((r // 128) * (K/32)
+    / 4 + c // 4)``); inside a tile the scale of row ``r`` and block ``c`` is at ``16 * (r % 32) + 4 * ((r %
+    128) // 32) + c % 4`` (the four 32-row groups interleaved). Needs rows a multiple of 128 and K / 32 of 4.
+
+    >>> s = np.arange(128 * 4, dtype=np.uint32).reshape(128, 4)
+    >>> t = to_tiled(s)
+    >>> int(t[16 * 1 + 4 * 1 + 2]) == int(s[33, 2])  # row 33: r % 32 = 1, (r % 128) // 32 = 1
+    True
+    >>> bool((from_tiled(t, 128, 4) == s).all())
+    True
+    """
+    rows, blocks = (int(d) for d in s.shape)
+    _tile_check(rows, blocks)
+    xp = array_module(family(s))
+    # (row band, row group of 32, row in group, K tile, block in tile) -> (band, K tile, row in group, group, block)
+    t = xp.asarray(s).reshape(rows // 128, 4, 32, blocks // 4, 4).transpose(0, 3, 2, 1, 4)
+    return xp.ascontiguousarray(t).reshape(-1)
+
+
+def from_tiled(t: Any, rows: int, blocks: int) -> Any:
+    """The logical ``(rows, blocks)`` scales of the 1-D tiled ``t`` (the inverse of :func:`to_tiled`)."""
+    _tile_check(rows, blocks)
+    if tuple(int(d) for d in t.shape) != (rows * blocks,):
+        raise ValueError(f"tiled scales of ({rows}, {blocks}) hold {rows * blocks} values, got shape {t.shape}")
+    xp = array_module(family(t))
+    return xp.ascontiguousarray(xp.asarray(t).reshape(rows // 128, blocks // 4, 32, 4, 4)
+                                .transpose(0, 3, 2, 1, 4).reshape(rows, blocks))
+
+
+def explain_line(fmt: str, result: str, backend: str) -> str:
+    """explain()'s line for a block-scaled product on ``backend`` (nvmath's plan adds which path it took)."""
+    head = f"mxfp8:      {fmt} a and b with UE8M0 block scales (one per 32 along K), result {result}"
+    if backend == "nvmath":
+        return head + " (the nvmath plan's mxfp8 line says whether cuBLASMp's MXFP8 path runs it)"
+    return (head + f": dequantized once at the front to float32 (exact), multiplied in float32 (precision "
+            f"'highest'), result rounded to {result} once; JAX has no block-scaled dot")

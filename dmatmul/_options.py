@@ -122,8 +122,9 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
         raise TypeError(_mixed_dtypes(dtype, dtype_name(ops.b.dtype), given))
     block = _mxfp8.take(options := dict(options))
     opts = Options(**options)
-    if block is not None:  # MXFP8: the product of the dequantized operands, in float32 (dmatmul._mxfp8)
-        _mxfp8.apply(ops, block, dtype, opts.transpose_a, opts.transpose_b)
+    if block is not None:  # MXFP8: the product of the dequantized operands, in float32 (dmatmul._mxfp8), the
+        # scales held with FP8 a and b until the backend is known (nvmath may hand them to cuBLASMp)
+        _mxfp8.hold(ops, block, dtype, opts.transpose_a, opts.transpose_b)
         opts = dataclasses.replace(opts, block_scaled=dtype, precision="highest")
         dtype = "float32"
     result = _check_fp8(opts, dtype)

@@ -334,6 +334,9 @@ class Operands:
     b: Any
     c: Any = None
     bias: Any = None
+    #: MXFP8 only: ``(sa, sb, k axis of a, k axis of b)``, the block scales of FP8 a and b not yet applied
+    #: (dmatmul._mxfp8.hold; a backend that does not take them gets a and b dequantized: _mxfp8.release)
+    block_scales: Any = None
 
     @property
     def family(self) -> Family:

@@ -164,3 +164,100 @@ def test_the_simulated_nvmath_refuses_mxfp8_below_blackwell(fake_nvmath) -> None
     with pytest.raises(RuntimeError, match=r"MXFP8 requires a device with compute capability 10.0"):
         Matmul(a, b, distributions=dists, qualifiers=q, quantization_scales=scales,
                options=MatmulOptions(block_scaling=True, result_type="float32"))
+
+
+# -- cuBLAS's tiled layout of block scales --------------------------------------------------------------------
+def tiled_offset(r: int, c: int, blocks: int) -> int:
+    """cuBLAS's "1D Block Scaling Factors Layout" for one scale, as its documentation writes it
+    (https://docs.nvidia.com/cuda/cublas/index.html#d-block-scaling-factors-layout)."""
+    return ((r // 128) * (blocks // 4) + c // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + c % 4
+
+
+@pytest.mark.parametrize("rows, blocks", [(128, 4), (256, 8), (384, 4), (128, 12)])
+def test_tiled_scales_match_the_documented_offsets_and_round_trip(rows: int, blocks: int) -> None:
+    s = RNG.integers(0, 255, (rows, blocks)).astype(np.uint8)
+    t = _mxfp8.to_tiled(s)
+    assert t.shape == (rows * blocks,) and t.dtype == np.uint8
+    want = np.empty(rows * blocks, np.uint8)
+    for r in range(rows):
+        for c in range(blocks):
+            want[tiled_offset(r, c, blocks)] = s[r, c]
+    np.testing.assert_array_equal(t, want)
+    np.testing.assert_array_equal(_mxfp8.from_tiled(t, rows, blocks), s)
+
+
+def test_tiled_scales_need_whole_tiles() -> None:
+    with pytest.raises(ValueError, match=r"multiples of \(128, 4\).*got \(96, 4\)"):
+        _mxfp8.to_tiled(np.zeros((96, 4), np.uint8))
+    with pytest.raises(ValueError, match=r"got \(128, 3\)"):
+        _mxfp8.from_tiled(np.zeros(128 * 3, np.uint8), 128, 3)
+
+
+# -- the nvmath backend on a Blackwell GPU (the simulated nvmath at compute capability 10.0) --------------------
+@pytest.fixture
+def blackwell(fake_nvmath, monkeypatch):
+    monkeypatch.setattr(fake_nvmath, "COMPUTE_CAPABILITY", (10, 0))
+    return fake_nvmath
+
+
+@pytest.mark.parametrize("ta, tb, order", [(False, True, "C"), (True, False, "F")])
+def test_nvmath_hands_fp8_and_tiled_scales_to_cublasmp_on_blackwell(blackwell, ta: bool, tb: bool,
+                                                                    order: str) -> None:
+    """Local M, N, K multiples of 128 in the TN layout (C-order a (M, K) and b (N, K), or Fortran-order a
+    (K, M) and b (K, N)): nvmath gets FP8 a and b, block_scaling=True and each operand's scales in the tiled
+    layout; the simulated nvmath reads them as cuBLAS does, so a wrong conversion is a wrong result. A
+    second call on the cached plan with other scales uses those."""
+    a, b, sa, sb, want = problem(256, 256, 128, ta, tb)
+    a, b = (np.asfortranarray(x) if order == "F" else np.ascontiguousarray(x) for x in (a, b))
+    c = RNG.standard_normal((256, 128)).astype(np.float32)
+    with dm.Matmul(a, b, c, beta=0.5, transpose_a=ta, transpose_b=tb, backend="nvmath",
+                   quantization_scales={"a": sa, "b": sb}, result_type="float32") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    close(d, want + 0.5 * c.astype(np.float64), "float32")
+    made = [kw for name, kw in blackwell.CALLS if name == "Matmul"]
+    assert len(made) == 1 and made[0]["block_scaling"], made
+    assert made[0]["dtypes"] == ("float8_e4m3fn", "float8_e4m3fn", "float32"), made
+    assert {k: v.shape for k, v in made[0]["scales"].items()} == {"a": (256 * 256 // 32,), "b": (128 * 256 // 32,)} \
+        or {k: v.shape for k, v in made[0]["scales"].items()} == {"b": (256 * 256 // 32,), "a": (128 * 256 // 32,)}
+    assert "mxfp8:      cuBLASMp's MXFP8 path: FP8 a and b with nvmath block_scaling=True" in text, text
+    # the plan the cache keeps, with this call's scales
+    sa2 = np.flip(sa, axis=0).copy()
+    ka = -2 if ta else -1
+    da2 = dequantized(a, sa2, ka)
+    db = dequantized(b, sb, -1 if tb else -2)
+    d2 = dm.matmul(a, b, transpose_a=ta, transpose_b=tb, backend="nvmath", quantization_scales={"a": sa2, "b": sb},
+                   result_type="float32")
+    close(d2, (da2.T if ta else da2) @ (db.T if tb else db), "float32")
+
+
+@pytest.mark.parametrize("m, k, n, ta, tb, why", [
+    (256, 96, 128, False, True, "local M, N and K must be multiples of 128"),
+    (96, 256, 128, False, True, "local M, N and K must be multiples of 128"),
+    (256, 256, 128, True, False, "its input layout is TN only"),
+    (256, 256, 128, False, False, "its input layout is TN only"),
+])
+def test_nvmath_emulates_mxfp8_where_cublasmp_refuses(blackwell, m: int, k: int, n: int, ta: bool, tb: bool,
+                                                      why: str) -> None:
+    """Sizes that are no multiples of 128, or C-order blocks that give no TN frame: float32 operands."""
+    a, b, sa, sb, want = problem(m, k, n, ta, tb)
+    with dm.Matmul(a, b, transpose_a=ta, transpose_b=tb, backend="nvmath", quantization_scales={"a": sa, "b": sb},
+                   result_type="bfloat16") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    close(d, want, "bfloat16")
+    made = [kw for name, kw in blackwell.CALLS if name == "Matmul"]
+    assert made and all(kw["dtypes"] == ("float32", "float32") and not kw["block_scaling"] for kw in made), made
+    assert "mxfp8:      emulated: cuBLASMp's MXFP8 path" in text and why in text, text
+
+
+def test_nvmath_emulates_mxfp8_below_compute_capability_10(fake_nvmath) -> None:
+    a, b, sa, sb, want = problem(256, 256, 128, False, True)
+    with dm.Matmul(a, b, transpose_b=True, backend="nvmath", quantization_scales={"a": sa, "b": sb},
+                   result_type="float32") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    close(d, want, "float32")
+    made = [kw for name, kw in fake_nvmath.CALLS if name == "Matmul"]
+    assert made and all(kw["dtypes"] == ("float32", "float32") and not kw["block_scaling"] for kw in made), made
+    assert "compute capability 9.0, below 10.0 (Blackwell)" in text, text

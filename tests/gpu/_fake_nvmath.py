@@ -300,6 +300,7 @@ def _fp8_rules(a: np.ndarray, b: np.ndarray, c: Any, scales: Any, options: Any, 
     result = getattr(options, "result_type", None)
     if getattr(options, "block_scaling", False):
         _mxfp8_rules(a, b, scales, fp8, transposes, mnk)
+        return 1.0, result if result is not None else (c.dtype if c is not None else "float32")
     if not any(fp8):
         if scales is not None:
             raise ValueError("Scales can only be set for narrow-precision (FP8 and lower) matrices.")
@@ -323,9 +324,9 @@ def _mxfp8_rules(a: np.ndarray, b: np.ndarray, scales: Any, fp8: list[bool], tra
                  mnk: tuple[int, int, int] | None) -> None:
     """nvmath 1.0's MXFP8 rules (``block_scaling=True``, distributed Matmul): compute capability 10.0 or
     higher (a RuntimeError, at construction); FP8 operands only; both scales uint8 1-D tensors of the local
-    operand's size / 32 (cuBLAS's tiled VEC32_UE8M0 layout), never scalars; local M, N and K multiples of
-    128. The fake computes no block-scaled product: dmatmul never sends one (it dequantizes at the front),
-    and these rules make any that it did send fail here as on an H200."""
+    operand's size / 32 (cuBLAS's tiled VEC32_UE8M0 layout), never scalars; the TN layout (as all FP8); the
+    local GEMM's M, N and K multiples of 128 (nvmath checks its local GEMM on the 1-D paths; the fake checks
+    every local extent of A and B, which on those paths is the same rule)."""
     if COMPUTE_CAPABILITY < (10, 0):
         raise RuntimeError("MXFP8 requires a device with compute capability 10.0 or higher (Blackwell or newer "
                            f"architecture). The compute capability of process 0's device is {COMPUTE_CAPABILITY}")
@@ -338,8 +339,31 @@ def _mxfp8_rules(a: np.ndarray, b: np.ndarray, scales: Any, fp8: list[bool], tra
                              "block_scaling=True.")
         if s.dtype != np.uint8 or tuple(s.shape) != (x.size // 32,):
             raise ValueError(f"Scales for {name.upper()} should have shape {(x.size // 32,)}. Got {s.shape}.")
-    raise NotImplementedError("fake nvmath: no block-scaled product (local M, N, K multiples of 128 on a "
-                              "compute capability 10.0 device)")
+    layout = ("T" if transposes[0] else "N") + ("T" if transposes[1] else "N")
+    if layout != "TN":
+        raise ValueError(f"FP8 matrix multiplications support only TN input layout. Got {layout}")
+    if any(d % 128 for d in (*a.shape, *b.shape)):
+        raise ValueError("Matrix sizes for local GEMM must be divisible by 128 when block_scaling=True.")
+
+
+def _tiled_offset(r: np.ndarray, c: np.ndarray, blocks: int) -> np.ndarray:
+    """Where cuBLAS reads the scale of row ``r`` (the operand's M or N) and K block ``c`` in the 1-D tiled
+    layout of an operand of ``blocks`` K blocks ("1D Block Scaling Factors Layout",
+    https://docs.nvidia.com/cuda/cublas/index.html#d-block-scaling-factors-layout): 128x4 tiles of 512
+    bytes, a band of 128 rows tile after tile along K, inside a tile row r at 16 * (r % 32) + 4 * (r % 128
+    // 32), block c at c % 4. Written per element, independently of dmatmul's conversion."""
+    tile = (r // 128) * (blocks // 4) + c // 4
+    return tile * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+
+def _block_dequantized(x: np.ndarray, tiled: np.ndarray, k_axis: int) -> np.ndarray:
+    """float64 ``x`` (a local block of nvmath's A or B, K along ``k_axis``) with each element times the
+    scale cuBLAS reads for it from the tiled 1-D ``tiled``."""
+    k = np.arange(x.shape[k_axis])[:, None] if k_axis == 0 else np.arange(x.shape[1])[None, :]
+    r = np.arange(x.shape[1])[None, :] if k_axis == 0 else np.arange(x.shape[0])[:, None]
+    e = tiled[_tiled_offset(r, k // 32, x.shape[k_axis] // 32)].astype(np.float64)
+    scale = np.where(e == 255, np.nan, np.exp2(e - 127))
+    return x.astype(np.float64) * scale
 
 
 def _refuse_at_execute(epilog: Any, dtype: np.dtype, lib: str) -> None:
@@ -417,6 +441,8 @@ class Matmul:
         self.scaled, self.d_dtype = _fp8_rules(a, b, c, quantization_scales, self.options, (self.ta, self.tb),
                                                (m, n, k))
         self.a, self.b, self.c = a, b, c
+        self.block_scaling = bool(getattr(self.options, "block_scaling", False))
+        self.scales = quantization_scales if self.block_scaling else None
         self.alpha, self.beta = (1.0 if alpha is None else alpha), (0.0 if beta is None or c is None else beta)
         self.strides = [x.strides for x in ops]
         global _serial
@@ -431,7 +457,10 @@ class Matmul:
                                  "grids": [(d.process_grid.shape, d.process_grid.layout.name, d.block_sizes,
                                             d.first_process) for d in self.distributions],
                                  "global_shapes": list(self.global_shapes),
-                                 "dtypes": tuple(x.dtype.name for x in ops)}))
+                                 "dtypes": tuple(x.dtype.name for x in ops), "block_scaling": self.block_scaling,
+                                 "scales": None if self.scales is None else
+                                 {k: np.array(v, copy=True) for k, v in self.scales.items()},
+                                 "local_shapes": [tuple(x.shape) for x in ops]}))
 
     def plan(self, *, preferences: Any = None, epilog: Any = None, epilog_inputs: Any = None, stream: Any = None) -> None:
         if self.freed:
@@ -469,7 +498,15 @@ class Matmul:
         CALLS.append(("plan", {"epilog": None if epilog is None else epilog.name}))
 
     def reset_operands(self, *, a: Any = None, b: Any = None, c: Any = None, alpha: Any = None, beta: Any = None,
-                       epilog_inputs: Any = None, stream: Any = None) -> None:
+                       quantization_scales: Any = None, epilog_inputs: Any = None, stream: Any = None) -> None:
+        if quantization_scales is not None:  # (nvmath 0.9+: new scales of the same kind and shape)
+            if not self.block_scaling:
+                raise ValueError("fake nvmath: block scales reset on a Matmul without block_scaling")
+            for name in ("a", "b"):
+                new = quantization_scales.get(name)
+                if new is not None and (new.shape != self.scales[name].shape or new.dtype != np.uint8):
+                    raise ValueError(f"reset scales of {name.upper()}: shape/dtype differ from the original")
+            self.scales = {**self.scales, **{k: v for k, v in quantization_scales.items() if v is not None}}
         for i, (x, name) in enumerate(((a, "a"), (b, "b"), (c, "c"))):
             if x is None:
                 continue
@@ -489,8 +526,12 @@ class Matmul:
         if not self.planned:
             raise RuntimeError("Execution cannot be performed before plan() has been called.")
         dA, dB, dD = self.distributions
-        dtype = self.a.dtype
+        dtype = self.a.dtype if not self.block_scaling else np.dtype(np.float32)
         _refuse_at_execute(self.epilog, dtype, "cublasmp")
+        local_a, local_b = self.a, self.b
+        if self.block_scaling:  # each local block times its scales, read as cuBLAS reads the tiled layout
+            local_a = _block_dequantized(self.a, np.asarray(self.scales["a"]), 0 if self.ta else 1)
+            local_b = _block_dequantized(self.b, np.asarray(self.scales["b"]), 1 if self.tb else 0)
         if NOOP:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros(dD.shape(self.rank, self.d_global), dtype=dtype, order="F")
@@ -501,12 +542,12 @@ class Matmul:
                 return self.c  # D is C: left as it was, which is beta * C
             return np.full(dD.shape(self.rank, self.d_global), np.nan, dtype=dtype, order="F")  # D never written
         if self.epilog == MatmulEpilogue.ALLREDUCE:  # literally: the sum over ranks of the local products
-            oa = self.a.T if self.ta else self.a
-            ob = self.b.T if self.tb else self.b
+            oa = local_a.T if self.ta else local_a
+            ob = local_b.T if self.tb else local_b
             d = sum(self.comm.allgather(self.alpha * self.scaled * (_wide(oa) @ _wide(ob))))
             local = d
         else:
-            everything = self.comm.allgather((self.a, self.b, self.c, self.bias))
+            everything = self.comm.allgather((local_a, local_b, self.c, self.bias))
             ga = np.zeros(self.global_shapes[0], dtype=np.complex128 if dtype.kind == "c" else np.float64)
             gb = np.zeros(self.global_shapes[1], dtype=ga.dtype)
             for r, (a, b, _, _) in enumerate(everything):
@@ -625,6 +666,11 @@ class _FakeCupyArray:  # never instantiated: operands stay numpy in the fake
 class _Device:
     def __init__(self, device_id: int) -> None:
         self.id = device_id
+
+    @property
+    def compute_capability(self) -> str:
+        """As CuPy: "90" for 9.0 (:data:`COMPUTE_CAPABILITY`, which a test may set to (10, 0))."""
+        return f"{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}"
 
     def use(self) -> None:
         CALLS.append(("cupy.Device.use", {"device_id": self.id}))

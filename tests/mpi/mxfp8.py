@@ -45,6 +45,33 @@ for backend in ("jax", "nvmath"):
         if d.shape != mine.shape or not np.allclose(d, mine, rtol=0, atol=1e-5 * np.abs(want).max()):
             print(f"MISMATCH rank {rt.rank} {backend} {dists}", flush=True)
             bad = 1
+# a Blackwell GPU (compute capability 10.0): local blocks of 128 in the TN layout go to cuBLASMp's MXFP8 path,
+# each rank's scales converted to the tiled layout of its own blocks (the fake reads them as cuBLAS does)
+_fake_nvmath.COMPUTE_CAPABILITY = (10, 0)
+for dists, (m2, k2, n2) in (((X, X, X), (384, 128, 384)), ((Y, Y, X), (384, 384, 128))):
+    a2 = rng.standard_normal((m2, k2)).astype(ml_dtypes.float8_e4m3fn)
+    b2 = rng.standard_normal((n2, k2)).astype(ml_dtypes.float8_e4m3fn)
+    sa2 = rng.integers(121, 134, (m2, k2 // 32)).astype(np.uint8)
+    sb2 = rng.integers(121, 134, (n2, k2 // 32)).astype(np.uint8)
+    want2 = deq(a2, sa2) @ deq(b2, sb2).T
+    da, db, dd = dists
+    k_part = slice(4 * rt.rank, 4 * rt.rank + 4)  # 128 of K per rank where K is split: 4 scales
+    lsa = dm.split(sa2, da)[rt.rank] if da == X else sa2[:, k_part]
+    lsb = dm.split(sb2, db)[rt.rank] if db == X else sb2[:, k_part]
+    _fake_nvmath.CALLS.clear()
+    with dm.Matmul(dm.split(a2, da)[rt.rank], dm.split(b2, db)[rt.rank], distribution=dists, transpose_b=True,
+                   backend="nvmath", quantization_scales={"a": lsa, "b": lsb}, result_type="float32") as mm:
+        d = mm.execute()
+        text = mm.explain()
+    mine = dm.split(want2, dd)[rt.rank]
+    made = [kw for name, kw in _fake_nvmath.CALLS if name == "Matmul"]
+    if not (made and all(kw["block_scaling"] and kw["dtypes"][0] == "float8_e4m3fn" for kw in made)):
+        print(f"MISMATCH rank {rt.rank} {dists}: not cuBLASMp's MXFP8 path: {made} {text}", flush=True)
+        bad = 1
+    if d.shape != mine.shape or not np.allclose(d, mine, rtol=0, atol=1e-5 * np.abs(want2).max()):
+        print(f"MISMATCH rank {rt.rank} nvmath MXFP8 {dists}", flush=True)
+        bad = 1
+_fake_nvmath.COMPUTE_CAPABILITY = (9, 0)
 # a scale of the wrong shape on one rank: every rank raises
 try:
     lsa = sa[: (1 if rt.rank == 1 else None)]

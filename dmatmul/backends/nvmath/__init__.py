@@ -189,6 +189,8 @@ class _LazyBackend(Backend):
     name = "nvmath"
     plans_collectively = True  # under mpiexec making a plan runs nvmath's collectives: see preview()
     cache_size = 16
+    #: MXFP8's block scales come with FP8 a and b (the plan hands them to cuBLASMp, or dequantizes)
+    takes_block_scales = True
 
     def __init__(self) -> None:
         self._impl: Any = None

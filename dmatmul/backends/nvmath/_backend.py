@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import numbers
 import sys
 import threading
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import _runtime
+from ... import _mxfp8, _runtime
 from .. import BackendPlan
 from ..._plans import PLANS
 from ..._problem import Spec
@@ -19,6 +20,18 @@ from . import _engine, _pipeline
 from ._translate import Problem, Translation, as_dense, combine_orders, order_of, overlap, translate
 
 __all__ = ["NvmathBackend", "NvmathPlan"]
+
+#: nvmath 1.0's MXFP8 (``MatmulOptions(block_scaling=True)``) needs a GPU of compute capability 10.0 or higher
+_MXFP8_CAPABILITY = (10, 0)
+#: the cuBLASMp paths on which nvmath 1.0 checks MXFP8's local GEMM sizes (multiples of 128); on the others
+#: it checks nothing, so dmatmul does not send block scales there
+_MXFP8_PATHS = ("AG+GEMM", "GEMM+RS", "GEMM+AR", "local GEMM")
+
+
+def _mxfp8_options(spec: Spec) -> tuple[tuple[str, Any], ...]:
+    """nvmath's MatmulOptions of cuBLASMp's MXFP8 path: FP8 a and b, block scales, float32 accumulation."""
+    return (("inplace", False), ("compute_type", "COMPUTE_32F"), ("result_type", spec.result_dtype),
+            ("block_scaling", True))
 
 
 def _check_devices(devices: Any) -> None:
@@ -96,6 +109,10 @@ class NvmathPlan(BackendPlan):
             _check_devices(spec.devices)
         self.ctx = _engine.start(spec.spmd)  # the same start-up as BACKEND.start (idempotent)
         self._upcast = False
+        held = operands.block_scales is not None  # MXFP8 with FP8 a and b (dmatmul._mxfp8.hold)
+        #: MXFP8: None (not block-scaled), "cublasmp" (its block-scaled GEMM), or why it is emulated
+        self.mxfp8: str | None = None
+        capability = _engine.compute_capability(self.ctx.device_id) if held else None
         arrays = self._arrays(operands)
         self._xp = _xp(arrays)
         a, b, c, _ = arrays
@@ -104,10 +121,13 @@ class NvmathPlan(BackendPlan):
         orders = tuple(combine_orders([o[i] for o in everyone]) for i in range(3))
         self.orders = orders
         problem = Problem.from_spec(spec, self.ctx.size, (orders[0] or "C", orders[1] or "C", orders[2]))
+        if capability is not None and capability >= _MXFP8_CAPABILITY:
+            problem = dataclasses.replace(problem, mxfp8=True)
         self.translation: Translation = _runtime.agree(lambda: translate(problem), "dmatmul (nvmath plan)")
         # FP8 that cuBLASMp's FP8 path refuses runs as the float32 product it equals (translate says why)
         # (MXFP8: float32 a and b, dequantized at the front, with c, the bias and the result of result_type)
-        self._upcast = self.translation.problem.dtype != spec.dtype or spec.options.block_scaled is not None
+        self._upcast = self.translation.problem.dtype != spec.dtype or (spec.options.block_scaled is not None
+                                                                         and not held)
         if self._upcast:
             arrays = self._arrays(operands)
         self.algorithm = self.translation.algorithm
@@ -118,7 +138,17 @@ class NvmathPlan(BackendPlan):
         # reset_operands and execute, and get each other's products
         self._running = threading.Lock()
         prepared = self._prepare(arrays)
-        self._engine = _engine.make_engine(self.translation, prepared, self.ctx)
+        block_scales = None
+        if held:
+            self.mxfp8 = self._mxfp8_refusal(capability, operands, prepared)  # (collective: every rank's verdict)
+            if self.mxfp8 == "cublasmp":
+                block_scales = self._block_scales(operands)
+                self.translation = dataclasses.replace(self.translation, options=_mxfp8_options(spec))
+            else:  # emulated: a and b dequantized to float32 (dmatmul._mxfp8.dequantize), as on JAX
+                self._upcast = True
+                arrays = self._arrays(operands)
+                prepared = self._prepare(arrays)
+        self._engine = _engine.make_engine(self.translation, prepared, self.ctx, block_scales)
         self._engine.resident = on_device(self._xp)
         self.refused = self._engine.refused  # (explain() tells it after free() too: dm.finalize() frees every plan)
         if self._engine.translation is not self.translation:  # unfused: nvmath refused the epilog
@@ -135,9 +165,53 @@ class NvmathPlan(BackendPlan):
         xp = _xp(xs)
         if xp is not np:  # one family for nvmath: host operands follow the device ones
             xs = [None if x is None else xp.asarray(x) for x in xs]
+        if self._upcast and operands.block_scales is not None:  # MXFP8 emulated: each block times its scale
+            sa, sb, ka, kb = operands.block_scales
+            xs[0], xs[1] = _mxfp8.dequantize(xs[0], xp.asarray(sa), ka), _mxfp8.dequantize(xs[1], xp.asarray(sb), kb)
         if self._upcast:  # (exact: every FP8 value, and c's and the bias's result-type values, are float32s)
             xs = [None if x is None else x.astype(np.float32) for x in xs]
         return xs
+
+    def _mxfp8_refusal(self, capability: tuple[int, int] | None, operands: Operands, prepared: Any) -> str:
+        """``"cublasmp"`` where cuBLASMp's MXFP8 path takes this product on this rank (nvmath 1.0's rules, see
+        :func:`_mxfp8_options`), else why not, on the first rank that
+        refuses it: every rank's verdict is gathered, so all take the same path."""
+        tr = self.translation
+        why = []
+        if capability is None or capability < _MXFP8_CAPABILITY:
+            shown = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+            why.append(f"GPU {self.ctx.device_id} has compute capability {shown}, below 10.0 (Blackwell)")
+        elif tr.engine != "cublasmp" or tr.path not in _MXFP8_PATHS:
+            why.append(f"the {tr.path} path on {tr.engine}, where nvmath does not check MXFP8's local sizes (it "
+                       f"does on {', '.join(_MXFP8_PATHS)})")
+        elif tr.qualifiers[:2] != (True, False):
+            layout = "".join("T" if q else "N" for q in tr.qualifiers[:2])
+            why.append(f"its input layout is TN only (nvmath's A transposed, B not) and no frame gives it here "
+                       f"({layout}): with C-order blocks that is transpose_a=False, transpose_b=True")
+        else:
+            users = ("b", "a") if tr.swapped else ("a", "b")
+            for slot, name, x in (("A", users[0], prepared.A), ("B", users[1], prepared.B)):
+                given = tuple(int(d) for d in getattr(operands, name).shape)
+                shape = tuple(int(d) for d in x.shape)
+                if shape not in (given, given[::-1]):
+                    why.append(f"nvmath's {slot} ({name}) is not this rank's block of {name} as given (padded or cut "
+                               f"to {shape} from {given}), and its scales are not re-laid")
+                elif any(d % 128 for d in shape):
+                    why.append(f"this rank's block of {name} is {given}: local M, N and K must be multiples of 128")
+        verdicts = self.ctx.comm.allgather("; ".join(why)) if self.ctx.size > 1 else ["; ".join(why)]
+        refused = [(r, v) for r, v in enumerate(verdicts) if v]
+        if not refused:
+            return "cublasmp"
+        rank, first = refused[0]
+        return first if self.ctx.size == 1 else f"rank {rank}: {first}"
+
+    def _block_scales(self, operands: Operands) -> dict[str, Any]:
+        """This call's block scales as cuBLASMp reads them: each rank's local scales of nvmath's A and B
+        (the user's b and a in a swapped frame) in cuBLAS's tiled 1-D layout (:func:`dmatmul._mxfp8.to_tiled`)."""
+        sa, sb, ka, kb = operands.block_scales
+        tiled = {name: self._xp.asarray(_mxfp8.to_tiled(_mxfp8.logical(_engine_array(s), k)))
+                 for name, s, k in (("a", sa, ka), ("b", sb, kb))}
+        return {"a": tiled["b"], "b": tiled["a"]} if self.translation.swapped else tiled
 
     def _orders_match(self, arrays: list[Any]) -> list[Any]:
         """Operands reset to another memory order are converted to the planned one."""
@@ -201,6 +275,8 @@ class NvmathPlan(BackendPlan):
 
     def _execute(self, operands: Operands) -> Any:
         arrays = self._current(operands)
+        if self._engine.block_scales is not None:  # (a plan the cache shares between calls of other scales)
+            self._engine.block_scales = self._block_scales(operands)
         _, _, c, bias = arrays
         d_nv = self._engine.run(self._program.prepare(*arrays))
         d = self._program.finish(d_nv, c, bias)
@@ -221,6 +297,15 @@ class NvmathPlan(BackendPlan):
         lines.insert(3, f"overlap:    {overlap(self.translation, self.memory)}")
         if self.refused:
             lines.append(f"note:       nvmath refused the fused epilog ({self.refused}); dmatmul applies it")
+        if self.mxfp8 == "cublasmp":
+            lines.append(f"mxfp8:      cuBLASMp's MXFP8 path: FP8 a and b with nvmath block_scaling=True, each rank's "
+                         f"block scales converted to cuBLAS's tiled 1-D layout, COMPUTE_32F, result "
+                         f"{self.spec.result_dtype}")
+        elif self.mxfp8 is not None:
+            lines.append(f"mxfp8:      emulated: cuBLASMp's MXFP8 path (nvmath block_scaling=True: compute capability "
+                         f"10.0+, local M, N, K multiples of 128, TN) is not taken ({self.mxfp8}); a and b are "
+                         f"dequantized to float32 (exact), multiplied in float32, the result rounded to "
+                         f"{self.spec.result_dtype} once")
         return lines
 
     def free(self) -> None:
@@ -256,6 +341,9 @@ class NvmathBackend:
     Matmul) once; under mpiexec the cache gathers every rank's key at each
     lookup (never per execute), so the ranks hit, miss and evict (free, a
     collective) alike."""
+
+    #: MXFP8's block scales come to this backend with FP8 a and b (the front end does not dequantize them)
+    takes_block_scales = True
 
     def __init__(self) -> None:
         self._started = False

@@ -36,7 +36,7 @@ from ._pipeline import Prepared
 from ._translate import Memory, NvDistribution, Translation
 
 __all__ = ["Context", "start", "context", "requested_backends", "preflight", "CublasMpEngine", "CublasLtEngine", "make_engine",
-           "nvmath_version", "cublasmp_version", "memory"]
+           "nvmath_version", "cublasmp_version", "memory", "compute_capability"]
 
 BACKENDS_ENV = "DMATMUL_NVMATH_BACKENDS"
 #: NCCL only: nvmath 1.0's distributed Matmul needs the NCCL backend (cuBLASMp dropped NVSHMEM at 0.8)
@@ -177,6 +177,15 @@ def context(spmd: bool) -> Context:
     return _context
 
 
+def compute_capability(device_id: int) -> tuple[int, int]:
+    """The compute capability of GPU ``device_id`` as (major, minor) (CuPy reports "90" for 9.0, "100" for
+    10.0): nvmath's MXFP8 (``block_scaling=True``) needs 10.0 or higher."""
+    import cupy
+
+    cc = str(cupy.cuda.Device(device_id).compute_capability)
+    return int(cc[:-1]), int(cc[-1])
+
+
 # --------------------------------------------------------------------------- #
 # nvmath objects from data
 # --------------------------------------------------------------------------- #
@@ -252,6 +261,9 @@ class _Engine:
     resident = False
     _held: tuple[Any, Any, Any, Any] | None = None
     _mm: Any = None
+    #: MXFP8 on cuBLASMp: ``{"a": ..., "b": ...}``, the tiled 1-D block scales of nvmath's A and B (this
+    #: call's: handed over with every call's operands), None otherwise
+    block_scales: dict[str, Any] | None = None
 
     def __init__(self, tr: Translation, ctx: Context) -> None:
         self.ctx = ctx
@@ -318,10 +330,12 @@ class _Engine:
 
     def run(self, prepared: Prepared) -> Any:
         """Hand ``prepared`` over (``reset_operands``) and execute."""
-        if self._same(prepared):
+        if self.block_scales is None and self._same(prepared):
             return self._mm.execute()
         a, b, c = self._operands(prepared)
         kwargs: dict[str, Any] = {"a": a, "b": b}
+        if self.block_scales is not None:  # (a plan shared by calls of other scales: this call's)
+            kwargs["quantization_scales"] = self.block_scales
         if c is not None:
             kwargs["c"] = c
         inputs = self._epilog_inputs(self.translation, prepared)
@@ -346,10 +360,13 @@ class CublasMpEngine(_Engine):
 
     collective = True
 
-    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context) -> None:
+    def __init__(self, tr: Translation, prepared: Prepared, ctx: Context,
+                 block_scales: dict[str, Any] | None = None) -> None:
         from nvmath.distributed.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions, matrix_qualifiers_dtype
 
         super().__init__(tr, ctx)
+        self.block_scales = block_scales
+        scales = _scales(tr) if block_scales is None else {"quantization_scales": block_scales}
         p = tr.problem
         options, fields = _options(MatmulOptions, **dict(tr.options))
         self._copy_c = "inplace" not in fields  # an nvmath without the option: never let it write the user's c
@@ -360,7 +377,7 @@ class CublasMpEngine(_Engine):
                          nv_distribution(tr.result)]
         self._new = lambda: Matmul(
             A, B, C, distributions=distributions, alpha=p.alpha, beta=p.beta if C is not None else None,
-            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options, **_scales(tr),
+            qualifiers=qualifiers(tr.qualifiers, matrix_qualifiers_dtype), options=options, **scales,
         )
         self._mm = self._new()
         self._start(prepared, MatmulEpilog)
@@ -417,11 +434,14 @@ def _array_module(x: Any) -> Any:
     return cupy
 
 
-def make_engine(tr: Translation, prepared: Prepared, ctx: Context) -> CublasMpEngine | CublasLtEngine:
-    """Create and plan the nvmath object for ``tr`` (collective for cuBLASMp)."""
+def make_engine(tr: Translation, prepared: Prepared, ctx: Context,
+                block_scales: dict[str, Any] | None = None) -> CublasMpEngine | CublasLtEngine:
+    """Create and plan the nvmath object for ``tr`` (collective for cuBLASMp); ``block_scales``: MXFP8's
+    tiled scales of nvmath's A and B (cuBLASMp only)."""
     if tr.engine == "cublaslt":
+        assert block_scales is None
         return CublasLtEngine(tr, prepared, ctx)
-    return CublasMpEngine(tr, prepared, ctx)
+    return CublasMpEngine(tr, prepared, ctx, block_scales)
 
 
 def cublasmp_version() -> int | None:

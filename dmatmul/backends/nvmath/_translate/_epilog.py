@@ -81,10 +81,19 @@ def epilogs(p: Problem, path: Path, swapped: bool, engine: str) -> tuple[str | N
     return None, ep, False
 
 
+def tn(f: Frame) -> bool:
+    """Whether frame ``f`` hands nvmath the TN layout (A transposed, B not), the one cuBLASMp's FP8 runs."""
+    by_slot = {h.slot: h.is_transpose for h in f.handovers}
+    return by_slot.get("A") is True and by_slot.get("B") is False
+
+
 def pick(frames: list[Frame], p: Problem, path: Path, engine: str) -> Frame:
-    def key(f: Frame) -> tuple[float, int, int]:
+    """The frame with fewer copies, then a fusable bias, then a C-order result; MXFP8 that cuBLASMp could
+    take (``p.mxfp8``): a TN frame first (its block-scaled GEMM runs TN only)."""
+    def key(f: Frame) -> tuple[int, float, int, int]:
         fused, post, _ = epilogs(p, path, f.swapped, engine)
-        return (f.weight, 0 if post is None or p.epilog is None else 1, 0 if f.swapped else 1)
+        return (0 if not p.mxfp8 or tn(f) else 1, f.weight, 0 if post is None or p.epilog is None else 1,
+                0 if f.swapped else 1)
 
     return min(frames, key=key)
 

@@ -79,6 +79,9 @@ class Problem:
     distributions: tuple[Distribution, Distribution, Distribution]
     orders: tuple[Order, Order, Order | None]
     chosen: bool = False
+    #: MXFP8 that cuBLASMp could take (block scales held, a GPU of compute capability 10.0+): frames giving
+    #: its TN layout are preferred (:func:`._epilog.pick`)
+    mxfp8: bool = False
 
     @classmethod
     def from_spec(cls, spec: Spec, nranks: int, orders: tuple[Order, Order, Order | None]) -> Problem:
