@@ -60,6 +60,8 @@ class BatchedProduct(_backends.Backend):
 
     def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
         if spec.batch_size == 0:
+            # refused as an empty matrix product is (a grid of another rank count, an algorithm that does not fit)
+            EmptyProduct(self.backend).plan(spec.item(), operands)
             return NoItems(spec, operands, self.backend.place)
         own = self.backend.batched(spec, operands) if spec.reads_ab else None
         if own is not None:

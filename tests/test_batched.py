@@ -247,3 +247,18 @@ def test_an_empty_batch_of_jax_arrays_lies_on_the_devices_in_use():
         d = dm.matmul(a, b, distribution=dist, devices=devices)
         assert isinstance(d, jax.Array) and d.shape == (0, 2, 4, 5)
         assert d.sharding.device_set == set(devices), (dist, d.sharding)
+
+
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+def test_an_empty_batch_is_refused_as_an_empty_matrix_product_is(here, batch):
+    """No items: a grid of another rank count, or a named algorithm that does
+    not fit, is refused as it is for a batch with items (it ran, returning an
+    empty result)."""
+    a, b = _rand(*batch, 4, 3), _rand(3, 5)
+    kw = {"devices": 4} if here.name == "jax" else {}
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((1, 8)))
+    with pytest.raises(dm.DistributionError, match=r"spans 8 ranks \(its grid \(1, 8\)\)"):
+        dm.matmul(a, b, distribution=grid, backend=here.name, **kw)
+    with pytest.raises(ValueError, match="algorithm='summa25d' needs"):
+        dm.matmul(a, b, algorithm="summa25d", backend=here.name, **kw)
+    assert dm.matmul(a, b, backend=here.name, **kw).shape == (*batch, 4, 5)
