@@ -175,6 +175,9 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     runs inside ``jax.default_matmul_precision`` (:data:`MATMUL_PRECISIONS`),
     which ``precision=None`` follows on the JAX backend: under "highest" a
     float32 product must then be float32-accurate on any platform.
+    Drawn last (:func:`_draw_nd`): batch dimensions on a and b (one case in
+    five), and Sharded distributions over meshes of 1 to 3 axes (one case in
+    four of those that pass distributions).
     """
     case, alphas, betas = _draw_product(draw, nranks, mpi)
     case = _draw_arrays(draw, case, families)
