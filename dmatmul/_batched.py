@@ -62,7 +62,9 @@ class BatchedProduct(_backends.Backend):
 
     def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
         if spec.batch_size == 0:
-            return NoItems(spec, operands)
+            # refused as an empty matrix product is (a grid of another rank count, an algorithm that does not fit)
+            EmptyProduct(self.backend).plan(spec.item(), operands)
+            return NoItems(spec, operands, self.backend.place)
         own = self.backend.batched(spec, operands) if spec.reads_ab else None
         if own is not None:
             return own
@@ -130,10 +132,12 @@ class LoopPlan(_backends.BackendPlan):
 
 class NoItems(_backends.BackendPlan):
     """A batch of no items: an empty result of the batch's shape (this rank's
-    block of each matrix under several processes)."""
+    block of each matrix under several processes), in one process where the
+    backend puts a result (``place``: a jax.Array on the devices in use)."""
 
-    def __init__(self, spec: Spec, operands: Operands) -> None:
+    def __init__(self, spec: Spec, operands: Operands, place: Any = None) -> None:
         self.spec = spec
+        self.place = place
 
     def execute(self, operands: Operands) -> Any:
         spec = self.spec
@@ -142,8 +146,9 @@ class NoItems(_backends.BackendPlan):
         if rt is not None and spec.distributions is not None:
             shape = spec.distributions[2].shape(rt.rank, shape, rt.size)
         xp = array_module(operands.family)
-        with precise(spec.dtype):
-            return xp.zeros(spec.batch_shape + tuple(shape), dtype=numpy_dtype(spec.dtype))
+        with precise(spec.result_dtype):  # (FP8 a and b: the result type)
+            d = xp.zeros(spec.batch_shape + tuple(shape), dtype=numpy_dtype(spec.result_dtype))
+            return d if rt is not None or self.place is None else self.place(d, spec, operands)
 
     def explain(self) -> list[str]:
         return [f"kernel:     none: the batch {self.spec.batch_shape} holds no item; nothing moves"]

@@ -207,3 +207,58 @@ def test_gradients_through_a_batched_product(jit):
     for name, got in zip(("a", "b", "bias"), grads):
         assert got.shape == want[name].shape, name
         assert_close(np.asarray(got), want[name], "float64")
+
+
+# --------------------------------------------------------------------------- #
+# found by the differential matrix's batched draws
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("batch", [(1,), (3,), (2, 3), (9,)])  # under vmap, and split over the devices
+def test_a_batched_numpy_result_is_the_callers(here, batch):
+    """A numpy result is the caller's to write into, as a matrix result is (the
+    JAX backend's batched plans returned a read-only view of a jax.Array)."""
+    a, b = _rand(*batch, 5, 3), _rand(3, 4)
+    kw = {"devices": 8} if here.name == "jax" else {}
+    for dist in (None, (dm.Replicated(), dm.Replicated(), dm.Slab.X)):
+        d = dm.matmul(a, b, distribution=dist if here.name == "jax" else None, backend=here.name, **kw)
+        assert d.flags.writeable, dist
+        assert_close(d, reference(a, b), "float32")
+
+
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+def test_an_empty_batch_of_fp8_operands_has_the_result_type(here, batch):
+    """No items: the result has the result type of FP8 a and b (bfloat16 by
+    default, result_type= else), as a batch with items does, not float8."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.ones((*batch, 4, 3), ml_dtypes.float8_e4m3fn)
+    b = np.ones((3, 5), ml_dtypes.float8_e4m3fn)
+    for result_type, want in ((None, "bfloat16"), ("float32", "float32")):
+        kw = {} if result_type is None else {"result_type": result_type}
+        d = dm.matmul(a, b, backend=here.name, **kw)
+        assert d.shape == (*batch, 4, 5) and str(d.dtype) == want, (d.shape, d.dtype)
+
+
+def test_an_empty_batch_of_jax_arrays_lies_on_the_devices_in_use():
+    """No items, jax operands: the (empty) result lies on the devices asked
+    for, as every result does, not on JAX's default device."""
+    jax = pytest.importorskip("jax")
+    devices = [jax.devices()[i] for i in (3, 1, 6)]
+    a, b = jax.numpy.ones((0, 2, 4, 3)), jax.numpy.ones((3, 5))
+    for dist in (None, dm.Slab.X):
+        d = dm.matmul(a, b, distribution=dist, devices=devices)
+        assert isinstance(d, jax.Array) and d.shape == (0, 2, 4, 5)
+        assert d.sharding.device_set == set(devices), (dist, d.sharding)
+
+
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+def test_an_empty_batch_is_refused_as_an_empty_matrix_product_is(here, batch):
+    """No items: a grid of another rank count, or a named algorithm that does
+    not fit, is refused as it is for a batch with items (it ran, returning an
+    empty result)."""
+    a, b = _rand(*batch, 4, 3), _rand(3, 5)
+    kw = {"devices": 4} if here.name == "jax" else {}
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((1, 8)))
+    with pytest.raises(dm.DistributionError, match=r"spans 8 ranks \(its grid \(1, 8\)\)"):
+        dm.matmul(a, b, distribution=grid, backend=here.name, **kw)
+    with pytest.raises(ValueError, match="algorithm='summa25d' needs"):
+        dm.matmul(a, b, algorithm="summa25d", backend=here.name, **kw)
+    assert dm.matmul(a, b, backend=here.name, **kw).shape == (*batch, 4, 5)

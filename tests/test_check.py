@@ -16,6 +16,7 @@ import ast
 import collections
 import dataclasses
 import itertools
+import math
 import os
 import pathlib
 import subprocess
@@ -38,7 +39,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # the generator covers the space
 # --------------------------------------------------------------------------- #
 def _kind(d):
-    return repr(d) if not d.grid else type(d).__name__
+    return "Sharded" if isinstance(d, dm.Sharded) else repr(d) if not d.grid else type(d).__name__
 
 
 def _draws(seed, count, **kw):
@@ -63,6 +64,8 @@ NEW_DIMENSIONS = {
     "large": lambda c: max(c.m, c.n, c.k) > 40,
     "jit on plain operands": lambda c: c.jit,
     "jax.default_matmul_precision": lambda c: c.matmul_precision is not None,
+    "batch dimensions": lambda c: bool(c.a_batch or c.b_batch),
+    "Sharded on a ProcessMesh": lambda c: bool(c.shardeds),
 }
 
 
@@ -154,7 +157,7 @@ def test_the_generator_covers_the_whole_layout_space():
                                     ("family", case.family), ("algorithm", case.algorithm != "auto"),
                                     ("epilog", case.epilog), ("c", case.use_c), ("nranks", nranks)):
                     seen[f"{name} with {what}"].add(value)
-    kinds = {"Slab.X", "Slab.Y", "Replicated()", "BlockNonCyclic", "BlockCyclic"}
+    kinds = {"Slab.X", "Slab.Y", "Replicated()", "BlockNonCyclic", "BlockCyclic", "Sharded"}
     for name in ("a", "b", "result"):
         assert seen[f"kind of {name}"] == kinds
     for p in ck.NRANKS:
@@ -177,9 +180,9 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert seen["jax.default_matmul_precision"] == {None, *ck.MATMUL_PRECISIONS}
     assert {w.split("=")[0] for w in seen["refusals"]} <= {
-        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta"}
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta", "Sharded"}
     assert {w.split("=")[0] for w in seen["refusals"]} >= {
-        "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta"}
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta", "Sharded"}
     assert seen["on a user's mesh"] == {
         (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
         for dims in (1, 2) for mixed in ((False, True) if dims == 2 else (False,))
@@ -234,6 +237,49 @@ def test_the_generator_covers_the_whole_layout_space():
         assert len(seen[f"{name} with epilog"]) >= 2, name
         if name not in ("jit on plain operands", "mixed families"):
             assert seen[f"{name} with family"] == {"numpy", "jax"}, name
+
+
+def test_the_generator_draws_batches_and_meshes():
+    """Batch dimensions (0 to 2 on a and on b, broadcast, of size 1 and 0) and
+    Sharded distributions of a, b and the result (meshes of 1 to 3 axes of the
+    rank count, specs that split, replicate, name tuples of axes, split unevenly,
+    have no 2-D form or name the batch dimensions too), each with the rest of the space."""
+    seen = collections.defaultdict(set)
+    for case in _draws(4321, 4000):
+        if case.a_batch or case.b_batch:
+            seen["batch ndims"].add((len(case.a_batch), len(case.b_batch)))
+            seen["broadcast"].update(x != case.batch_shape for x in (case.a_batch, case.b_batch))
+            seen["batch sizes"].update(case.batch_shape)
+            seen["size 1 under a larger one"].add(any(
+                1 in x and len(x) == len(case.batch_shape) and x != case.batch_shape for x in (case.a_batch, case.b_batch)))
+            seen["batched with"].update({case.family, case.layout_family, "reset" if case.reset else "call",
+                                         "jit" if case.jit else "eager", "c" if case.use_c else "no c"})
+            assert case.transform is None and case.on_mesh is None
+        for name, d, shape in zip(("a", "b", "result"), case.distributions or (),
+                                  (case.a_shape, case.b_shape, case.result_shape)):
+            if not isinstance(d, dm.Sharded):
+                continue
+            assert d.mesh.size == case.nranks and d.ndim in (2, len(shape))
+            seen[f"mesh axes of {name}"].add(len(d.mesh.shape))
+            seen["entries"].update("tuple" if isinstance(e, tuple) else "axis" if e else "none" for e in d.spec)
+            seen["replicated over an axis"].add(any(d.mesh.shape[d.mesh.axis_names.index(x)] > 1
+                                                    for x in d.replicated_axes))
+            seen["uneven"].add(any(size % math.prod(d.mesh.shape[d.mesh.axis_names.index(x)] for x in d.axes(i))
+                                   for i, size in enumerate(shape[-d.ndim:])))
+            seen["2-D form"].add(d.as_2d() is not None)
+            seen["spec of the batch dimensions"].add(d.ndim > 2)
+            seen["Sharded with"].update({case.family, "single" if case.single else "triple", case.dtype})
+    assert seen["batch ndims"] == {(i, j) for i in range(3) for j in range(3)} - {(0, 0)}
+    assert seen["broadcast"] == {True, False} and {0, 1, 2, 3} <= seen["batch sizes"]
+    assert seen["size 1 under a larger one"] == {True, False}
+    assert seen["batched with"] >= {"numpy", "jax", "reset", "call", "jit", "eager", "c", "no c", "N-D Sharded",
+                                    "2-D, one grid", "1-D", "distribution=None"}
+    for name in ("a", "b", "result"):
+        assert seen[f"mesh axes of {name}"] == {1, 2, 3}, name
+    assert seen["entries"] == {"tuple", "axis", "none"}
+    for what in ("replicated over an axis", "uneven", "2-D form", "spec of the batch dimensions"):
+        assert seen[what] == {True, False}, what
+    assert seen["Sharded with"] >= {"numpy", "jax", "single", "triple", *dm.DTYPES}
 
 
 def test_under_mpiexec_the_generator_draws_only_what_a_rank_can_pass():
@@ -364,7 +410,7 @@ def test_describe_is_the_python_call():
                 shape, dtype, fam, layout = case.bias_shape, case.bias_dtype or case.dtype, case.bias_kind, \
                     case.layouts[3]
             else:
-                shape = {"a": case.a_shape, "b": case.b_shape, "c": (case.m, case.n)}[name]
+                shape = {"a": case.a_shape, "b": case.b_shape, "c": case.result_shape}[name]
                 dtype = case.result_dtype if name == "c" else case.dtype  # (c has the result type: FP8's)
                 fam, layout = case.family_of(name), case.layouts["abc".index(name)]
             if fam == "list":
@@ -373,7 +419,7 @@ def test_describe_is_the_python_call():
                 continue
             assert x.shape == shape and x.dtype.name == dtype and dm._options.family(x) == fam, (name, line)
             if fam == "numpy" and min(shape) >= 2:
-                assert _layout_of(x) == (layout if len(shape) == 2 or layout not in ("F", ".T view") else "C"), \
+                assert _layout_of(x) == (layout if len(shape) >= 2 or layout not in ("F", ".T view") else "C"), \
                     (name, layout, line)
     assert set(forms) == {("Expr", False), ("Expr", True), ("With", False)} | {
         ("transform", kind, jit) for kind in ck.TRANSFORMS for jit in (False, True)} | {
@@ -1037,7 +1083,7 @@ def test_a_drawn_transformation_catches_what_it_covers(monkeypatch, broken):
 
     drawn, breaks, words = BROKEN_TRANSFORMS[broken]
     kinds = {}  # one case of each transformation that must catch it (vjp and jvp; vmap twice)
-    for i, c in enumerate(c for c in _draws(778, 20000) if _simple(c) and drawn(c)):
+    for i, c in enumerate(c for c in _draws(782, 20000) if _simple(c) and drawn(c)):
         kinds.setdefault(c.transform.kind if c.transform.kind != "vmap" else i, c)
         if len(kinds) == 2:
             break

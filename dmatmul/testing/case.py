@@ -16,7 +16,9 @@ from typing import Any
 
 from .. import _plan
 from .._distribution import Distribution, ProcessGrid
+from .._sharded import Sharded
 from .._epilogue import TABLE, EpilogName, has_bias
+from .._errors import DistributionError
 from .._spec import ALGORITHMS, DTYPES, FP8_DTYPES, AlgorithmName, PrecisionName
 from .placement import CALLS, PLACEMENTS, OnMesh
 
@@ -29,7 +31,7 @@ __all__ = [
 NRANKS = (1, 2, 3, 4, 5, 6, 7, 8)
 #: the table's rows, in order
 LAYOUT_FAMILIES = ("one rank", "1-D", "mixed 1-D/2-D", "2-D, one grid", "different grids", "grid != ranks",
-                   "distribution=None")
+                   "distribution=None", "N-D Sharded")
 #: how a numpy operand is laid out in memory (:func:`lay_out`), simplest first; the last three are
 #: only for matrices (a 1-D bias is both C and F), byte-swapped not for bfloat16 (ml_dtypes has no swapped form)
 LAYOUTS = ("C", "strided", "negative strides", "read-only", "byte-swapped", "F", ".T view")
@@ -168,6 +170,8 @@ class Case:
     matmul_precision: str | None = None  # the call runs in jax.default_matmul_precision(it) (MATMUL_PRECISIONS)
     scales: tuple[float, float] | None = None  # FP8: quantization_scales={"a": sa, "b": sb} (None: not given)
     result_type: str | None = None  # FP8: result_type= (None: not given, bfloat16)
+    a_batch: tuple[int, ...] = ()  # a's leading batch dimensions (broadcast against b's as numpy.matmul does)
+    b_batch: tuple[int, ...] = ()  # b's
 
     @property
     def result_dtype(self) -> str:
@@ -191,12 +195,22 @@ class Case:
 
     # -- shapes ------------------------------------------------------------------
     @property
-    def a_shape(self) -> tuple[int, int]:
-        return (self.k, self.m) if self.transpose_a else (self.m, self.k)
+    def a_shape(self) -> tuple[int, ...]:
+        return self.a_batch + ((self.k, self.m) if self.transpose_a else (self.m, self.k))
 
     @property
-    def b_shape(self) -> tuple[int, int]:
-        return (self.n, self.k) if self.transpose_b else (self.k, self.n)
+    def b_shape(self) -> tuple[int, ...]:
+        return self.b_batch + ((self.n, self.k) if self.transpose_b else (self.k, self.n))
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The result's batch dimensions: a's and b's broadcast (``numpy.matmul``)."""
+        return _broadcast(self.a_batch, self.b_batch)
+
+    @property
+    def result_shape(self) -> tuple[int, ...]:
+        """The shape of c and of the result: ``batch_shape + (m, n)``."""
+        return self.batch_shape + (self.m, self.n)
 
     @property
     def bias_shape(self) -> tuple[int, ...]:
@@ -210,7 +224,27 @@ class Case:
 
     @property
     def grids(self) -> list[ProcessGrid]:
-        return [d.grid for d in self.distributions or () if d.grid is not None]
+        return [d.grid for d in self.matrix_distributions or () if d is not None and d.grid is not None]
+
+    @property
+    def matrix_distributions(self) -> tuple[Distribution | None, Distribution | None, Distribution | None] | None:
+        """The distributions as ``dm.matmul`` reads them: a :class:`~dmatmul.Sharded` as its
+        2-D form (:meth:`~dmatmul.Sharded.as_2d`), None where it has none."""
+        if self.distributions is None:
+            return None
+        a, b, d = (x.as_2d() if isinstance(x, Sharded) else x for x in self.distributions)
+        return a, b, d
+
+    @property
+    def shardeds(self) -> list[Sharded]:
+        """The :class:`~dmatmul.Sharded` distributions of a, b and the result (each once)."""
+        return list(dict.fromkeys(d for d in self.distributions or () if isinstance(d, Sharded)))
+
+    @property
+    def nd_sharded(self) -> bool:
+        """Whether a distribution is a Sharded with no 2-D form (partial replication, axes out of
+        rank order, batch dimensions named): ``dm.matmul`` may refuse it (:meth:`refusals`)."""
+        return any(d.as_2d() is None for d in self.shardeds)
 
     @property
     def distribution(self) -> Distribution | tuple[Distribution, Distribution, Distribution] | None:
@@ -245,6 +279,8 @@ class Case:
             return "grid != ranks"
         if self.distributions is None:
             return "distribution=None"
+        if self.nd_sharded:
+            return "N-D Sharded"
         if self.nranks == 1:
             return "one rank"
         if not grids:
@@ -274,7 +310,12 @@ class Case:
           user's mesh whose layouts it does not take): ValueError naming the
           algorithm and saying what it needs; one that re-lays any layout
           (summa25d) on a rank count not its own, and on ``backend="nvmath"``
-          always (:meth:`_relaid_refusals`).
+          always (:meth:`_relaid_refusals`);
+        * a :class:`~dmatmul.Sharded` with no 2-D form (:attr:`nd_sharded`:
+          replicated over some mesh axes, axes out of rank order, a spec of the
+          batch dimensions too): DistributionError saying that ``dm.matmul``
+          takes only 2-D distributions for now (allowed, not required: a
+          result it returns is checked as any other).
         """
         required: list[Refusal] = []
         allowed: list[Refusal] = []
@@ -313,14 +354,19 @@ class Case:
                 required.append(Refusal(
                     (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
+        nd = self.nd_sharded
+        if nd:
+            allowed.append(Refusal((DistributionError,), (r"\bdistribution\b", "is no 2-D distribution"),
+                                   "Sharded with no 2-D form"))
         # a named algorithm runs where it fits the layouts by roles, and with distribution=None on operands of
         # no mesh (the model picks among the layouts it takes)
+        dists = self.matrix_distributions
         if self.algorithm != "auto" and _plan.ALGORITHMS[self.algorithm].relays:
             required.extend(self._relaid_refusals(backend))
         elif self.algorithm != "auto" and not (
-                (self.distributions is None and self.on_mesh is None)
-                or (self.distributions is not None and self.algorithm in _fitting_algorithms(
-                    self.nranks, self.distributions, self.transpose_a, self.transpose_b))):
+                (dists is None and self.on_mesh is None)
+                or (dists is not None and not nd and self.algorithm in _fitting_algorithms(
+                    self.nranks, dists, self.transpose_a, self.transpose_b))):  # type: ignore[arg-type]
             allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
                                    f"algorithm={self.algorithm!r} may not fit"))
         return required, allowed
@@ -365,7 +411,7 @@ class Case:
             return f"rand({', '.join(opts)}){'.tolist()' if fam == 'list' else ''}"
 
         def c_operand(beta: complex, seed: int = 0) -> str:
-            return operand("c", (self.m, self.n), self.specials and beta != 0, seed, fill=beta == 0)
+            return operand("c", self.result_shape, self.specials and beta != 0, seed, fill=beta == 0)
 
         args = [operand("a", self.a_shape, self.specials), operand("b", self.b_shape, self.specials)]
         if self.use_c:
@@ -463,7 +509,15 @@ class Case:
 
 
 def _dm_repr(d: Distribution) -> str:
-    return re.sub(r"\b(Slab|Replicated|BlockCyclic|BlockNonCyclic|ProcessGrid)\b", r"dm.\1", repr(d))
+    return re.sub(r"\b(Slab|Replicated|BlockCyclic|BlockNonCyclic|ProcessGrid|Sharded|ProcessMesh)\b", r"dm.\1",
+                  repr(d))
+
+
+def _broadcast(x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...]:
+    """Batch shapes broadcast as numpy does (the ones drawn always broadcast)."""
+    n = max(len(x), len(y))
+    x, y = (1,) * (n - len(x)) + x, (1,) * (n - len(y)) + y
+    return tuple(i if j == 1 else j for i, j in zip(x, y))
 
 
 def _factorizations(p: int) -> list[tuple[int, int]]:

@@ -55,7 +55,7 @@ def _on_trace_mesh(dist: Distribution, p: int) -> bool:
 
 
 def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any], close: Any,
-                       batched: bool = False) -> list[str]:
+                       lead: int = 0) -> list[str]:
     """One process, a jax result: it lies on the ranks' devices, and (where the
     result's distribution is known) each rank's device holds that rank's block
     (``dist.global_indices``), or every device the whole result where no
@@ -66,21 +66,23 @@ def _sharding_problems(d: Any, case: Case, want: np.ndarray, ranks: Sequence[Any
     Inside a trace on a mesh of both Explicit and Auto axes any sharding
     (a type names the Explicit ones only: ``jax.jit(lambda x: x * 2)`` turns
     P(("data", "model")) with "data" Auto into P("model"), in halves). A
-    ``batched`` result (``jax.vmap``: a batch axis first) holds each matrix so, the batch axis not split: each device the
-    whole batch of its blocks."""
+    result of ``lead`` batch dimensions first (``jax.vmap``'s axis, a batched product's) holds each matrix so,
+    the batch not split: each device the whole batch of its blocks. A Sharded result is read as its 2-D form
+    (a result of one that has none is not checked here)."""
     shards = {s.device: s for s in d.addressable_shards}
     if set(shards) != set(ranks):
         return [f"result on devices {sorted(x.id for x in shards)}, expected the ranks' {[x.id for x in ranks]}"]
     if case.distributions is None or not want.size:
         return []
-    dd = case.distributions[2]
+    dd = (case.matrix_distributions or (None,) * 3)[2]
+    if dd is None:
+        return []
     p = len(ranks)
-    shape = want.shape[1:] if batched else want.shape
-    lead = (np.arange(want.shape[0]),) if batched else ()
+    batch, shape = want.shape[:lead], want.shape[lead:]
+    every = tuple(np.arange(s) for s in batch)
     blocks = [dd.global_indices(r, shape, p) for r in range(p)]
     datas = [np.asarray(shards[dev].data) for dev in ranks]
-    batch = want.shape[:1] if batched else ()
-    if all(x.shape == batch + (len(rows), len(cols)) and close(x, want[np.ix_(*lead, rows, cols)])
+    if all(x.shape == batch + (len(rows), len(cols)) and close(x, want[np.ix_(*every, rows, cols)])
            for x, (rows, cols) in zip(datas, blocks)):
         return []
     traced = case.jit or case.transform is not None or (case.on_mesh is not None and case.on_mesh.call != "eager")

@@ -17,6 +17,8 @@ import numpy as np
 from .. import _plan
 from .._distribution import BlockCyclic, BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from .._epilogue import EPILOGS, has_bias
+from .._mesh import ProcessMesh
+from .._sharded import Sharded, SpecEntry
 from .._spec import ALGORITHMS, FP8_DTYPES, PRECISIONS, RESULT_TYPES, AlgorithmName
 from .case import (
     _BLOCK_SIZES, _DTYPES, _KINDS, _LARGE_DIM, _MAX_DIM, _SCALES, _VECTOR_LAYOUTS, BIAS_KINDS, CALLS, LAYOUTS,
@@ -173,10 +175,14 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     runs inside ``jax.default_matmul_precision`` (:data:`MATMUL_PRECISIONS`),
     which ``precision=None`` follows on the JAX backend: under "highest" a
     float32 product must then be float32-accurate on any platform.
+    Drawn last (:func:`_draw_nd`): batch dimensions on a and b (one case in
+    five), and Sharded distributions over meshes of 1 to 3 axes (one case in
+    four of those that pass distributions).
     """
     case, alphas, betas = _draw_product(draw, nranks, mpi)
     case = _draw_arrays(draw, case, families)
-    return _draw_call(draw, case, alphas, betas, families=families, mpi=mpi, ndevices=ndevices)
+    case = _draw_call(draw, case, alphas, betas, families=families, mpi=mpi, ndevices=ndevices)
+    return _draw_nd(draw, case)
 
 
 _Scalars = tuple[complex, ...]
@@ -348,3 +354,127 @@ def _draw_fp8(draw: Chooser, case: Case) -> Case:
     layouts = ("C" if la == "byte-swapped" else la, "C" if lb == "byte-swapped" else lb, lc, lbias)  # (1 byte)
     return dataclasses.replace(case, dtype=dtype, scales=scales, result_type=result_type,
                                bias_dtype=case.bias_dtype or case.dtype, layouts=layouts)
+
+
+#: the names a drawn ProcessMesh gives its axes (one set per mesh; JAX users' and plain ones)
+_AXIS_NAMES = (("x", "y", "z"), ("data", "model", "pipe"), ("dp", "tp", "sp"))
+
+
+def _draw_nd(draw: Chooser, case: Case) -> Case:
+    """Batch dimensions and N-D meshes (drawn last, so that the draws above stay those of
+    the cases before them).
+
+    One case in five (not inside a JAX transformation nor on a user's mesh, whose
+    operands are matrices) has leading batch dimensions on a, b or both
+    (:func:`_draw_batches`). One case in four that passes distributions has
+    :class:`~dmatmul.Sharded` ones: each of a, b and the result (or the one
+    Distribution for all) is, two times in three, a Sharded over a
+    :class:`~dmatmul.ProcessMesh` of 1 to 3 axes whose sizes multiply to the
+    rank count (one mesh for the three, three times in four), its spec a 2-D
+    form half the time (rows and columns over the axes in rank order, a tuple of
+    them, replicated) and any spec otherwise (axes left out: replicated over
+    them; tuples in any order), of the matrix dimensions or (one in four, on a
+    batched operand) of every dimension. Dimensions split unevenly wherever the
+    sizes drawn do not divide."""
+    if case.transform is None and case.on_mesh is None and _rarely(draw, 5):
+        a_batch, b_batch = _draw_batches(draw, large=max(case.m, case.n, case.k) > _MAX_DIM)
+        case = dataclasses.replace(case, a_batch=a_batch, b_batch=b_batch)
+    if case.distributions is None or not _rarely(draw, 4):
+        return case
+    meshes = [_draw_mesh(draw, case.nranks)]
+    ndims = (len(case.a_shape), len(case.b_shape), len(case.result_shape))
+    if case.single:
+        ndim = min(ndims)  # (a spec of more dimensions than an operand has is refused, as a misfit)
+        d = _draw_sharded(draw, meshes[0], ndim if ndim > 2 and _rarely(draw, 4) else 2)
+        return dataclasses.replace(case, distributions=(d, d, d))
+    dists = list(case.distributions)
+    for i, ndim in enumerate(ndims):
+        if draw.integer(0, 2) == 0:
+            continue
+        if _rarely(draw, 4):
+            meshes.append(_draw_mesh(draw, case.nranks))
+        mesh = meshes[-1] if draw.boolean() else meshes[0]
+        dists[i] = _draw_sharded(draw, mesh, ndim if ndim > 2 and _rarely(draw, 4) else 2)
+    a, b, r = dists
+    return dataclasses.replace(case, distributions=(a, b, r))
+
+
+def _draw_batches(draw: Chooser, large: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """a's and b's batch dimensions: 0 to 2 each (not both 0), broadcast as
+    ``numpy.matmul`` does: the result's of sizes 1 to 3 (one case in eight, one of
+    size 0), each operand's the trailing ones of it, each a 1 one time in three
+    (broadcast), every dimension of the result an operand's. At most 2 items where a
+    matrix is large."""
+    na, nb = draw.integer(0, 2), draw.integer(0, 2)
+    if na == nb == 0:
+        na, nb = (1, 0) if draw.boolean() else (0, 1)
+    full = [draw.integer(1, 2 if large else 3) for _ in range(max(na, nb))]
+    if large and len(full) == 2:
+        full[0] = 1
+    if _rarely(draw, 8):
+        full[draw.integer(0, len(full) - 1)] = 0
+    own = [tuple(1 if _rarely(draw, 3) else s for s in full[len(full) - n:]) for n in (na, nb)]
+    # every dimension of the result comes from a or b (an operand with no such dimension broadcasts)
+    for i, size in enumerate(full):
+        at = [ops[i - len(full) + len(ops)] if i >= len(full) - len(ops) else 1 for ops in own]
+        if size not in at:
+            j = 0 if i >= len(full) - na else 1
+            ops = list(own[j])
+            ops[i - len(full) + len(ops)] = size
+            own[j] = tuple(ops)
+    return own[0], own[1]
+
+
+def _draw_mesh(draw: Chooser, nranks: int) -> ProcessMesh:
+    """A mesh of 1 to 3 axes over ``nranks`` ranks (any ordered factorization, axes of size 1 too)."""
+    naxes = draw.integer(1, 3)
+    shapes = [s for s in _ordered_factorizations(nranks, naxes)]
+    shape = draw.choice(shapes)
+    return ProcessMesh(shape, draw.choice(_AXIS_NAMES)[:naxes])
+
+
+def _ordered_factorizations(p: int, n: int) -> list[tuple[int, ...]]:
+    if n == 1:
+        return [(p,)]
+    return [(f,) + rest for f in range(1, p + 1) if p % f == 0 for rest in _ordered_factorizations(p // f, n - 1)]
+
+
+def _draw_sharded(draw: Chooser, mesh: ProcessMesh, ndim: int) -> Sharded:
+    """A Sharded over ``mesh`` of ``ndim`` dimensions (the matrix is the last two).
+
+    Half the time a 2-D form: the mesh's axes in rank order split the rows,
+    the columns, both (a leading run of them the rows, the rest the columns:
+    a row-major grid; or the other way round: a column-major one), or
+    none (replicated); otherwise each axis splits a dimension or none (replicated
+    over it), a dimension's axes in any order."""
+    names = list(mesh.axis_names)
+    spec: list[SpecEntry] = [None] * ndim
+    if ndim == 2 and draw.boolean():
+        form = draw.choice(("rows", "cols", "grid", "col grid", "replicated"))
+        cut = draw.integer(0, len(names))
+        if form in ("rows", "cols"):
+            spec[0 if form == "rows" else 1] = _spelled(draw, names)
+        elif form == "grid":
+            spec = [_spelled(draw, names[:cut]), _spelled(draw, names[cut:])]
+        elif form == "col grid":
+            spec = [_spelled(draw, names[cut:]), _spelled(draw, names[:cut])]
+        return Sharded(mesh, tuple(spec))
+    order = list(names)
+    for i in range(len(order) - 1, 0, -1):  # a drawn permutation (hypothesis shrinks towards mesh order)
+        j = draw.integer(0, i)
+        order[i], order[j] = order[j], order[i]
+    parts: list[list[str]] = [[] for _ in range(ndim)]
+    for name in order:
+        where = draw.integer(-1, ndim - 1)
+        if where >= 0:
+            parts[where].append(name)
+    return Sharded(mesh, tuple(_spelled(draw, part) for part in parts))
+
+
+def _spelled(draw: Chooser, names: Sequence[str]) -> SpecEntry:
+    """A spec entry of ``names``: None, a name, or a tuple (one name as a 1-tuple now and then)."""
+    if not names:
+        return None
+    if len(names) == 1 and not _rarely(draw, 4):
+        return names[0]
+    return tuple(names)

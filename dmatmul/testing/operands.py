@@ -79,7 +79,7 @@ def _global_operands(rng: np.random.Generator, case: Case, beta: complex) -> dic
         "c": None, "bias": None,
     }
     if case.use_c:
-        ops["c"] = c = random_matrix(rng, (case.m, case.n), case.result_dtype)
+        ops["c"] = c = random_matrix(rng, case.result_shape, case.result_dtype)
         if beta == 0:
             c[...] = np.nan  # must not be read
     if case.has_bias:

@@ -190,7 +190,8 @@ def reference(
         parts = [reference(ai, bi, ci, bias=bi_, **kw) for _, ai, bi, ci, bi_ in _items(batch, a, b, c, bias)]
         m = np.shape(a)[-1 if transpose_a else -2]
         n = np.shape(b)[-2 if transpose_b else -1]
-        return _stacked(batch, parts, (m, n), _wide_kind(a, b))
+        # (complex where a part is: a complex c, bias or alpha on real operands, as a matrix's reference is)
+        return _stacked(batch, parts, (m, n), _wide_kind(a, b, *parts))
     d = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
                        epilog=epilog, bias=bias)
     with np.errstate(invalid="ignore"):
@@ -295,7 +296,8 @@ def reference_jvp(
             parts.append(reference_jvp(ai, bi, ci, ti, bias=bb, **kw))
         m = np.shape(a)[-1 if transpose_a else -2]
         n = np.shape(b)[-2 if transpose_b else -1]
-        return _stacked(batch, parts, (m, n), _wide_kind(a, b))
+        # (complex where a part is: a complex c, bias or alpha on real operands, as a matrix's reference is)
+        return _stacked(batch, parts, (m, n), _wide_kind(a, b, *parts))
     z = _preactivation(a, b, c, alpha=alpha, beta=beta, transpose_a=transpose_a, transpose_b=transpose_b,
                        epilog=epilog, bias=bias)
     op = lambda x, t: wide(x).T if t else wide(x)  # noqa: E731

@@ -17,7 +17,8 @@ from typing import Any, cast
 import numpy as np
 
 from .. import _plan, _runtime
-from .._distribution import split
+from .._distribution import Distribution, split
+from .._sharded import Sharded
 from .._spec import BackendName, family
 from .case import Case
 from .compare import _reduced_precision_slack, _Result, _sharding_problems
@@ -97,11 +98,10 @@ class _Run:
             self.refs.append(self._ref(after, case.alpha if reset.alpha is None else reset.alpha, final_beta))
         self.dists = dists = case.distributions
         self.dd = dd = dists[2] if dists is not None else None
-        self.want_shape: tuple[int, int] | None = (case.m, case.n)
+        self.want_shape: tuple[int, ...] | None = case.result_shape
         if mpi:
             assert rt is not None and dists is not None and dd is not None  # distribution=None: not under mpiexec
-            self.want_shape = dd.shape(rt.rank, (case.m, case.n), rt.size) \
-                if dd.grid is None or dd.grid.size == rt.size else None
+            self.want_shape = _block_shape(dd, rt.rank, case.result_shape, rt.size)
         kwargs = self._place(devices)
         self.args = args = {name: self.passed(x, name) for name, x in ops.items()}
         self.news = {name: self.passed(new[name], name) for name in reset.operands} if reset is not None else {}
@@ -165,9 +165,7 @@ class _Run:
         case, rt = self.case, self.rt
         if self.mpi and name != "bias":
             assert self.dists is not None and rt is not None
-            d = self.dists["abc".index(name)]
-            blocks = split(x, d, nranks=None if d.grid is not None else rt.size)
-            x = blocks[rt.rank % len(blocks)]  # a grid of another size is refused: any block will do
+            x = _block(x, self.dists["abc".index(name)], rt.rank, rt.size)
         fam = case.bias_kind if name == "bias" else case.family_of(name)
         layout = case.layouts[("a", "b", "c", "bias").index(name)]
         if fam == "list":
@@ -282,7 +280,7 @@ class _Run:
             return problems + [f"{said}result shape {tuple(d.shape)}, expected {tuple(shape)}"]
         assert dd is not None or not mpi
         ref = r.ref
-        want = split(ref, dd, nranks=rt.size)[rt.rank] if mpi and rt is not None and dd is not None else ref
+        want = _block(ref, dd, rt.rank, rt.size) if mpi and rt is not None and dd is not None else ref
         scale = finite_scale(ref)
         if r.kind == "gradient" and 0 in tuple(d.shape):
             # nothing to read: JAX's own zero-size cotangent of an operand split over a mesh holds the whole
@@ -300,8 +298,39 @@ class _Run:
             problems.append(f"{said}max error {ratios[-1]:.3g} x the tolerance")
         elif fam == "jax" and not mpi and r.kind != "gradient":
             close = lambda x, y: error_ratio(x, y, tol, scale) <= slack  # noqa: E731
-            problems += [said + p for p in _sharding_problems(d, case, ref, self.ranks, close, r.kind == "batched")]
+            lead = 1 if r.kind == "batched" else len(case.batch_shape) if r.kind == "result" else 0
+            problems += [said + p for p in _sharding_problems(d, case, ref, self.ranks, close, lead)]
         return problems
+
+
+def _block(x: np.ndarray, d: Distribution, rank: int, p: int) -> np.ndarray:
+    """Rank ``rank``'s block of the global ``x`` (of ``p`` ranks) as ``d`` lays it out: a
+    distribution of as many dimensions as ``x`` (a Sharded's spec of the batch
+    dimensions too) splits it whole; a matrix distribution the last two dimensions of
+    every item (each rank holds the whole batch of its blocks). A grid or mesh of
+    another size, or a Sharded of another number of dimensions, is refused: any block will do."""
+    own = d.grid.size if d.grid is not None else d.mesh.size if isinstance(d, Sharded) else p
+    rank %= own
+    ndim = d.ndim if isinstance(d, Sharded) else 2
+    if ndim == x.ndim:
+        return split(x, d, nranks=own)[rank]
+    if ndim != 2:
+        return x
+    rows, cols = d.global_indices(rank, x.shape[-2:], own)
+    return x[..., rows[:, None], cols[None, :]]
+
+
+def _block_shape(d: Distribution, rank: int, shape: tuple[int, ...], p: int) -> tuple[int, ...] | None:
+    """The shape of rank ``rank``'s block of a result of ``shape`` (:func:`_block`), None where
+    ``d`` is refused (its grid or mesh of another size, a Sharded of another number of dimensions)."""
+    if (d.grid is not None and d.grid.size != p) or (isinstance(d, Sharded) and d.mesh.size != p):
+        return None
+    ndim = d.ndim if isinstance(d, Sharded) else 2
+    if ndim == len(shape):
+        return tuple(d.shape(rank, shape, p))
+    if ndim != 2:
+        return None
+    return shape[:-2] + tuple(d.shape(rank, shape[-2:], p))
 
 
 def _default_matmul_precision(name: str | None) -> contextlib.AbstractContextManager[Any]:

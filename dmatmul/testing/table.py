@@ -40,6 +40,7 @@ def report(outcomes: Sequence[Outcome], *, failures: int = 5) -> str:
         count = {s: sum(o.status == s for o in transformed) for s in _ORDER}
         lines.append(f"of which inside a JAX transformation: {len(transformed)} ({kinds}): {count['passed']} "
                      f"passed, {count['refused']} refused, {count['failed']} failed")
+    lines += _families_lines(outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         lines.append("")
@@ -48,3 +49,33 @@ def report(outcomes: Sequence[Outcome], *, failures: int = 5) -> str:
             lines.append(f"  [{o.label or o.layout_family}] {o.message}")
             lines.append(f"    {o.describe()}")
     return "\n".join(lines)
+
+
+def _counted(outcomes: Sequence[Outcome]) -> str:
+    count = {s: sum(o.status == s for o in outcomes) for s in _ORDER}
+    return f"{count['passed']} passed, {count['refused']} refused, {count['failed']} failed"
+
+
+def _families_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """A line for the batched cases (by number of batch dimensions; broadcast; an empty batch) and one
+    for those with Sharded distributions (by mesh axes; with no 2-D form)."""
+    lines = []
+    batched = [o for o in outcomes if o.case.a_batch or o.case.b_batch]
+    if batched:
+        dims = ", ".join(f"{n} dim{'s' * (n > 1)} {sum(len(o.case.batch_shape) == n for o in batched)}"
+                         for n in (1, 2))
+        broadcast = sum(o.case.a_batch != o.case.batch_shape or o.case.b_batch != o.case.batch_shape
+                        for o in batched)
+        empty = sum(0 in o.case.batch_shape for o in batched)
+        lines.append(f"of which batched: {len(batched)} ({dims}; broadcast {broadcast}, an empty batch {empty}): "
+                     + _counted(batched))
+    sharded = [o for o in outcomes if o.case.shardeds]
+    if sharded:
+        def axes(o: Outcome) -> int:
+            return max(len(d.mesh.shape) for d in o.case.shardeds)
+
+        by = ", ".join(f"{n} ax{'es' if n > 1 else 'is'} {sum(axes(o) == n for o in sharded)}" for n in (1, 2, 3))
+        nd = sum(o.case.nd_sharded for o in sharded)
+        lines.append(f"of which Sharded on a ProcessMesh: {len(sharded)} ({by}; {nd} with no 2-D form): "
+                     + _counted(sharded))
+    return lines

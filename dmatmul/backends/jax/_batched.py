@@ -138,8 +138,8 @@ class BatchSplitPlan(BackendPlan):
             d = self._fn(jnp.asarray(operands.a), jnp.asarray(operands.b),
                          None if c is None else jnp.asarray(c), None if bias is None else jnp.asarray(bias))
         shape = spec.batch_shape + (spec.m, spec.n)
-        if operands.family == "numpy":
-            return np.asarray(d)[:spec.batch_size].reshape(shape)
+        if operands.family == "numpy":  # (a copy: the caller owns a numpy result, writeable)
+            return np.array(np.asarray(d)[:spec.batch_size]).reshape(shape)
         if self._relaid:  # (a gather: the items' blocks do not fall on the batch's dimensions as they are)
             with jax.set_mesh(self.mesh):
                 return d[:spec.batch_size].reshape(shape)
@@ -199,7 +199,8 @@ class VmapPlan(BackendPlan):
             xs = [None if x is None else _flat(jnp.asarray(x), batch, count) for x in given]
             d = jax.vmap(one, in_axes=self._in_axes)(*xs)
             d = d.reshape(batch + tuple(d.shape[-2:]))
-        return np.asarray(d) if operands.family == "numpy" and not _tracing(operands) else d
+        # (a copy: the caller owns a numpy result, writeable)
+        return np.array(d) if operands.family == "numpy" and not _tracing(operands) else d
 
     def explain(self) -> list[str]:
         s = self.spec

@@ -258,7 +258,7 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
         dist = spec.distributions[2]
     elif cut is None:
         dist = _given_distributions(spec, operands, plan_devices(spec, mesh))[2] or Replicated()
-    if 0 in shape:
+    if 0 in shape or 0 in spec.batch_shape:
         dist, cut = Replicated(), None
     if cut is not None:  # mesh axes the shardings leave independent: the result as a product's (:mod:`._independent`)
         sharding = NamedSharding(cut.mesh, cut.specs[2])
