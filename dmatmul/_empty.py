@@ -48,6 +48,9 @@ class EmptyProduct(_backends.Backend):
                               operands)
         return EmptyPlan(spec, self.backend.place)
 
+    def ranks(self, spec: Spec, operands: Operands) -> int:
+        return int(self.backend.ranks(spec, operands))
+
 
 def _at_least_1(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(max(d, 1) for d in shape)

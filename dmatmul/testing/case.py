@@ -18,7 +18,6 @@ from .. import _plan
 from .._distribution import Distribution, ProcessGrid
 from .._sharded import Sharded
 from .._epilogue import TABLE, EpilogName, has_bias
-from .._errors import DistributionError
 from .._spec import ALGORITHMS, DTYPES, FP8_DTYPES, AlgorithmName, PrecisionName
 from .placement import CALLS, PLACEMENTS, OnMesh
 
@@ -310,12 +309,11 @@ class Case:
           user's mesh whose layouts it does not take): ValueError naming the
           algorithm and saying what it needs; one that re-lays any layout
           (summa25d) on a rank count not its own, and on ``backend="nvmath"``
-          always (:meth:`_relaid_refusals`);
-        * a :class:`~dmatmul.Sharded` with no 2-D form (:attr:`nd_sharded`:
-          replicated over some mesh axes, axes out of rank order, a spec of the
-          batch dimensions too): DistributionError saying that ``dm.matmul``
-          takes only 2-D distributions for now (allowed, not required: a
-          result it returns is checked as any other).
+          always (:meth:`_relaid_refusals`).
+
+        A :class:`~dmatmul.Sharded` with no 2-D form (:attr:`nd_sharded`) is
+        no refusal: ``dm.matmul`` re-lays it, and its result is checked as any
+        other.
         """
         required: list[Refusal] = []
         allowed: list[Refusal] = []
@@ -354,10 +352,7 @@ class Case:
                 required.append(Refusal(
                     (ValueError,), (re.escape(str(g.shape)), rf"\b{g.size}\b", rf"\b{self.nranks}\b"),
                     f"grid {g.shape} of {g.size} ranks on {self.nranks}"))
-        nd = self.nd_sharded
-        if nd:
-            allowed.append(Refusal((DistributionError,), (r"\bdistribution\b", "is no 2-D distribution"),
-                                   "Sharded with no 2-D form"))
+        nd = self.nd_sharded  # (dm.matmul takes every Sharded: one with no 2-D form is re-laid, never refused)
         # a named algorithm runs where it fits the layouts by roles, and with distribution=None on operands of
         # no mesh (the model picks among the layouts it takes)
         dists = self.matrix_distributions
