@@ -443,11 +443,9 @@ class RelayPlan(_backends.BackendPlan):
             rt = _runtime.active()
             assert rt is not None
             return _in_family(exchange(d, self.routes["result"], rt.rank, rt.comm, d.dtype), family(d))
-        lay = getattr(self.backend, "lay_out", None) or getattr(getattr(self.backend, "backend", None), "lay_out",
-                                                                None)
         dist = self.spec.distributions[2] if self.spec.distributions is not None else None
-        if lay is not None and isinstance(dist, Sharded) and operands.family == "jax":
-            return lay(d, as_nd(dist, len(self.spec.result_shape), dist.mesh.size))
+        if isinstance(dist, Sharded):
+            return self.backend.lay_out(d, as_nd(dist, len(self.spec.result_shape), dist.mesh.size))
         return d
 
     def explain(self) -> list[str]:

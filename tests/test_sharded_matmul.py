@@ -161,3 +161,18 @@ def test_empty_products_on_a_sharded_with_no_2d_form(shapes, family):
     dists = (_sharded((None, ("y", "x"))), dm.Slab.X, _sharded(("x", None)))
     d = dm.matmul(x, y, distribution=dists, devices=8)
     np.testing.assert_array_equal(np.asarray(d), a @ b)
+
+
+def test_a_sharded_result_inside_jit():
+    """Inside jax.jit a result asked as a Sharded of no 2-D form is the product
+    (XLA places it: a traced value has no sharding to re-lay; it raised
+    AttributeError; found by the differential matrix)."""
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(12.0).reshape(3, 4)
+    x, y, tol = _operands(a, b, "jax")
+    dists = (dm.Slab.X, dm.Slab.X, _sharded((None, ("y", "x"))))
+    d = jax.jit(lambda p, q: dm.matmul(p, q, distribution=dists, devices=8))(x, y)
+    np.testing.assert_allclose(np.asarray(d), a @ b, rtol=tol)
+    batched = dm.Sharded(dm.ProcessMesh((1,), ("x",)), (None, None, None))
+    d = jax.jit(lambda p, q: dm.matmul(p, q, distribution=(dm.Slab.X, dm.Slab.X, batched), devices=1))(
+        x, jax.numpy.stack([y, 2 * y]))
+    np.testing.assert_allclose(np.asarray(d), np.stack([a @ b, 2 * a @ b]), rtol=tol)

@@ -101,6 +101,10 @@ class Backend:
     * ``place(result, spec, operands)``: where the result of an empty product
       (K, M or N = 0: computed without the backend) goes, in one process (the
       JAX backend: a jax.Array on the user's mesh; default: as it is).
+    * ``lay_out(d, dist)``: in one process, a result re-laid from a 2-D
+      layout into the :class:`~dmatmul.Sharded` ``dist`` it was asked in
+      (:mod:`dmatmul._relay`; the JAX backend: that NamedSharding where the
+      splits are even; default: as it is).
     * ``fits(spec, operands)``: raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for
       an empty product, which is never planned, with its sizes made 1;
@@ -142,6 +146,12 @@ class Backend:
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         return result
+
+    def lay_out(self, d: Any, dist: Any) -> Any:
+        """One process: a result laid out as the :class:`~dmatmul.Sharded` ``dist``
+        (of every dimension) says, where this backend's arrays carry a layout
+        (JAX); by default as it is."""
+        return d
 
     def fits(self, spec: Spec, operands: Operands) -> None:
         """Nothing to refuse (by default)."""

@@ -127,7 +127,10 @@ class JaxBackend(Backend):
         """One process: a result laid out as the :class:`~dmatmul.Sharded` ``dist``
         (of every dimension) says, on the devices it is on (in rank order), with
         the NamedSharding of ``dist``'s mesh and spec where every split is even
-        (JAX shards only evenly), else replicated there."""
+        (JAX shards only evenly), else replicated there. A numpy result, or one
+        inside a trace (where XLA places it), stays as it is."""
+        if not isinstance(d, jax.Array) or isinstance(d, jax.core.Tracer):
+            return d
         sharding = d.sharding
         devices = list(sharding.mesh.devices.flat) if isinstance(sharding, NamedSharding) else \
             sorted(sharding.device_set, key=lambda dev: dev.id)
