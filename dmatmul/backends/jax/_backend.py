@@ -149,6 +149,10 @@ class JaxBackend(Backend):
 
         return batched_plan(self, spec, operands)
 
+    def batches(self, spec: Spec) -> bool:
+        """In one process (under mpiexec each rank's blocks are folded or looped)."""
+        return not spec.spmd
+
     def key(self, spec: Spec, operands: Operands) -> Any:
         """The spec, a schedule the checker forces, and (one process) the mesh the
         operands are on, the mesh axes their shardings leave independent, or
