@@ -121,8 +121,8 @@ def _first(spec: Spec, operands: Operands) -> Operands:
 
 def _loop_line(spec: Spec, why: Fold | str) -> str:
     return (f"batch:      {spec.batch_shape} ({spec.batch_size} items of the matrix product below): one plan, "
-            f"run on each item in turn (this backend has no batched kernel; not folded into one product: {why}); "
-            "the batch is not split over ranks")
+            f"run on each item in turn (this backend has no batched kernel, and the batch does not fold into one "
+            f"product: {why}); the batch is not split over ranks")
 
 
 class LoopPlan(_backends.BackendPlan):
