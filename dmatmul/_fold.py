@@ -25,6 +25,7 @@ not, and is not folded). The permutation it finds places the global bias
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -130,6 +131,7 @@ def _stack(x: Any, count: int, dim: int) -> Any:
 # --------------------------------------------------------------------------- #
 # whether a batched product folds
 # --------------------------------------------------------------------------- #
+@functools.lru_cache(maxsize=64)  # (a batched product is planned at every call: the ranks' indices once)
 def fold_of(spec: Spec) -> Fold | str:
     """The :class:`Fold` of a batched ``spec`` (A and B read), or why it does
     not fold (said in explain())."""
