@@ -5,12 +5,14 @@ A batched :class:`Spec` is planned here (:class:`BatchedProduct`, standing in
 for the backend as :class:`dmatmul._empty.EmptyProduct` does): a backend that
 runs a batch in one program of its own says so by its ``batched`` (the JAX
 backend: the batch split over the devices, or the matrix plan under
-``jax.vmap`` in one compiled call); any other runs one plan of the matrix
+``jax.vmap`` in one compiled call); any other (nvmath, whose cuBLASMp has no
+batched GEMM; JAX under mpiexec) runs the batch as ONE matrix product where
+only a or only b holds a batch and the distributions allow it
+(:class:`FoldPlan`, :mod:`dmatmul._fold`), else one plan of the matrix
 product (:meth:`Spec.item`), made once, on each item in turn
-(:class:`LoopPlan`: nvmath, whose cuBLASMp has no batched GEMM). The
-distributions of a batched product describe the last two dimensions: every
-rank holds the whole batch of its blocks, so the ranks loop alike and each
-item's collectives meet.
+(:class:`LoopPlan`). The distributions of a batched product describe the
+last two dimensions: every rank holds the whole batch of its blocks, so the
+ranks fold or loop alike and each item's collectives meet.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import numpy as np
 from . import _runtime
 from . import backends as _backends
 from ._empty import EmptyProduct
+from ._fold import Fold, fold_of
 from ._plans import PLANS
 from ._problem import Spec
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["BatchedProduct", "LoopPlan", "route"]
+__all__ = ["BatchedProduct", "FoldPlan", "LoopPlan", "route"]
 
 
 def route(backend: Any, spec: Spec) -> Any:
@@ -65,10 +68,22 @@ class BatchedProduct(_backends.Backend):
             # refused as an empty matrix product is (a grid of another rank count, an algorithm that does not fit)
             EmptyProduct(self.backend).plan(spec.item(), operands)
             return NoItems(spec, operands, self.backend.place)
-        own = self.backend.batched(spec, operands) if spec.reads_ab else None
+        own = self.backend.batched(spec, operands) if self._own(spec) else None
         if own is not None:
             return own
-        return LoopPlan(spec, self._item_backend(spec.item()), operands)
+        fold = self._fold(spec)
+        if isinstance(fold, Fold):
+            return FoldPlan(fold, self.backend, operands)
+        return LoopPlan(spec, self._item_backend(spec.item()), operands, fold)
+
+    def _own(self, spec: Spec) -> bool:
+        """Whether the backend runs the batch in a program of its own."""
+        return spec.reads_ab and self.backend.batches(spec)
+
+    @staticmethod
+    def _fold(spec: Spec) -> Fold | str:
+        """How the batch runs as one matrix product, or why it does not."""
+        return fold_of(spec) if spec.reads_ab else "A and B are not read (alpha = 0, or an empty product)"
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
         return self.backend.ranks(spec.item(), _first(spec, operands))
@@ -84,14 +99,21 @@ class BatchedProduct(_backends.Backend):
         run one after another; their results are all kept)."""
         if spec.batch_size == 0:
             return [], {}
+        fold = self._fold(spec)
+        if isinstance(fold, Fold) and not self._own(spec):
+            return self.backend.memory(fold.spec, fold.operands(operands))
         needs, probes = self._item_backend(spec.item()).memory(spec.item(), _first(spec, operands))
         return [_times(need, spec.batch_size) if need.operand == "d" else need for need in needs], probes
 
     def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
         if spec.batch_size == 0:
             return "local", NoItems(spec, operands).explain()
+        fold = self._fold(spec)
+        if isinstance(fold, Fold) and not self._own(spec):
+            algorithm, lines = self.backend.preview(fold.spec, fold.operands(operands))
+            return algorithm, [fold.line(), *lines]
         algorithm, lines = self._item_backend(spec.item()).preview(spec.item(), _first(spec, operands))
-        return algorithm, [_loop_line(spec), *lines]
+        return algorithm, [_loop_line(spec, fold), *lines]
 
 
 def _times(need: Any, count: int) -> Any:
@@ -102,16 +124,18 @@ def _first(spec: Spec, operands: Operands) -> Operands:
     return spec.item_operands(operands, (0,) * len(spec.batch_shape))
 
 
-def _loop_line(spec: Spec) -> str:
+def _loop_line(spec: Spec, why: Fold | str) -> str:
     return (f"batch:      {spec.batch_shape} ({spec.batch_size} items of the matrix product below): one plan, "
-            "run on each item in turn (this backend has no batched kernel); the batch is not split over ranks")
+            f"run on each item in turn (this backend has no batched kernel, and the batch does not fold into one "
+            f"product: {why}); the batch is not split over ranks")
 
 
 class LoopPlan(_backends.BackendPlan):
     """One plan of the matrix product, run on each item of the batch."""
 
-    def __init__(self, spec: Spec, backend: Any, operands: Operands) -> None:
+    def __init__(self, spec: Spec, backend: Any, operands: Operands, why: Fold | str) -> None:
         self.spec = spec
+        self.why = why
         self.plan = PLANS.borrow(backend, spec.item(), _first(spec, operands))  # (one matrix plan, cached)
         self.algorithm = self.plan.algorithm
 
@@ -127,7 +151,33 @@ class LoopPlan(_backends.BackendPlan):
             return xp.stack(results).reshape(spec.batch_shape + tuple(results[0].shape))
 
     def explain(self) -> list[str]:
-        return [_loop_line(self.spec), *self.plan.explain()]
+        return [_loop_line(self.spec, self.why), *self.plan.explain()]
+
+    def free(self) -> None:
+        self.plan.free()
+
+
+class FoldPlan(_backends.BackendPlan):
+    """A batch run as one matrix product (:class:`dmatmul._fold.Fold`): one plan
+    of the folded product, run once on the folded operands; its cost is the
+    folded GEMM's."""
+
+    def __init__(self, fold: Fold, backend: Any, operands: Operands) -> None:
+        self.fold = fold
+        self.spec = fold.batched
+        self.plan = PLANS.borrow(backend, fold.spec, fold.operands(operands))  # (cached, as any matrix plan)
+        self.algorithm = self.plan.algorithm
+
+    @property
+    def cost(self) -> Any:
+        return self.plan.cost
+
+    def execute(self, operands: Operands) -> Any:
+        with precise(self.spec.dtype):
+            return self.fold.result(self.plan.execute(self.fold.operands(operands)))
+
+    def explain(self) -> list[str]:
+        return [self.fold.line(), *self.plan.explain()]
 
     def free(self) -> None:
         self.plan.free()

@@ -170,6 +170,18 @@ def test_batched_products_on_two_processes():
 
 
 @pytest.mark.parametrize("backend", ["jax", "fake"])
+def test_batched_products_fold_into_one_on_two_processes(backend):
+    """tests/mpi/folded.py: a batch that only a (or only b) holds, each rank
+    passing its blocks of every item, runs as one matrix product where every
+    rank's blocks fold (Slab.X a and result, Slab.Y b and result, a's rows
+    whole; bias every item's or per item), item by item where they do not
+    (uneven M), against numpy; the fake nvmath ran one GEMM for a folded batch."""
+    proc = launch(2, "tests/mpi/folded.py", backend, timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "folded checks on 2 processes: 0 failures" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["jax", "fake"])
 def test_sharded_products_on_four_processes(backend):
     """tests/mpi/sharded.py: each rank passes its blocks of Shardeds that no 2-D
     distribution expresses (replicated over a mesh axis, axes out of rank order,

@@ -172,6 +172,12 @@ class Backend:
         of the matrix product on each item (:mod:`dmatmul._batched`)."""
         return None
 
+    def batches(self, spec: Spec) -> bool:
+        """Whether :meth:`batched` plans ``spec`` (a batch whose A and B are read)
+        in a program of its own; where not, the batch is folded into one matrix
+        product or looped (:mod:`dmatmul._batched`)."""
+        return False
+
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:

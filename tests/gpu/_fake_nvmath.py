@@ -536,6 +536,7 @@ class Matmul:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros(dD.shape(self.rank, self.d_global), dtype=dtype, order="F")
             return self._noop
+        CALLS.append(("execute", {"d_global": self.d_global}))
         if _quick_return(self.alpha, self.beta, self.c, self.d_global):
             CALLS.append(("quick return", {"d_global": self.d_global}))
             if getattr(self.options, "inplace", False):
@@ -635,6 +636,7 @@ class HostMatmul:
             if getattr(self, "_noop", None) is None:
                 self._noop = np.zeros((self.a.shape[0], self.b.shape[1]), dtype=self.a.dtype)
             return self._noop
+        CALLS.append(("host execute", {}))
         d = self.alpha * self.scaled * (_wide(self.a) @ _wide(self.b))
         if self.c is not None:
             d = d + self.beta * _wide(self.c)

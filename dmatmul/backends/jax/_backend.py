@@ -131,7 +131,7 @@ class JaxBackend(Backend):
         inside a trace (where XLA places it), stays as it is."""
         if not isinstance(d, jax.Array) or isinstance(d, jax.core.Tracer):
             return d
-        sharding = d.sharding
+        sharding: Any = d.sharding
         devices = list(sharding.mesh.devices.flat) if isinstance(sharding, NamedSharding) else \
             sorted(sharding.device_set, key=lambda dev: dev.id)
         if len(devices) != dist.mesh.size:  # (the rank counts were checked: a result on one device)
@@ -151,6 +151,10 @@ class JaxBackend(Backend):
         from ._batched import batched_plan
 
         return batched_plan(self, spec, operands)
+
+    def batches(self, spec: Spec) -> bool:
+        """In one process (under mpiexec each rank's blocks are folded or looped)."""
+        return not spec.spmd
 
     def key(self, spec: Spec, operands: Operands) -> Any:
         """The spec, a schedule the checker forces, and (one process) the mesh the
