@@ -180,9 +180,9 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert seen["jax.default_matmul_precision"] == {None, *ck.MATMUL_PRECISIONS}
     assert {w.split("=")[0] for w in seen["refusals"]} <= {
-        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta", "Sharded"}
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta"}
     assert {w.split("=")[0] for w in seen["refusals"]} >= {
-        "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta", "Sharded"}
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta"}
     assert seen["on a user's mesh"] == {
         (call, explicit, rev, dims, mixed) for call in ck.CALLS for explicit in (True, False) for rev in (True, False)
         for dims in (1, 2) for mixed in ((False, True) if dims == 2 else (False,))
