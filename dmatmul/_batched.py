@@ -99,8 +99,9 @@ class BatchedProduct(_backends.Backend):
         run one after another; their results are all kept)."""
         if spec.batch_size == 0:
             return [], {}
-        fold = self._fold(spec)
-        if isinstance(fold, Fold) and not self._own(spec):
+        # (a backend that batches itself is not asked to fold: fold_of's rank-by-rank check counts processes)
+        fold = None if self._own(spec) else self._fold(spec)
+        if isinstance(fold, Fold):
             return self.backend.memory(fold.spec, fold.operands(operands))
         needs, probes = self._item_backend(spec.item()).memory(spec.item(), _first(spec, operands))
         return [_times(need, spec.batch_size) if need.operand == "d" else need for need in needs], probes
@@ -108,11 +109,13 @@ class BatchedProduct(_backends.Backend):
     def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
         if spec.batch_size == 0:
             return "local", NoItems(spec, operands).explain()
-        fold = self._fold(spec)
-        if isinstance(fold, Fold) and not self._own(spec):
+        fold = None if self._own(spec) else self._fold(spec)
+        if isinstance(fold, Fold):
             algorithm, lines = self.backend.preview(fold.spec, fold.operands(operands))
             return algorithm, [fold.line(), *lines]
         algorithm, lines = self._item_backend(spec.item()).preview(spec.item(), _first(spec, operands))
+        if fold is None:
+            return algorithm, [_own_line(spec), *lines]
         return algorithm, [_loop_line(spec, fold), *lines]
 
 
@@ -122,6 +125,11 @@ def _times(need: Any, count: int) -> Any:
 
 def _first(spec: Spec, operands: Operands) -> Operands:
     return spec.item_operands(operands, (0,) * len(spec.batch_shape))
+
+
+def _own_line(spec: Spec) -> str:
+    return (f"batch:      {spec.batch_shape} ({spec.batch_size} items of the matrix product below): run by the "
+            f"backend's own batched program")
 
 
 def _loop_line(spec: Spec, why: Fold | str) -> str:

@@ -143,8 +143,9 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
             raise TypeError(
                 f"c must have the dtype of a and b ({dtype}), got {got}" + _read_as(given, "c", got, "a.dtype")
             )
-    bias_shape = _check_bias(ops, epilog, dtype)
-    alpha, beta = _scalar(opts.alpha, "alpha", dtype), _scalar(opts.beta, "beta", dtype)
+    given_dtype = opts.block_scaled or dtype  # (what the caller passed, for the messages: MXFP8's FP8)
+    bias_shape = _check_bias(ops, epilog, given_dtype)
+    alpha, beta = _scalar(opts.alpha, "alpha", given_dtype), _scalar(opts.beta, "beta", given_dtype)
     if beta != 0 and ops.c is None:
         raise ValueError(_beta_needs_c(opts.beta, "pass c (an array of the result's shape), or leave beta=0"))
     if spmd and opts.distribution is None:

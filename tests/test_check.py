@@ -29,6 +29,7 @@ import pytest
 
 import dmatmul as dm
 from dmatmul._plans import PLANS
+from dmatmul._spec import FP8_DTYPES
 from dmatmul import testing as ck
 from dmatmul.testing import compare as ck_compare
 
@@ -180,7 +181,7 @@ def test_the_generator_covers_the_whole_layout_space():
     assert seen["precision"] == {None, "default", "high", "highest"}
     assert seen["jax.default_matmul_precision"] == {None, *ck.MATMUL_PRECISIONS}
     assert {w.split("=")[0] for w in seen["refusals"]} <= {
-        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta"}
+        "epilog", "grid", "algorithm", "bias", "a's", "b's", "c's", "alpha", "beta", "reset"}
     assert {w.split("=")[0] for w in seen["refusals"]} >= {
         "epilog", "grid", "algorithm", "bias", "a's", "b's", "alpha", "beta"}
     assert seen["on a user's mesh"] == {
@@ -282,6 +283,78 @@ def test_the_generator_draws_batches_and_meshes():
     assert seen["Sharded with"] >= {"numpy", "jax", "single", "triple", *dm.DTYPES}
 
 
+def test_the_generator_draws_mxfp8_across_the_space():
+    """A fraction of the FP8 cases block-scaled (MXFP8): both FP8 dtypes, every transpose, c, bias, result
+    type, scale family, K of one block, of several, a multiple of 32 or not, 0; batched, Sharded, the
+    stateful form (a reset of a or b must be refused), in one process and under mpiexec."""
+    seen = collections.defaultdict(set)
+    count = collections.Counter()
+    for mpi, draws in ((False, _draws(2468, 6000)),
+                       (True, (ck.draw_case(ck.NumpyChooser([2468, i]), 4, mpi=True) for i in range(4000)))):
+        for case in draws:
+            if case.dtype not in FP8_DTYPES:
+                assert case.block_scales is None
+                continue
+            count["fp8", mpi] += 1
+            if case.block_scales is None:
+                continue
+            count["mxfp8", mpi] += 1
+            assert case.scales is None and "quantization_scales" not in case.fp8_options
+            (ka, kb), k = ((-2 if case.transpose_a else -1), (-1 if case.transpose_b else -2)), case.k
+            assert case.scale_shapes == (case.a_shape[:ka] + (-(-k // 32),) + case.a_shape[ka:][1:],
+                                         case.b_shape[:kb] + (-(-k // 32),) + case.b_shape[kb:][1:])
+            seen["with", mpi].update({case.dtype, case.result_type, case.block_scales, case.layout_family,
+                                      ("ta", case.transpose_a), ("tb", case.transpose_b), ("c", case.use_c),
+                                      ("bias", case.has_bias), ("batched", bool(case.a_batch or case.b_batch)),
+                                      ("Sharded", bool(case.shardeds)), ("reset", case.reset is not None)})
+            seen["K", mpi].add("0" if k == 0 else "one block" if k <= 32 else "32n" if k % 32 == 0 else "ragged")
+            if case.reset is not None:
+                refused = {"a", "b"} & set(case.reset.operands)
+                seen["reset refused", mpi].add(bool(refused))
+                assert any(r.why.startswith("reset of a or b") for r in case.refusals()[0]) == bool(refused)
+    for mpi in (False, True):
+        assert 0.2 < count["mxfp8", mpi] / count["fp8", mpi] < 0.5, count
+        assert seen["K", mpi] == {"0", "one block", "32n", "ragged"}, mpi
+        assert seen["reset refused", mpi] == {False, True}, mpi
+        assert seen["with", mpi] >= {*FP8_DTYPES, None, "bfloat16", "float16", "float32", "numpy",
+                                     *((w, x) for w in ("ta", "tb", "c", "bias", "batched", "Sharded", "reset")
+                                       for x in (False, True))}, mpi
+    assert "operands" in seen["with", False] and "distribution=None" in seen["with", False]
+
+
+def test_each_rank_passes_the_block_scales_of_its_block():
+    """Under mpiexec a rank's scales are those of its block, counted from its first K element: where K
+    splits on the 32-element blocks they are the global scales split along with the operand; where it
+    does not (an offset no multiple of 32, a block-cyclic K), the global scales vary along the other
+    dimension only, so that each rank's say the same values."""
+    from dmatmul.testing import run as ck_run
+
+    k, m = 70, 5
+    case = _case(dtype="float8_e4m3fn", block_scales="numpy", k=k, m=m, nranks=2)
+    rng = np.random.default_rng(0)
+    s = ck.operands.random_scales(rng, (m, 3))
+    even = dm.BlockCyclic(dm.ProcessGrid((1, 2)), (1, 64))  # rank 0: K 0..63, rank 1: 64..69
+    odd = dm.BlockCyclic(dm.ProcessGrid((1, 2)), (1, 35))  # rank 1 starts at 35
+    assert ck_run._splits_on_blocks(s, -1, (m, k), even, 2)
+    assert not ck_run._splits_on_blocks(s, -1, (m, k), odd, 2)
+    np.testing.assert_array_equal(ck_run._local_scales(s, -1, (m, k), even, 0, 2), s[:, :2])
+    np.testing.assert_array_equal(ck_run._local_scales(s, -1, (m, k), even, 1, 2), s[:, 2:])
+    np.testing.assert_array_equal(ck_run._local_scales(s, -1, (m, k), dm.Slab.X, 1, 2), s[3:])
+    for d, varies in ((even, True), (odd, False)):
+        dists = (d, dm.Slab.Y, dm.Slab.X)
+        drawn = ck_run._global_scales(np.random.default_rng(1), dataclasses.replace(case, distributions=dists), 2)
+        assert drawn is not None
+        sa = drawn[0]
+        assert sa.shape == (m, 3) and (len(np.unique(sa, axis=1).T) > 1) == varies
+        for rank in range(2):  # each rank's dequantized block is the global dequantized operand's block
+            x = np.ones((m, k))
+            local = ck_run._local_scales(sa, -1, (m, k), d, rank, 2)
+            block = ck_run._block(x, d, rank, 2)
+            np.testing.assert_array_equal(block * np.exp2(ck_run._per_element(local, -1, block.shape[1]) - 127.0),
+                                          ck_run._block(x * np.exp2(ck_run._per_element(sa, -1, k) - 127.0), d,
+                                                        rank, 2))
+
+
 def test_under_mpiexec_the_generator_draws_only_what_a_rank_can_pass():
     """No distribution=None (required there), no devices=, no jax.jit (refused
     under mpiexec); the rest of the new dimensions are drawn."""
@@ -338,7 +411,7 @@ def test_describe_is_the_python_call():
     jax = pytest.importorskip("jax")
     defaults = {"alpha": 1.0, "beta": 0.0, "transpose_a": False, "transpose_b": False, "epilog": None,
                 "algorithm": "auto"}
-    namespace = {"dm": dm, "np": np, "jax": jax, "rand": ck.rand}
+    namespace = {"dm": dm, "np": np, "jax": jax, "rand": ck.rand, "rand_scales": ck.rand_scales}
     forms = collections.Counter()
     for case in _draws(99, 300):
         line = case.describe("jax")
@@ -374,6 +447,11 @@ def test_describe_is_the_python_call():
             assert value(kw["devices"]) == case.nranks
         for name, default in defaults.items():
             assert (value(kw[name]) if name in kw else default) == getattr(case, name), (name, line)
+        if case.block_scales is not None:  # MXFP8: uint8 scales of the shapes the case says, in its range
+            scales = value(kw["quantization_scales"])
+            for x, shape in zip((scales["a"], scales["b"]), case.scale_shapes):
+                assert x.shape == shape and x.dtype == np.uint8, line
+                assert x.size == 0 or case.scale_range[0] <= int(x.min()) <= int(x.max()) <= case.scale_range[1]
         if case.transform is not None:  # run (a few of each form: op by op, they take a while)
             forms["transform", case.transform.kind, case.jit] += 1
             if forms["transform", case.transform.kind, case.jit] <= 2:
@@ -675,6 +753,16 @@ def test_combine_and_report():
                       ck.Outcome(vmap, "refused", float("nan"))])
     assert "of which inside a JAX transformation: 3 (vjp 1, jvp 0, vmap 2): 1 passed, 1 refused, 1 failed" in text
     assert "jax.vmap(lambda a, b: dm.matmul(a, b, " in text and "in_axes=(None, 2))" in text
+    assert "FP8" not in text
+    fp8 = _case(dtype="float8_e4m3fn", scales=(0.5, 2.0))
+    mx = _case(dtype="float8_e5m2", block_scales="numpy", k=40)
+    text = ck.report([ok, ck.Outcome(fp8, "passed", 0.5), ck.Outcome(_case(dtype="float8_e4m3fn"), "passed", 0.5),
+                      ck.Outcome(mx, "failed", 2.0, "max error 2"),
+                      ck.Outcome(dataclasses.replace(mx, k=64), "passed", 0.5)])
+    assert "of which FP8: 4 (per-tensor scales 1, none 1, MXFP8 block scales 2): 3 passed, 0 refused, 1 failed" in text
+    assert "of which MXFP8 (UE8M0 scales per 32 along K): 2 (K not a multiple of 32 1): 1 passed, 0 refused, " \
+        "1 failed" in text
+    assert "quantization_scales={'a': rand_scales((6, 2)), 'b': rand_scales((2, 5))}" in text, text
 
 
 def test_a_case_runs_in_its_default_matmul_precision(monkeypatch):

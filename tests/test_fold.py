@@ -172,3 +172,16 @@ def test_distributions_that_place_the_folded_rows_elsewhere_do_not_fold(nranks, 
     spec = Spec.of((*a_batch, m, K), (*b_batch, K, n), nprocs=nranks, distribution=dists)
     fold = fold_of(spec)
     assert isinstance(fold, str) and why in fold, fold
+
+
+def test_a_backend_that_batches_itself_is_not_asked_to_fold_in_one_process():
+    """JAX in one process runs a batch in a program of its own: its memory needs and explain() do not go
+    through the fold, whose rank-by-rank check counts the processes (one), not the devices (it raised
+    DistributionError for a grid of 6 devices; found by the differential matrix)."""
+    pytest.importorskip("jax")
+    a, b, _, _ = _operands((3, 1), (), True, False, False, None, m=33, k=8, n=31)
+    dist = (dm.Replicated(), dm.Slab.Y, dm.BlockCyclic(dm.ProcessGrid((2, 3), layout="col"), (2, 5)))
+    with dm.Matmul(a, b, distribution=dist, transpose_a=True, backend="jax", devices=6) as mm:
+        assert "batch" in mm.explain()
+        d = mm.execute()
+    assert_close(d, reference(a, b, None, transpose_a=True), "float32")

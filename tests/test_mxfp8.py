@@ -121,6 +121,20 @@ def test_bad_block_scales_name_the_operand(make: Callable[..., dict[str, Any]], 
         dm.matmul(a, b, backend="jax", devices=1, quantization_scales=make(sa, sb))
 
 
+@pytest.mark.parametrize("options, words", [
+    (dict(epilog="bias", bias=np.ones(16, np.complex64)), r"bias is complex \(complex64\) but a and b are real "
+                                                          r"\(float8_e5m2\)"),
+    (dict(alpha=0.5j), r"alpha=0\.5j is complex but the operands are float8_e5m2"),
+])
+def test_complex_bias_or_scalar_on_block_scaled_operands_names_their_dtype(options: dict[str, Any],
+                                                                         words: str) -> None:
+    """The message names the dtype the caller passed (FP8), not the float32 the emulation dequantizes to
+    (found by the differential matrix)."""
+    a, b, sa, sb, _ = problem(16, 40, 8, False, False, E5M2)
+    with pytest.raises(TypeError, match=words):
+        dm.matmul(a, b, backend="jax", devices=1, quantization_scales={"a": sa, "b": sb}, **options)
+
+
 def test_block_scales_need_fp8_operands() -> None:
     a, b = np.ones((4, 32), np.float32), np.ones((32, 4), np.float32)
     s = np.full((4, 1), 127, np.uint8)

@@ -48,7 +48,7 @@ from .case import (
 )
 from .suite import Report, cases, check
 from .draw import Chooser, NumpyChooser, draw_case
-from .operands import lay_out, rand
+from .operands import lay_out, rand, rand_scales
 from .reference import (
     TOLERANCE, assert_close, error_ratio, random_matrix, reference, reference_jvp, reference_vjp,
 )
@@ -58,6 +58,6 @@ from .run import Outcome, combine, run_case
 __all__ = [
     "TOLERANCE", "reference", "reference_vjp", "reference_jvp", "assert_close", "error_ratio", "random_matrix",
     "check", "Report", "cases", "Case", "Outcome", "run_case", "combine", "report", "draw_case", "Chooser",
-    "NumpyChooser", "rand", "lay_out", "OnMesh", "Reset", "Transform", "Refusal", "NRANKS", "LAYOUT_FAMILIES",
-    "LAYOUTS", "BIAS_KINDS", "PLACEMENTS", "CALLS", "TRANSFORMS", "MATMUL_PRECISIONS",
+    "NumpyChooser", "rand", "rand_scales", "lay_out", "OnMesh", "Reset", "Transform", "Refusal", "NRANKS",
+    "LAYOUT_FAMILIES", "LAYOUTS", "BIAS_KINDS", "PLACEMENTS", "CALLS", "TRANSFORMS", "MATMUL_PRECISIONS",
 ]

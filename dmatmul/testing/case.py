@@ -18,6 +18,7 @@ from .. import _plan
 from .._distribution import Distribution, ProcessGrid
 from .._sharded import Sharded
 from .._epilogue import TABLE, EpilogName, has_bias
+from .._mxfp8 import scale_shape
 from .._spec import ALGORITHMS, DTYPES, FP8_DTYPES, AlgorithmName, PrecisionName
 from .placement import CALLS, PLACEMENTS, OnMesh
 
@@ -46,6 +47,12 @@ _MAX_DIM = 40
 _LARGE_DIM = 180  # now and then a dimension of 41.._LARGE_DIM (many blocks per rank), kept rare: ~1 s a case
 #: FP8 a and b (drawn apart, last: a case of a result type made FP8, :func:`dmatmul.testing.draw.draw_case`)
 _SCALES = (None, (0.5, 2.0), (0.25, 1.0), (3.0, 0.125))
+#: MXFP8's UE8M0 block scales drawn (both ends included): 2**-7 .. 2**7, every dequantized value finite; for
+#: a float16 result 2**-6 .. 2**3 (a product of two scales at most 2**6: float16's 65504 is not reached)
+MX_SCALES = (120, 134)
+MX_SCALES_FLOAT16 = (121, 130)
+#: the array family of MXFP8's block scales: numpy, or each its operand's (a jax.Array for a jax operand)
+SCALE_FAMILIES = ("numpy", "operands")
 assert set(_DTYPES) | set(FP8_DTYPES) == set(DTYPES)
 
 
@@ -169,6 +176,9 @@ class Case:
     matmul_precision: str | None = None  # the call runs in jax.default_matmul_precision(it) (MATMUL_PRECISIONS)
     scales: tuple[float, float] | None = None  # FP8: quantization_scales={"a": sa, "b": sb} (None: not given)
     result_type: str | None = None  # FP8: result_type= (None: not given, bfloat16)
+    #: MXFP8: uint8 block scales of a and b (one per 32 elements along K) in this family (SCALE_FAMILIES);
+    #: None: per-tensor ``scales`` or none
+    block_scales: str | None = None
     a_batch: tuple[int, ...] = ()  # a's leading batch dimensions (broadcast against b's as numpy.matmul does)
     b_batch: tuple[int, ...] = ()  # b's
 
@@ -186,6 +196,17 @@ class Case:
         if self.result_type is not None:
             out["result_type"] = self.result_type
         return out
+
+    @property
+    def scale_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """MXFP8: the shapes of a's and b's block scales (their stored shapes with K counted in blocks of 32)."""
+        return (scale_shape(self.a_shape, -2 if self.transpose_a else -1),
+                scale_shape(self.b_shape, -1 if self.transpose_b else -2))
+
+    @property
+    def scale_range(self) -> tuple[int, int]:
+        """MXFP8: the range of the block scales drawn (:data:`MX_SCALES`), narrower for a float16 result."""
+        return MX_SCALES_FLOAT16 if self.result_dtype == "float16" else MX_SCALES
 
     @property
     def scaled(self) -> float:
@@ -333,6 +354,11 @@ class Case:
             # (an empty list has no dtype: no complex number in it to refuse)
             required.append(Refusal((TypeError,), (r"\bbias\b", "complex", re.escape(self.dtype)),
                                     f"bias={self.bias_dtype} on {self.dtype}"))
+        if self.block_scales is not None and self.reset is not None and {"a", "b"} & set(self.reset.operands):
+            # a and b are dequantized with their block scales when the plan is made: new ones need a new plan
+            required.append(Refusal((ValueError,), (r"^reset_operands: [ab]'s block scales \(MXFP8\)",
+                                                    "make a new Matmul"),
+                                    "reset of a or b after MXFP8 block scales were applied"))
         on = self.on_mesh
         if on is not None and self.distributions is None:  # read off shardings that are none of dmatmul's
             traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
@@ -425,6 +451,12 @@ class Case:
             if value != default or (name == "beta" and self.use_c):
                 kw.append(f"{name}={value!r}")
         kw.extend(f"{name}={value!r}" for name, value in self.fp8_options.items())
+        if self.block_scales is not None:
+            fams = [self.family_of(n) if self.block_scales == "operands" else "numpy" for n in "ab"]
+            opts = [", 'jax'" if fam == "jax" else "" for fam in fams]
+            within = f", within={self.scale_range!r}" if self.scale_range != MX_SCALES else ""
+            made = [f"rand_scales({shape!r}{opt}{within})" for shape, opt in zip(self.scale_shapes, opts)]
+            kw.append(f"quantization_scales={{'a': {made[0]}, 'b': {made[1]}}}")
         if self.has_bias:
             kw.append(f"bias={operand('bias', self.bias_shape)}")
         if backend is not None:
@@ -457,6 +489,8 @@ class Case:
             line = f"with {item}, {line[5:]}" if line.startswith("with ") else f"with {item}: {line}"
         if mpi:
             line += f"  # mpiexec -n {self.nranks}: each rank passes its dm.split block of a, b, c"
+            if self.block_scales is not None:
+                line += " and the block scales of its blocks of a and b"
         elif self.on_mesh is not None:
             batched = " (the batch axis not split)" if self.transform and self.transform.kind == "vmap" else ""
             line += f"  # {self.on_mesh.describe()}{batched} (no devices=)"

@@ -22,8 +22,8 @@ from .._sharded import Sharded, SpecEntry
 from .._spec import ALGORITHMS, FP8_DTYPES, PRECISIONS, RESULT_TYPES, AlgorithmName
 from .case import (
     _BLOCK_SIZES, _DTYPES, _KINDS, _LARGE_DIM, _MAX_DIM, _SCALES, _VECTOR_LAYOUTS, BIAS_KINDS, CALLS, LAYOUTS,
-    MATMUL_PRECISIONS, NRANKS, PLACEMENTS, TRANSFORMS, Case, OnMesh, Reset, Transform, _factorizations,
-    _fitting_algorithms,
+    MATMUL_PRECISIONS, NRANKS, PLACEMENTS, SCALE_FAMILIES, TRANSFORMS, Case, OnMesh, Reset, Transform,
+    _factorizations, _fitting_algorithms,
 )
 
 __all__ = ["Chooser", "NumpyChooser", "draw_case"]
@@ -177,12 +177,13 @@ def draw_case(draw: Chooser, nranks: int, *, families: Sequence[str] = ("numpy",
     float32 product must then be float32-accurate on any platform.
     Drawn last (:func:`_draw_nd`): batch dimensions on a and b (one case in
     five), and Sharded distributions over meshes of 1 to 3 axes (one case in
-    four of those that pass distributions).
+    four of those that pass distributions); then MXFP8 block scales on one FP8
+    case in three (:func:`_draw_mxfp8`).
     """
     case, alphas, betas = _draw_product(draw, nranks, mpi)
     case = _draw_arrays(draw, case, families)
     case = _draw_call(draw, case, alphas, betas, families=families, mpi=mpi, ndevices=ndevices)
-    return _draw_nd(draw, case)
+    return _draw_mxfp8(draw, _draw_nd(draw, case))
 
 
 _Scalars = tuple[complex, ...]
@@ -354,6 +355,32 @@ def _draw_fp8(draw: Chooser, case: Case) -> Case:
     layouts = ("C" if la == "byte-swapped" else la, "C" if lb == "byte-swapped" else lb, lc, lbias)  # (1 byte)
     return dataclasses.replace(case, dtype=dtype, scales=scales, result_type=result_type,
                                bias_dtype=case.bias_dtype or case.dtype, layouts=layouts)
+
+
+def _draw_mxfp8(draw: Chooser, case: Case) -> Case:
+    """One FP8 case in three block-scaled (MXFP8): uint8 UE8M0 scales of a and
+    b (random in :data:`~dmatmul.testing.case.MX_SCALES` when the case runs),
+    numpy or each of its operand's family, in place of the per-tensor ones;
+    half of them (K not 0) with K of several blocks (a multiple of 32, or not:
+    a last shorter block). A stateful case's reset of a or b is kept one time
+    in four (it must be refused: the scales were applied with the plan), else
+    left to c, bias and the scalars. Drawn after everything else, so that the
+    draws above stay those of the cases before MXFP8."""
+    if case.dtype not in FP8_DTYPES or not _rarely(draw, 3):
+        return case
+    if case.on_mesh is not None and case.on_mesh.call == "jit on constants":
+        # not yet: the front's dequantization of closed-over operands on a user's mesh loses the mesh (JAX
+        # raises "Length of device assignment 1 is not equal to the size of the mesh", or the result lands
+        # on one device); an open bug, not a rule of the contract
+        return case
+    fams = ("numpy",) if "jax" not in (case.family_of("a"), case.family_of("b")) else SCALE_FAMILIES
+    k = case.k
+    if k and draw.boolean():
+        k = draw.integer(33, 100) if draw.boolean() else 32 * draw.integer(1, 3)
+    reset = case.reset
+    if reset is not None and {"a", "b"} & set(reset.operands) and not _rarely(draw, 4):
+        reset = dataclasses.replace(reset, operands=tuple(x for x in reset.operands if x not in ("a", "b")))
+    return dataclasses.replace(case, block_scales=draw.choice(fams), scales=None, k=k, reset=reset)
 
 
 #: the names a drawn ProcessMesh gives its axes (one set per mesh; JAX users' and plain ones)

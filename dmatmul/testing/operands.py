@@ -11,10 +11,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from .case import LAYOUTS, Case
+from .case import LAYOUTS, MX_SCALES, Case
 from .reference import add_specials, random_matrix
 
-__all__ = ["rand", "lay_out"]
+__all__ = ["rand", "rand_scales", "lay_out"]
 
 
 def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", *, fill: float | None = None,
@@ -36,6 +36,25 @@ def rand(shape: tuple[int, ...], dtype: str = "float32", family: str = "numpy", 
         with jax.enable_x64(dtype in ("float64", "complex128")):
             return jnp.asarray(x)
     return lay_out(x, layout)
+
+
+def random_scales(rng: np.random.Generator, shape: tuple[int, ...],
+                  within: tuple[int, int] = MX_SCALES) -> np.ndarray:
+    """Random UE8M0 block scales of ``shape``: uint8 ``within`` (both ends; default :data:`MX_SCALES`,
+    ``2**-7 .. 2**7``)."""
+    return rng.integers(within[0], within[1] + 1, shape).astype(np.uint8)
+
+
+def rand_scales(shape: tuple[int, ...], family: str = "numpy", *, within: tuple[int, int] = MX_SCALES,
+                seed: int = 0) -> Any:
+    """Random MXFP8 block scales of ``shape`` (:func:`random_scales`), as the lines of
+    :meth:`Case.describe` use them: ``from dmatmul.testing import rand_scales``."""
+    s = random_scales(np.random.default_rng(seed), shape, within)
+    if family == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(s)
+    return s
 
 
 def lay_out(x: np.ndarray, layout: str) -> np.ndarray:

@@ -18,12 +18,13 @@ import numpy as np
 
 from .. import _plan, _runtime
 from .._distribution import Distribution, split
+from .._mxfp8 import BLOCK
 from .._sharded import Sharded
 from .._spec import BackendName, family
 from .case import Case
 from .compare import _reduced_precision_slack, _Result, _sharding_problems
-from .operands import _global_operands, _snapshot, lay_out
-from .reference import error_ratio, finite_scale, reference
+from .operands import _global_operands, _snapshot, lay_out, random_scales
+from .reference import error_ratio, finite_scale, reference, wide
 from .transforms import _TransformData
 
 __all__ = ["Outcome", "run_case", "combine"]
@@ -92,11 +93,13 @@ class _Run:
         final_beta = case.beta if reset is None or reset.beta is None else reset.beta
         self.ops = ops = _global_operands(rng, case, case.beta)  # the global numpy operands, passed as the case says
         new = _global_operands(rng, case, final_beta) if reset is not None else {}
+        self.dists = dists = case.distributions
+        # MXFP8: the global block scales of a and b (drawn after the operands: the data of the other cases stays)
+        self.block_scales = _global_scales(rng, case, rt.size if mpi and rt is not None else 1)
         self.refs = [self._ref(ops, case.alpha, case.beta)]
         if reset is not None:
             after = {name: new[name] if name in reset.operands else ops[name] for name in ops}
             self.refs.append(self._ref(after, case.alpha if reset.alpha is None else reset.alpha, final_beta))
-        self.dists = dists = case.distributions
         self.dd = dd = dists[2] if dists is not None else None
         self.want_shape: tuple[int, ...] | None = case.result_shape
         if mpi:
@@ -106,6 +109,11 @@ class _Run:
         self.args = args = {name: self.passed(x, name) for name, x in ops.items()}
         self.news = {name: self.passed(new[name], name) for name in reset.operands} if reset is not None else {}
         self.inputs = list(args.items()) + [(f"new {name}", x) for name, x in self.news.items()]
+        fp8_options = case.fp8_options
+        if self.block_scales is not None:
+            passed = {name: self.passed_scales(s, name) for name, s in zip("ab", self.block_scales)}
+            fp8_options["quantization_scales"] = passed
+            self.inputs += [(f"quantization_scales[{name!r}]", x) for name, x in passed.items()]
         self.transformed = None
         if case.transform is not None:  # its own inputs (a cotangent, tangents, the batched operand)
             self.transformed = _TransformData(case, rng, ops, self.refs[0], self.passed)
@@ -117,12 +125,18 @@ class _Run:
                             transpose_a=case.transpose_a, transpose_b=case.transpose_b, epilog=case.epilog,
                             bias=args["bias"],
                             backend=cast(BackendName, backend),  # a name of backends.NAMES, checked by matmul
-                            algorithm=case.algorithm, precision=case.precision, **case.fp8_options, **kwargs)
+                            algorithm=case.algorithm, precision=case.precision, **fp8_options, **kwargs)
 
     def _ref(self, o: dict[str, Any], alpha: complex, beta: complex) -> np.ndarray:
         case = self.case
-        # FP8: the float64 product of the dequantized operands, sa*A and sb*B (alpha*sa*sb: the same, exactly)
-        return reference(o["a"], o["b"], o["c"], alpha=alpha * case.scaled, beta=beta, transpose_a=case.transpose_a,
+        # FP8: the float64 product of the dequantized operands, sa*A and sb*B (alpha*sa*sb: the same, exactly);
+        # MXFP8: each element of a and b times its block's 2**(s - 127)
+        a, b = o["a"], o["b"]
+        if self.block_scales is not None:
+            (ka, kb), (sa, sb) = _k_axes(case), self.block_scales
+            a, b = wide(a) * np.exp2(_per_element(sa, ka, a.shape[ka]) - 127.0), \
+                wide(b) * np.exp2(_per_element(sb, kb, b.shape[kb]) - 127.0)
+        return reference(a, b, o["c"], alpha=alpha * case.scaled, beta=beta, transpose_a=case.transpose_a,
                          transpose_b=case.transpose_b, epilog=case.epilog, bias=o["bias"])
 
     def _place(self, devices: Any) -> dict[str, Any]:
@@ -181,6 +195,21 @@ class _Run:
             assert self.on is not None
             y = self.on.put(y, self.mesh, self.on.placements["abc".index(name)], batch_axis)
         return y
+
+    def passed_scales(self, s: np.ndarray, name: str) -> Any:
+        """MXFP8: the global block scales ``s`` of operand ``name`` (a or b) as they are passed: under
+        mpiexec this rank's, of its block (:func:`_local_scales`); numpy, or the operand's family."""
+        case, rt = self.case, self.rt
+        if self.mpi:
+            assert self.dists is not None and rt is not None
+            k_axis = _k_axes(case)["ab".index(name)]
+            s = _local_scales(s, k_axis, case.a_shape if name == "a" else case.b_shape, self.dists["ab".index(name)],
+                              rt.rank, rt.size)
+        if case.block_scales == "operands" and case.family_of(name) == "jax":
+            import jax.numpy as jnp
+
+            return jnp.asarray(s)
+        return s
 
     def call(self, a: Any, b: Any, c: Any, bias: Any = _GIVEN) -> Any:
         """``dm.matmul`` with the case's options (its own bias unless another is given)."""
@@ -318,6 +347,55 @@ def _block(x: np.ndarray, d: Distribution, rank: int, p: int) -> np.ndarray:
         return x
     rows, cols = d.global_indices(rank, x.shape[-2:], own)
     return x[..., rows[:, None], cols[None, :]]
+
+
+def _k_axes(case: Case) -> tuple[int, int]:
+    """The axes of K in the stored a and b."""
+    return (-2 if case.transpose_a else -1), (-1 if case.transpose_b else -2)
+
+
+def _per_element(s: np.ndarray, k_axis: int, k: int) -> np.ndarray:
+    """Block scales ``s`` (one per 32 elements along ``k_axis``) repeated to each of the ``k`` elements."""
+    return np.take(np.repeat(s, BLOCK, axis=k_axis), np.arange(k), axis=k_axis)
+
+
+def _local_scales(s: np.ndarray, k_axis: int, shape: tuple[int, ...], d: Distribution, rank: int,
+                  p: int) -> np.ndarray:
+    """The block scales of rank ``rank``'s block of an operand of global ``shape`` and scales ``s``, counted
+    from the block's first K element (the contract: each rank passes the scales of its own block): the
+    operand's per-element scales split as the operand is (:func:`_block`), one read per 32 along K."""
+    block = _block(_per_element(s, k_axis, shape[k_axis]), d, rank, p)
+    return np.take(block, np.arange(0, block.shape[k_axis], BLOCK), axis=k_axis)
+
+
+def _splits_on_blocks(s: np.ndarray, k_axis: int, shape: tuple[int, ...], d: Distribution, p: int) -> bool:
+    """Whether every rank's block of the operand holds whole blocks of 32 along K (each of its local
+    blocks of 32 is one global block's, or the end of one): its local scales then say what the global
+    ones do."""
+    full = _per_element(s, k_axis, shape[k_axis])
+    for rank in range(p):
+        local = _local_scales(s, k_axis, shape, d, rank, p)
+        block = _block(full, d, rank, p)
+        if not np.array_equal(_per_element(local, k_axis, block.shape[k_axis]), block):
+            return False
+    return True
+
+
+def _global_scales(rng: np.random.Generator, case: Case, p: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """MXFP8: random global block scales of a and b (None: the case has none). Under mpiexec (``p`` ranks)
+    an operand whose K is split off the 32-element blocks (a rank's K offset no multiple of 32, a
+    block-cyclic K) gets scales that vary along its other dimension only: each rank's own then say the same
+    values, counted from its block's first K element, as the contract has them."""
+    if case.block_scales is None:
+        return None
+    out = []
+    for shape, k_axis, scales_shape, d in zip((case.a_shape, case.b_shape), _k_axes(case), case.scale_shapes,
+                                              case.distributions or (None, None)):
+        s = random_scales(rng, scales_shape, case.scale_range)
+        if p > 1 and d is not None and s.shape[k_axis] > 1 and not _splits_on_blocks(s, k_axis, shape, d, p):
+            s = np.repeat(np.take(s, [0], axis=k_axis), s.shape[k_axis], axis=k_axis)
+        out.append(s)
+    return out[0], out[1]
 
 
 def _block_shape(d: Distribution, rank: int, shape: tuple[int, ...], p: int) -> tuple[int, ...] | None:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import cast
 
+from .._mxfp8 import BLOCK
+from .._spec import FP8_DTYPES
 from .case import LAYOUT_FAMILIES, TRANSFORMS, Transform
 from .run import _ORDER, Outcome
 
@@ -69,6 +71,16 @@ def _families_lines(outcomes: Sequence[Outcome]) -> list[str]:
         empty = sum(0 in o.case.batch_shape for o in batched)
         lines.append(f"of which batched: {len(batched)} ({dims}; broadcast {broadcast}, an empty batch {empty}): "
                      + _counted(batched))
+    fp8 = [o for o in outcomes if o.case.dtype in FP8_DTYPES]
+    if fp8:
+        mx = [o for o in fp8 if o.case.block_scales is not None]
+        tensor = sum(o.case.block_scales is None and o.case.scales is not None for o in fp8)
+        lines.append(f"of which FP8: {len(fp8)} (per-tensor scales {tensor}, none {len(fp8) - tensor - len(mx)}, "
+                     f"MXFP8 block scales {len(mx)}): " + _counted(fp8))
+        if mx:
+            ragged = sum(o.case.k % BLOCK != 0 for o in mx)
+            lines.append(f"of which MXFP8 (UE8M0 scales per 32 along K): {len(mx)} (K not a multiple of 32 "
+                         f"{ragged}): " + _counted(mx))
     sharded = [o for o in outcomes if o.case.shardeds]
     if sharded:
         def axes(o: Outcome) -> int:
