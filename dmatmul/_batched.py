@@ -88,8 +88,8 @@ class BatchedProduct(_backends.Backend):
     def ranks(self, spec: Spec, operands: Operands) -> int:
         return self.backend.ranks(spec.item(), _first(spec, operands))
 
-    def lay_out(self, d: Any, dist: Any) -> Any:
-        return self.backend.lay_out(d, dist)
+    def lay_out(self, d: Any, dist: Any, operands: Operands) -> Any:
+        return self.backend.lay_out(d, dist, operands)
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         return result

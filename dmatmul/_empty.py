@@ -51,8 +51,8 @@ class EmptyProduct(_backends.Backend):
     def ranks(self, spec: Spec, operands: Operands) -> int:
         return int(self.backend.ranks(spec, operands))
 
-    def lay_out(self, d: Any, dist: Any) -> Any:
-        return self.backend.lay_out(d, dist)
+    def lay_out(self, d: Any, dist: Any, operands: Operands) -> Any:
+        return self.backend.lay_out(d, dist, operands)
 
 
 def _at_least_1(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -136,7 +136,7 @@ class Matmul:
         # what backend="auto" passed over on its way to this backend (ranks that would share a GPU), for explain()
         self._passed_over = _passed_over(backend, self._runs_on.name)
         self._backend = self._routed()
-        if not getattr(self._backend, "takes_block_scales", False):  # MXFP8 emulated: dequantized here, once
+        if not self._backend.takes_block_scales:  # MXFP8 emulated: dequantized here, once
             _mxfp8.release(self._operands)
         self._plan: _backends.BackendPlan | None = None
         self._agreed = False  # several processes: every rank has made this spec's plan and agreed on it

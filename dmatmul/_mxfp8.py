@@ -34,11 +34,12 @@ Light: numpy only; a family's array module is taken from its kind.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 
-from ._spec import FP8_DTYPES, array_module, dtype_name, family
+from ._spec import FP8_DTYPES, array_module, dtype_name, family, kind
 
 #: elements per block along K (OCP MX: 32)
 BLOCK = 32
@@ -139,7 +140,11 @@ def release(ops: Any) -> None:
     if ops.block_scales is None:
         return
     sa, sb, ka, kb = ops.block_scales
-    ops.a, ops.b = dequantize(ops.a, sa, ka), dequantize(ops.b, sb, kb)
+    held = kind(family(ops.a))
+    # concrete operands are dequantized at once, also inside a trace (a jit's closed-over operands on a
+    # user's mesh keep their placement, which the product reads); tracers are staged as ever
+    with contextlib.nullcontext() if held is None else held.eager():
+        ops.a, ops.b = dequantize(ops.a, sa, ka), dequantize(ops.b, sb, kb)
     ops.block_scales = None
 
 

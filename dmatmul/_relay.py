@@ -445,7 +445,7 @@ class RelayPlan(_backends.BackendPlan):
             return _in_family(exchange(d, self.routes["result"], rt.rank, rt.comm, d.dtype), family(d))
         dist = self.spec.distributions[2] if self.spec.distributions is not None else None
         if isinstance(dist, Sharded):
-            return self.backend.lay_out(d, as_nd(dist, len(self.spec.result_shape), dist.mesh.size))
+            return self.backend.lay_out(d, as_nd(dist, len(self.spec.result_shape), dist.mesh.size), operands)
         return d
 
     def explain(self) -> list[str]:

@@ -191,6 +191,12 @@ class ArrayKind:
         """A context in which its library makes results of ``dtype`` as they are (JAX: x64)."""
         return contextlib.nullcontext()
 
+    def eager(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which its library computes on concrete arrays at once, also
+        inside a trace (JAX: ``ensure_compile_time_eval``; a jit's closed-over
+        operands then keep their placement)."""
+        return contextlib.nullcontext()
+
     def recent_key(self, xs: Sequence[Any]) -> Hashable | None:
         """What the front end's checks read of ``xs`` (operands or None), as a key
         for ``dm.matmul``'s repeated-call shortcut; None where they are not all its

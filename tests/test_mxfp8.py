@@ -90,6 +90,24 @@ def test_jax_arrays_under_jit() -> None:
     close(np.asarray(d), want, "float32")
 
 
+def test_jit_of_operands_on_a_users_mesh_closed_over() -> None:
+    """Inside jax.jit, FP8 operands and scales closed over (constants) on a
+    user's mesh: dequantized at once, they keep their placement, and the result
+    comes back on that mesh (JAX raised "Length of device assignment 1 is not
+    equal to the size of the mesh", or the result landed on one device; found by
+    the differential matrix)."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((4,), ("x",))
+    a, b, sa, sb, want = problem(16, 40, 8, False, False)
+    x = jax.device_put(a, NamedSharding(mesh, P("x", None)))
+    y = jax.device_put(b, NamedSharding(mesh, P(None, "x")))
+    d = jax.jit(lambda: dm.matmul(x, y, quantization_scales={"a": sa, "b": sb}, result_type="float32"))()
+    close(np.asarray(d), want, "float32")
+    assert d.sharding.mesh.shape == mesh.shape and set(d.sharding.device_set) == set(mesh.devices.flat)
+
+
 def test_scale_255_is_nan_and_127_is_one() -> None:
     a, b = fp8((4, 64)), fp8((64, 4))
     sa, sb = np.full((4, 2), 127, np.uint8), np.full((2, 4), 127, np.uint8)

@@ -176,3 +176,27 @@ def test_a_sharded_result_inside_jit():
     d = jax.jit(lambda p, q: dm.matmul(p, q, distribution=(dm.Slab.X, dm.Slab.X, batched), devices=1))(
         x, jax.numpy.stack([y, 2 * y]))
     np.testing.assert_allclose(np.asarray(d), np.stack([a @ b, 2 * a @ b]), rtol=tol)
+
+
+@pytest.mark.parametrize("user_shape", [(2, 4), (8,)], ids=str)
+def test_a_sharded_result_comes_back_on_the_operands_mesh(user_shape):
+    """Operands on a user's mesh get the result back on that mesh: the Sharded's
+    spec there where the mesh has its shape (axes taken in order), else
+    replicated there (it came back on a mesh of the Sharded's own names;
+    found by the differential matrix)."""
+    user = jax.make_mesh(user_shape, ("p", "q")[:len(user_shape)])
+    a, b = np.arange(8.0 * 6).reshape(8, 6), np.arange(6.0 * 16).reshape(6, 16)
+    x = jax.device_put(jax.numpy.asarray(a, np.float32), NamedSharding(user, PartitionSpec()))
+    y = jax.device_put(jax.numpy.asarray(b, np.float32), NamedSharding(user, PartitionSpec()))
+    result = _sharded((None, ("y", "x")))
+    d = dm.matmul(x, y, distribution=(dm.Replicated(), dm.Replicated(), result))
+    np.testing.assert_allclose(np.asarray(d), a @ b, rtol=2e-5)
+    assert d.sharding.mesh == user
+    if user_shape == MESH.shape:  # the same ranks on the same devices: the Sharded's own blocks
+        assert d.sharding.spec == PartitionSpec(None, ("q", "p"))
+        for shard in d.addressable_shards:
+            rank = list(user.devices.flat).index(shard.device)
+            rows, cols = result.global_indices(rank, (8, 16))
+            np.testing.assert_allclose(np.asarray(shard.data), (a @ b)[np.ix_(rows, cols)], rtol=2e-5)
+    else:
+        assert d.sharding.is_fully_replicated

@@ -101,10 +101,11 @@ class Backend:
     * ``place(result, spec, operands)``: where the result of an empty product
       (K, M or N = 0: computed without the backend) goes, in one process (the
       JAX backend: a jax.Array on the user's mesh; default: as it is).
-    * ``lay_out(d, dist)``: in one process, a result re-laid from a 2-D
-      layout into the :class:`~dmatmul.Sharded` ``dist`` it was asked in
+    * ``lay_out(d, dist, operands)``: in one process, a result re-laid from a
+      2-D layout into the :class:`~dmatmul.Sharded` ``dist`` it was asked in
       (:mod:`dmatmul._relay`; the JAX backend: that NamedSharding where the
-      splits are even; default: as it is).
+      splits are even, on the operands' mesh where they are on one; default:
+      as it is).
     * ``fits(spec, operands)``: raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for
       an empty product, which is never planned, with its sizes made 1;
@@ -125,6 +126,9 @@ class Backend:
     name: str = ""
     plans_collectively: bool = False
     cache_size: int = 64
+    #: whether it takes FP8 a and b with their MXFP8 block scales (nvmath: cuBLASMp's own MXFP8 path, where the
+    #: plan qualifies); else the front end hands it the dequantized float32 operands (dmatmul._mxfp8)
+    takes_block_scales: bool = False
 
     def plan(self, spec: Spec, operands: Operands) -> BackendPlan:
         raise NotImplementedError
@@ -147,7 +151,7 @@ class Backend:
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
         return result
 
-    def lay_out(self, d: Any, dist: Any) -> Any:
+    def lay_out(self, d: Any, dist: Any, operands: Operands) -> Any:
         """One process: a result laid out as the :class:`~dmatmul.Sharded` ``dist``
         (of every dimension) says, where this backend's arrays carry a layout
         (JAX); by default as it is."""

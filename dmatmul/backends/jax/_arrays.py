@@ -143,6 +143,10 @@ class JaxArrays(ArrayKind):
 
         return jnp
 
+    def eager(self) -> contextlib.AbstractContextManager[Any]:
+        jax = sys.modules.get("jax")
+        return contextlib.nullcontext() if jax is None else jax.ensure_compile_time_eval()
+
     def precise(self, dtype: str) -> contextlib.AbstractContextManager[Any]:
         jax = sys.modules.get("jax")
         if jax is not None and dtype in ("float64", "complex128"):

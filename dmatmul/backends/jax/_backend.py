@@ -123,12 +123,15 @@ class JaxBackend(Backend):
                 return jax.device_put(out, _on_mesh(Replicated() if 0 in shape else dst, mesh, shape))
             return out
 
-    def lay_out(self, d: Any, dist: Any) -> Any:
+    def lay_out(self, d: Any, dist: Any, operands: Operands) -> Any:
         """One process: a result laid out as the :class:`~dmatmul.Sharded` ``dist``
         (of every dimension) says, on the devices it is on (in rank order), with
         the NamedSharding of ``dist``'s mesh and spec where every split is even
-        (JAX shards only evenly), else replicated there. A numpy result, or one
-        inside a trace (where XLA places it), stays as it is."""
+        (JAX shards only evenly), else replicated there. Operands on a user's
+        mesh get it back on that mesh: ``dist``'s spec there where the mesh has
+        ``dist``'s shape (its axes taken in order for ``dist``'s), else
+        replicated there. A numpy result, or one inside a trace (where XLA
+        places it), stays as it is."""
         if not isinstance(d, jax.Array) or isinstance(d, jax.core.Tracer):
             return d
         sharding: Any = d.sharding
@@ -136,14 +139,20 @@ class JaxBackend(Backend):
             sorted(sharding.device_set, key=lambda dev: dev.id)
         if len(devices) != dist.mesh.size:  # (the rank counts were checked: a result on one device)
             return d
-        mesh = Mesh(np.array(devices, dtype=object).reshape(dist.mesh.shape), dist.mesh.axis_names)
         even = all(size % max(1, int(np.prod([dist.mesh.shape[dist.mesh.axis_names.index(n)]
                                                   for n in dist.axes(i)]))) == 0
                    for i, size in enumerate(d.shape))
-        out = NamedSharding(mesh, PartitionSpec(*dist.spec) if even else PartitionSpec())
-        if isinstance(d, jax.core.Tracer):
-            return jax.lax.with_sharding_constraint(d, out)
-        return jax.device_put(d, out)
+        spec = dist.spec if even else ()
+        mesh = user_mesh(operands)
+        if isinstance(mesh, Mesh):
+            if tuple(mesh.devices.shape) != tuple(dist.mesh.shape):
+                spec = ()
+            names = dict(zip(dist.mesh.axis_names, mesh.axis_names))
+            spec = tuple(None if e is None else names[e] if isinstance(e, str) else tuple(names[n] for n in e)
+                         for e in spec)
+        else:
+            mesh = Mesh(np.array(devices, dtype=object).reshape(dist.mesh.shape), dist.mesh.axis_names)
+        return jax.device_put(d, NamedSharding(mesh, PartitionSpec(*spec)))
 
     def batched(self, spec: Spec, operands: Operands) -> BackendPlan | None:
         """A batched product in one compiled call (:mod:`._batched`): the batch split
