@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, overload
@@ -372,9 +373,10 @@ class Spec:
     def n(self) -> int:
         return self.b_shape[-2] if self.transpose_b else self.b_shape[-1]
 
-    @property
+    @functools.cached_property
     def batch_shape(self) -> tuple[int, ...]:
-        """The broadcast batch dimensions of a and b (``()`` for matrices)."""
+        """The broadcast batch dimensions of a and b (``()`` for matrices); worked out
+        once per Spec (a batched plan asks it at every call)."""
         return tuple(np.broadcast_shapes(self.a_shape[:-2], self.b_shape[:-2]))
 
     @property
@@ -398,7 +400,7 @@ class Spec:
         b = b[-2:] if b is not None and len(b) > 2 else b
         return b is not None and b not in ((self.m,), (self.m, 1)) and b == (1, self.n)
 
-    @property
+    @functools.cached_property
     def batch_size(self) -> int:
         """How many matrix products a batched product holds (1 for matrices)."""
         return int(np.prod(self.batch_shape, dtype=np.int64))
