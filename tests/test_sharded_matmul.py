@@ -200,3 +200,26 @@ def test_a_sharded_result_comes_back_on_the_operands_mesh(user_shape):
             np.testing.assert_allclose(np.asarray(shard.data), (a @ b)[np.ix_(rows, cols)], rtol=2e-5)
     else:
         assert d.sharding.is_fully_replicated
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_gradients_through_shardeds_with_no_2d_form(jit):
+    """jax.grad through dm.matmul on Shardeds of no 2-D form (a matrix product,
+    and a batch split over a mesh axis): numpy's gradients."""
+    rng = np.random.default_rng(11)
+    cases = [
+        ((6, 5), (5, 7), (("x", None), (None, ("y", "x")), (None, "y"))),
+        ((4, 3, 5), (4, 5, 2), (("x", None, None), ("x", None, None), ("x", None, None))),
+    ]
+    for a_shape, b_shape, specs in cases:
+        a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+        g = rng.standard_normal(np.matmul(a, b).shape)
+        dists = tuple(_sharded(s) for s in specs)
+
+        def loss(x, y):
+            return jax.numpy.sum(dm.matmul(x, y, distribution=dists, devices=8) * g)
+
+        grad = jax.grad(loss, argnums=(0, 1))
+        ga, gb = (jax.jit(grad) if jit else grad)(*_operands(a, b, "jax")[:2])
+        np.testing.assert_allclose(np.asarray(ga), g @ np.swapaxes(b, -1, -2), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(gb), np.swapaxes(a, -1, -2) @ g, rtol=1e-4, atol=1e-4)
