@@ -3,9 +3,23 @@
 
 from __future__ import annotations
 
+import pathlib
 import sys
 import time
 from typing import Any, Callable, Sequence
+
+
+def backend_from_argv() -> tuple[str, Any]:
+    """The backend a script runs on, from its first argument: ``fake`` installs the
+    simulated nvmath (tests/gpu/_fake_nvmath.py) and gives ``("nvmath", the fake's
+    module)``; none or ``jax`` gives ``("jax", None)``. Called before dmatmul runs."""
+    if (sys.argv[1] if len(sys.argv) > 1 else "jax") != "fake":
+        return "jax", None
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
+    import _fake_nvmath
+
+    _fake_nvmath.install()
+    return "nvmath", _fake_nvmath
 
 
 def expect(rt: Any, problems: list[str], scenario: str, exc_type: Any, words: Sequence[str],

@@ -10,15 +10,11 @@ checked against numpy, explain() and (fake) the nvmath calls made. Prints
 
 from __future__ import annotations
 
-import pathlib
 import sys
 
-BACKEND = sys.argv[1] if len(sys.argv) > 1 else "jax"
-if BACKEND == "fake":
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
-    import _fake_nvmath
+import _expect
 
-    _fake_nvmath.install()
+backend, fake = _expect.backend_from_argv()
 
 import numpy as np  # noqa: E402
 
@@ -27,7 +23,6 @@ from dmatmul.testing.reference import assert_close, reference  # noqa: E402
 
 rt = dm.init()
 me = rt.rank
-backend = "nvmath" if BACKEND == "fake" else "jax"
 failures: list[str] = []
 X, Y, R = dm.Slab.X, dm.Slab.Y, dm.Replicated()
 
@@ -54,14 +49,14 @@ def product(a_batch, b_batch, dists, m, n, *, folds, ta=False, tb=False, epilog=
         with dm.Matmul(block(a, dists[0]), block(b, dists[1]), block(c, dists[2]), distribution=dists,
                        backend=backend, **kw) as mm:
             text = mm.explain()
-            if BACKEND == "fake":
-                _fake_nvmath.CALLS.clear()
+            if fake is not None:
+                fake.CALLS.clear()
             got = mm.execute()
         said = "folded into one" in text, "run on each item in turn" in text
         if said != (folds, not folds):
             failures.append(f"rank {me}: {name}: explain() does not say {'folded' if folds else 'looped'}:\n{text}")
-        if BACKEND == "fake":
-            runs = sum(n in ("execute", "host execute") for n, _ in _fake_nvmath.CALLS)
+        if fake is not None:
+            runs = sum(n in ("execute", "host execute") for n, _ in fake.CALLS)
             if runs != (1 if folds else int(np.prod(batch))):
                 failures.append(f"rank {me}: {name}: {runs} nvmath executes")
         assert_close(got, block(reference(a, b, c, **kw), dists[2]), "float64")

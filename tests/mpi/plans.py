@@ -15,25 +15,17 @@ else.
 
 from __future__ import annotations
 
-import pathlib
-import sys
+import _expect
 
-BACKEND = sys.argv[1] if len(sys.argv) > 1 else "jax"
-if BACKEND == "fake":
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
-    import _fake_nvmath
+backend, fake = _expect.backend_from_argv()
 
-    _fake_nvmath.install()
-
-import _expect  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dmatmul as dm  # noqa: E402
 
-rt = dm.init() if BACKEND == "jax" else dm.init(start=())
+rt = dm.init() if backend == "jax" else dm.init(start=())
 P, me = rt.size, rt.rank
 odd = me == P - 1
-backend = "jax" if BACKEND == "jax" else "nvmath"
 X, Y = dm.Slab.X, dm.Slab.Y
 rng = np.random.default_rng(11)
 a, a9 = rng.standard_normal((7, 5)).astype(np.float32), rng.standard_normal((9, 5)).astype(np.float32)
@@ -89,7 +81,7 @@ for held in (mm, mm9, fresh, fresh9):
 # a Matmul freed on one rank only (by hand, or by a with block an exception left there): on nvmath freeing a
 # cached plan is collective, and its borrows now differ between the ranks. Before, the last rank freed an
 # evicted plan alone (its collective met the others' next call), and later evictions freed on some ranks only
-if BACKEND == "fake":
+if fake is not None:
     type(dm.backends.get("nvmath")).cache_size = 2  # (evictions after two other products)
 
 
@@ -133,7 +125,7 @@ def with_block_left_on_the_last_rank():
 expect("a-with-block-left-on-one-rank", ["ranks disagree on the call", f"rank {P - 1} is in 'dmatmul.matmul'",
                                          "'Matmul.execute'"], with_block_left_on_the_last_rank)
 others(3, 60)
-if BACKEND == "fake":  # every plan no rank borrows was freed, on every rank (none left over to free alone)
+if fake is not None:  # every plan no rank borrows was freed, on every rank (none left over to free alone)
     from dmatmul._plans import PLANS
 
     left = PLANS.left("nvmath")

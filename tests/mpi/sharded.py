@@ -10,15 +10,11 @@ failure.
 
 from __future__ import annotations
 
-import pathlib
 import sys
 
-BACKEND = sys.argv[1] if len(sys.argv) > 1 else "jax"
-if BACKEND == "fake":
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
-    import _fake_nvmath
+import _expect
 
-    _fake_nvmath.install()
+backend, fake = _expect.backend_from_argv()
 
 import numpy as np  # noqa: E402
 
@@ -26,7 +22,6 @@ import dmatmul as dm  # noqa: E402
 
 rt = dm.init()
 me = rt.rank
-backend = "nvmath" if BACKEND == "fake" else "jax"
 mesh = dm.ProcessMesh((2, 2), ("x", "y"))
 failures: list[str] = []
 
