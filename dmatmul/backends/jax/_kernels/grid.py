@@ -307,7 +307,12 @@ def summa_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
 
     def gathered(x: jax.Array, axis: int, over: str, owners: tuple[int, ...], offsets: tuple[int, ...]) -> jax.Array:
         length = x.shape[axis]
-        whole = lax.all_gather(x, over, axis=axis, tiled=True)
+        if axis == 0:
+            whole = lax.all_gather(x, over, axis=0, tiled=True)
+        else:  # gathered along the leading axis, then laid side by side (:func:`..bodies.one_shot`: along the
+            # second axis XLA's CPU collectives copy strided, 2-4x slower on a tall operand's K)
+            blocks = lax.all_gather(x, over, axis=0, tiled=False)
+            whole = jnp.moveaxis(blocks, 0, 1).reshape(x.shape[0], -1)
         index = np.concatenate([q * length + o + np.arange(sched.width) for q, o in zip(owners, offsets)])
         if index.size == whole.shape[axis] and np.array_equal(index, np.arange(index.size)):
             return whole  # the panels in the order the owners hold them
