@@ -86,7 +86,8 @@ class BatchedProduct(_backends.Backend):
         return fold_of(spec) if spec.reads_ab else "A and B are not read (alpha = 0, or an empty product)"
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
-        return self.backend.ranks(spec.item(), _first(spec, operands))
+        # (an empty batch has no first item: its operands as they are, as its plan asks them)
+        return self.backend.ranks(spec.item(), operands if spec.batch_size == 0 else _first(spec, operands))
 
     def lay_out(self, d: Any, dist: Any, operands: Operands) -> Any:
         return self.backend.lay_out(d, dist, operands)

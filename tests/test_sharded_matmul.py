@@ -223,3 +223,18 @@ def test_gradients_through_shardeds_with_no_2d_form(jit):
         ga, gb = (jax.jit(grad) if jit else grad)(*_operands(a, b, "jax")[:2])
         np.testing.assert_allclose(np.asarray(ga), g @ np.swapaxes(b, -1, -2), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(np.asarray(gb), np.swapaxes(a, -1, -2) @ g, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["jax", "nvmath"])
+def test_an_empty_batch_on_a_sharded_with_no_2d_form(backend, request):
+    """A batch of no items, the result asked as a Sharded of no 2-D form: an
+    empty result of the batch's shape (the batched stand-in asked its first item
+    for the rank count and raised IndexError; found by the long run of the
+    differential matrix)."""
+    if backend == "nvmath":
+        request.getfixturevalue("fake_nvmath")
+    a, b = np.ones((1, 1), np.float32), np.ones((0, 1, 1), np.float32)
+    result = dm.Sharded(dm.ProcessMesh((1,), ("x",)), ("x", None, None))
+    d = dm.matmul(a, b, distribution=(dm.Slab.X, dm.Slab.X, result), backend=backend, devices=1)
+    assert np.asarray(d).shape == (0, 1, 1)
+    np.testing.assert_array_equal(np.asarray(d), np.matmul(a, b))
