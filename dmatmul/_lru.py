@@ -46,14 +46,11 @@ class LRU(Generic[V]):
         self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> V | None:
-        # without the lock (each OrderedDict call is atomic): dm.matmul's repeated calls ask at every call
-        value = self._items.get(key)
-        if value is not None:
-            try:
+        with self._lock:  # (a move to the end while another thread lists the values would break its loop)
+            value = self._items.get(key)
+            if value is not None:
                 self._items.move_to_end(key)
-            except KeyError:  # another thread let it go a moment ago: this use still gets it
-                pass
-        return value
+            return value
 
     def add(self, key: Hashable, value: V, *, bound: int, on_evict: Callable[[V], object] | None = None) -> V:
         """The value held for ``key``: one already there, else ``value``, added
