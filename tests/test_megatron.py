@@ -172,3 +172,19 @@ def test_repeated_eager_calls_skip_the_front_end_and_stay_right(what, monkeypatc
     with pytest.raises(ValueError, match="a is a deleted jax.Array"):
         dm.matmul(x1j, wj)
     assert made == [1]
+
+
+@pytest.mark.parametrize("numpy_side", ["a", "b"])
+@pytest.mark.parametrize("case", ["x-rows@w-cols", "k-split"])
+def test_a_numpy_operand_beside_a_megatron_sharding(case, numpy_side):
+    """A numpy operand (no placement of its own) beside a jax.Array on a Megatron
+    sharding is whole on that mesh, as jnp.matmul takes it: the product runs
+    (it was refused, "replicates over mesh axis ...", eagerly though it ran under
+    jax.vjp; found by the differential matrix) with numpy's values and
+    jnp.matmul's sharding on an Auto mesh."""
+    sa, sb = CASES[case]
+    mesh = mesh_of("auto")
+    a, b = (A, put(B, mesh, sb)) if numpy_side == "a" else (put(A, mesh, sa), B)
+    d = dm.matmul(a, b)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert d.sharding.is_equivalent_to((a @ b).sharding, 2), (d.sharding, (a @ b).sharding)

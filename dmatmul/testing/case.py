@@ -364,8 +364,11 @@ class Case:
             traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
             read = (("a", self.a_shape), ("b", self.b_shape)) + ((("c", (self.m, self.n)),) if self.reads_c else ())
             # shardings that leave a mesh axis independent are a product (C read says the result's: not split)
-            split = (not self.reads_c and self.family_of("a") == self.family_of("b") == "jax"
-                     and on.splits((on.placements[0], self.a_shape[-2:]), (on.placements[1], self.b_shape[-2:]),
+            # (a numpy operand, placed nowhere, is whole on the other's mesh)
+            fa, fb = self.family_of("a"), self.family_of("b")
+            split = (not self.reads_c and "jax" in (fa, fb)
+                     and on.splits((on.placements[0] if fa == "jax" else "none", self.a_shape[-2:]),
+                                   (on.placements[1] if fb == "jax" else "none", self.b_shape[-2:]),
                                    (self.transpose_a, self.transpose_b)))
             for (name, shape), placement in zip(read if not split else (), on.placements):
                 if self.family_of(name) == "jax" and not on.is_dmatmuls(placement, shape):

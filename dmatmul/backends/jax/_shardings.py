@@ -101,6 +101,11 @@ def find(spec: Spec, operands: Operands, mesh: Mesh | AbstractMesh | None,
     if spec.distributions is not None or spec.family != "jax" or spec.spmd or mesh is None or spec.use_c:
         return None
     la, lb = _layout_of(operands.a, devices), _layout_of(operands.b, devices)
+    # an operand of no placement of its own (numpy) is whole on the other's mesh, as jnp.matmul takes it
+    if la is None and lb is not None and not isinstance(operands.a, jax.Array):
+        la = (PartitionSpec(), lb[1])
+    if lb is None and la is not None and not isinstance(operands.b, jax.Array):
+        lb = (PartitionSpec(), la[1])
     if la is None or lb is None or la[1].abstract_mesh != lb[1].abstract_mesh:  # (a constant's is concrete)
         return None
     user = la[1]
