@@ -39,7 +39,7 @@ from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
 from ._errors import DistributionError
-from ._plan import Move, Plan
+from ._plan import Move, Plan, _fmt_bytes
 from ._plans import PLANS
 from ._problem import Spec
 from ._sharded import Sharded
@@ -219,16 +219,8 @@ class Relay:
         elif self.nbytes == 0:
             how = "each rank holds its part already: nothing moves"
         else:
-            how = f"{_fmt(self.nbytes)}/rank at most (each rank gets only the elements it lacks)"
+            how = f"{_fmt_bytes(self.nbytes)}/rank at most (each rank gets only the elements it lacks)"
         return f"  {self.name:7s} {self.src!r} -> {self.dst!r}: {how}"
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class ShardedProduct(_backends.Backend):
@@ -454,7 +446,7 @@ class RelayPlan(_backends.BackendPlan):
         how = ("under mpiexec each rank gets the elements it lacks in one all-to-all" if spmd else
                "one process: the jax.Arrays' device blocks move between devices" if moved else
                "one process: the global arrays are placed on the devices as the plan takes them")
-        lines += [f"re-lay:     {how}: {_fmt(sum(r.nbytes for r in self.relays))}/rank at most in all"]
+        lines += [f"re-lay:     {how}: {_fmt_bytes(sum(r.nbytes for r in self.relays))}/rank at most in all"]
         lines += [r.describe(moved) for r in self.relays]
         if not spmd and self.spec.family == "jax":
             lines.append("  (the result is laid out as its Sharded says, replicated where no NamedSharding "
