@@ -140,13 +140,16 @@ def _layout_of(x: Any, devices: tuple[jax.Device, ...]) -> tuple[PartitionSpec, 
     ``devices[r]``): a jax.Array's NamedSharding on a mesh whose devices in mesh
     order are ``devices``, or the sharding in a traced value's type where every
     axis that splits is Explicit (its positions in mesh order are the ranks);
-    None where nothing says (one device, Auto axes in a trace, another sharding)."""
+    None where nothing says (one device, Auto axes in a trace, another sharding).
+    A tracer with a concrete value behind it (an eager ``jax.vjp``'s or
+    ``jax.jvp``'s primal) is laid out as that value is, Auto axes too."""
     if isinstance(x, jax.core.Tracer):
         sharding = jax.typeof(x).sharding
         mesh = sharding.mesh
         split = [n for n, size in mesh.shape.items() if size > 1]
         if mesh.empty or mesh.size != len(devices) or any(n not in mesh.explicit_axes for n in split):
-            return None
+            behind = _mesh._concrete(x)
+            return None if behind is None or isinstance(behind, jax.core.Tracer) else _layout_of(behind, devices)
         return sharding.spec, mesh
     if not isinstance(x, jax.Array):
         return None
