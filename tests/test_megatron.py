@@ -66,8 +66,7 @@ def test_megatron_shardings_are_read_as_they_are(case, kind, call):
     d = (dm.matmul if call == "eager" else jax.jit(dm.matmul))(a, b)
     assert_close(np.asarray(d), reference(A, B), "float32")
     assert d.sharding.mesh.shape == mesh.shape
-    if call == "jit" and kind == "auto":  # inside jit an Auto type says nothing of the layout: the cost model
-        return  # picks the layouts, and so the result's sharding (docs/jax.md); the values are checked above
+    # (inside jit on an Auto mesh the product is left to XLA's partitioner, which gives jnp.matmul's sharding)
     assert d.sharding.is_equivalent_to(xla_sharding(sa, sb), 2), (d.sharding, xla_sharding(sa, sb))
 
 
@@ -188,3 +187,96 @@ def test_a_numpy_operand_beside_a_megatron_sharding(case, numpy_side):
     d = dm.matmul(a, b)
     assert_close(np.asarray(d), reference(A, B), "float32")
     assert d.sharding.is_equivalent_to((a @ b).sharding, 2), (d.sharding, (a @ b).sharding)
+
+
+# --- inside jit on an Auto mesh: left to XLA's partitioner (backends/jax/_xla.py) ---------------------------
+
+def _traced_matmul(*args, **kw):
+    """dm.matmul under jax.jit, with the plan's algorithm and explain() of the traced call."""
+    told = {}
+
+    def f(*xs):
+        with dm.Matmul(*xs, **kw) as mm:
+            d = mm.execute()
+            told.update(algorithm=mm.algorithm, text=mm.explain())
+        return d
+
+    return jax.jit(f)(*args), told
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "^T" not in c])
+def test_inside_jit_on_an_auto_mesh_the_product_is_jnp_matmuls(case):
+    """Inside jit an Auto type says nothing of the layout: the product is left to
+    XLA, so it compiles to what jnp.matmul compiles to (same collectives) and the
+    result has jnp.matmul's sharding; explain() says so."""
+    sa, sb = CASES[case]
+    mesh = mesh_of("auto")
+    a, b = put(A, mesh, sa), put(B, mesh, sb)
+    d, told = _traced_matmul(a, b)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert d.sharding.is_equivalent_to(jax.jit(jnp.matmul)(a, b).sharding, 2), d.sharding
+    assert told["algorithm"] == "xla", told
+    assert "left to XLA" in told["text"] and "sharded as jnp.matmul's" in told["text"], told["text"]
+    ours = collectives(jax.jit(dm.matmul).lower(a, b).compile().as_text())
+    assert ours == collectives(jax.jit(jnp.matmul).lower(a, b).compile().as_text()), ours
+
+
+def test_left_to_xla_keeps_every_option_and_the_batch():
+    """Batched operands, transposes, c, bias, alpha/beta and an epilogue, and the
+    gradients, inside jit on an Auto mesh: numpy's values, and the batch split
+    where jnp.matmul keeps it."""
+    mesh = mesh_of("auto")
+    xs = RNG.standard_normal((4, 3, K, M)).astype(np.float32)  # stored transposed: op(a) = a^T
+    w = RNG.standard_normal((N, K)).astype(np.float32)  # stored transposed too
+    c = RNG.standard_normal((4, 3, M, N)).astype(np.float32)
+    bias = RNG.standard_normal((1, N)).astype(np.float32)
+    args = (put(xs, mesh, P("data", None, None, None)), put(w, mesh, P("model", None)),
+            put(c, mesh, P("data", None, None, None)), put(bias, mesh, P()))
+    kw = dict(transpose_a=True, transpose_b=True, alpha=0.5, beta=2.0, epilog="gelu_bias")
+
+    def f(x, w, c, bias):
+        return dm.matmul(x, w, c, bias=bias, **kw)
+
+    want = jax.nn.gelu(0.5 * np.swapaxes(xs, -1, -2) @ w.T + 2.0 * c + bias)
+    d = jax.jit(f)(*args)
+    assert_close(np.asarray(d), np.asarray(want), "float32")
+    assert d.sharding.spec[0] == "data", d.sharding  # the batch stays where it is split
+    loss = lambda mm: lambda x, w, c, bias: (mm(x, w, c, bias) ** 2).sum()  # noqa: E731
+    got = jax.jit(jax.grad(loss(f), argnums=(0, 1)))(*args)
+    ref = jax.grad(loss(lambda x, w, c, bias: jax.nn.gelu(0.5 * jnp.swapaxes(x, -1, -2) @ w.T + 2.0 * c + bias)),
+                   argnums=(0, 1))(xs, w, c, bias)
+    for g, r in zip(got, ref):
+        assert_close(np.asarray(g), np.asarray(r), "float32")
+
+
+@pytest.mark.parametrize("how", ["distribution", "algorithm", "explicit mesh", "no mesh"])
+def test_dmatmuls_kernels_where_the_layout_is_known_or_asked(how):
+    """Not left to XLA: a distribution or an algorithm named, an Explicit mesh
+    (its types say the layout), or no mesh of the user's (dmatmul spreads the product)."""
+    sa, sb = CASES["x-rows@w-cols"]
+    mesh = mesh_of("explicit" if how == "explicit mesh" else "auto")
+    a, b = (A, B) if how == "no mesh" else (put(A, mesh, sa), put(B, mesh, sb))
+    kw = {"distribution": dm.Slab.X} if how == "distribution" else {"algorithm": "allgather"} if how == "algorithm" else {}
+    d, told = _traced_matmul(a, b, **kw)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert told["algorithm"] in dm.ALGORITHMS and "left to XLA" not in told["text"], told
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "^T" not in c])
+def test_eager_vjp_and_jvp_on_an_auto_mesh_read_the_values_behind_the_tracers(case):
+    """Under eager jax.vjp/jax.jvp the tracers' Auto types hide the layout, but the
+    concrete values behind them name it: read as they are, the result has
+    jnp.matmul's sharding, and the cotangents are numpy's."""
+    sa, sb = CASES[case]
+    mesh = mesh_of("auto")
+    a, b = put(A, mesh, sa), put(B, mesh, sb)
+    want = jax.jit(jnp.matmul)(a, b).sharding
+    d, pull = jax.vjp(dm.matmul, a, b)
+    assert_close(np.asarray(d), reference(A, B), "float32")
+    assert d.sharding.is_equivalent_to(want, 2), (d.sharding, want)
+    ga, gb = pull(d)
+    assert_close(np.asarray(ga), np.asarray(d) @ B.T, "float32")
+    assert_close(np.asarray(gb), A.T @ np.asarray(d), "float32")
+    d2, t = jax.jvp(dm.matmul, (a, b), (a, b))
+    assert d2.sharding.is_equivalent_to(want, 2), (d2.sharding, want)
+    assert_close(np.asarray(t), 2 * reference(A, B), "float32")

@@ -23,6 +23,7 @@ from ._explain import ExplainedProduct
 from ._mesh import _inside_shard_map, _split_vmap, _tracing, mesh_of, plan_devices, user_mesh
 from ._shardings import _fit_devices, _given_distributions, _on_mesh, _redistribute_traced, place_result
 from ._planning import _x64
+from ._xla import XlaPlan, left_to_xla
 
 __all__ = ["JaxBackend", "JaxPlan"]
 
@@ -176,6 +177,8 @@ class JaxBackend(Backend):
         split = _split_vmap(operands) if in_program(spec) and _tracing(operands) else None
         if split is not None:
             raise ValueError(split)
+        if left_to_xla(spec, operands):
+            return (spec, "xla", user_mesh(operands))
         key: Any = (spec, _plan.forced_schedule())  # a schedule forced by the checker is planned apart
         cut = None
         if in_program(spec):
@@ -190,7 +193,9 @@ class JaxBackend(Backend):
                 key += _given_distributions(spec, operands, devices)
         return key
 
-    def plan(self, spec: Spec, operands: Operands) -> JaxPlan | _independent.IndependentPlan:
+    def plan(self, spec: Spec, operands: Operands) -> JaxPlan | _independent.IndependentPlan | XlaPlan:
+        if left_to_xla(spec, operands):  # (as key() found it)
+            return XlaPlan(spec, operands)
         cut = None
         if in_program(spec):  # (as key() found it)
             mesh = mesh_of(spec, operands)

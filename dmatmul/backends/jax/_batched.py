@@ -37,6 +37,7 @@ from ._execute import concrete_runner
 from ._kernels.common import PRECISIONS, Epilogue, contract, finish
 from ._mesh import _tracing, mesh_of, plan_devices
 from ._planning import _x64
+from ._xla import XlaPlan, left_to_xla
 
 __all__ = ["batched_plan", "BatchSplitPlan", "VmapPlan"]
 
@@ -45,6 +46,8 @@ def batched_plan(backend: Any, spec: Spec, operands: Operands) -> BackendPlan | 
     """The JAX plan of a batched product (see the module), None under several processes."""
     if spec.spmd:
         return None
+    if left_to_xla(spec, operands):
+        return XlaPlan(spec, operands)
     mesh = mesh_of(spec, operands)
     if (spec.distributions is None and spec.algorithm in ("auto", "local") and not _tracing(operands)
             and (mesh is None or isinstance(mesh, Mesh))):
