@@ -64,7 +64,7 @@ def _product(spec: Spec) -> Any:
     def run(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
         xs = [None if x is None else jnp.asarray(x) for x in (a, b, c, bias)]
         xs = [x if x is None or x.ndim <= 2 else jnp.broadcast_to(x, batch + x.shape[-2:]) for x in xs]
-        f = one
+        f: Any = one
         for _ in batch:
             f = jax.vmap(f, in_axes=tuple(None if x is None or x.ndim <= 2 else 0 for x in xs))
         return f(*xs)
