@@ -107,6 +107,11 @@ class MachineModel:
         return self.alpha if self.collective_alpha is None else self.collective_alpha
 
     @property
+    def mem_beta(self) -> float:
+        """The time per byte a rank copies within its own memory: ``mem``, or ``beta`` where it is None."""
+        return self.beta if self.mem is None else self.mem
+
+    @property
     def cbeta(self) -> float:
         """The time per byte a rank receives in one whole collective."""
         return self.beta if self.collective_beta is None else self.collective_beta
@@ -141,7 +146,7 @@ class MachineModel:
         >>> m.gemm(1e6, 1e3), m.gemm(1e6, 1e6)  # compute-bound, then memory-bound
         (0.0001, 0.001)
         """
-        return max(self.gamma * flops, (self.beta if self.mem is None else self.mem) * nbytes)
+        return max(self.gamma * flops, self.mem_beta * nbytes)
 
     def to_dict(self) -> dict[str, float]:
         out: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}

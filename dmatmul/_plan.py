@@ -145,6 +145,10 @@ class Move:
     messages: float
     #: whole collectives (1: one all-gather or all-to-all call; its bytes then cost ``collective_beta``)
     collectives: float = 0.0
+    #: bytes a rank copies within its own memory besides: an element exchange (:func:`move`) cuts each part it
+    #: sends out of its block and writes each part it receives into its new block, at the memory rate
+    #: (:attr:`dmatmul._cost.MachineModel.mem_beta`)
+    copied: float = 0.0
 
     def describe(self) -> str:
         return f"{self.operand}: {self.src} -> {self.dst} by {self.collective} ({_fmt_bytes(self.nbytes)}/rank)"
@@ -163,6 +167,17 @@ def move(
     1x1 grid's layout is the whole matrix, as ``R`` is: nothing moves between
     them.
 
+    A move between a grid layout and another split (a grid's, a 1-D one) is an
+    element exchange (the JAX backend's ``_exchange.redistribute``): before each
+    round a rank cuts the part it sends out of its block (a copy), after it
+    writes the part it received into its new block (another): each byte
+    received is copied twice more in memory (``copied``), besides its
+    transfer. On simulated CPU devices, where a transfer is itself a memory
+    copy, that makes such a move cost about three times its bytes' ``beta``
+    (2048x2048 float32, Slab.X <-> a 2x4 grid on 8 devices: 5-6 ms measured,
+    where its transfers alone priced 1.6 ms); a whole collective copies into
+    its output in place.
+
     >>> move(Problem1D(8, 8, 8, 1, 4, 4, grid=(1, 1)), "d", "G", "R").collective
     'none'
     """
@@ -170,15 +185,20 @@ def move(
     size = problem.elements(operand) * problem.itemsize
     if p == 1 and {src, dst} <= {"R", "G"}:
         return Move(operand, src, dst, "none", 0.0, 0.0)
+    exchanged = (p - 1) / p**2 * size
     if src == "G" and dst == "G" and not native:
-        return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, p - 1)
+        return Move(operand, src, dst, "all-to-all", exchanged, p - 1, copied=2 * exchanged)
     if src == dst or src == "R":
         return Move(operand, src, dst, "none" if src == dst else "local slice", 0.0, 0.0)
     one = src != "G" and dst != "G"  # a 1-D move: one whole collective; from a grid layout, P - 1 rounds
     steps, calls = (0.0, 1.0) if one else (p - 1.0, 0.0)
     if dst == "R":
         return Move(operand, src, dst, "all-gather", (p - 1) / p * size, steps, calls)
-    return Move(operand, src, dst, "all-to-all", (p - 1) / p**2 * size, steps, calls)
+    if one:
+        return Move(operand, src, dst, "all-to-all", exchanged, steps, calls)
+    # between a grid and a 1-D split the busiest rank gets its whole new block from others (the grid's ranks
+    # in column order: none of its parts is its own)
+    return Move(operand, src, dst, "all-to-all", size / p, steps, calls, copied=2 * size / p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,10 +303,11 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
 
 def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
                nbytes: float, collectives: float = 0.0, collective_bytes: float = 0.0,
-               overlapped_bytes: float = 0.0) -> float:
+               overlapped_bytes: float = 0.0, copied: float = 0.0) -> float:
     """A plan's modelled time: latency and bytes received (``messages``
     point-to-point steps and ``nbytes`` in them, ``collectives`` whole ones
-    receiving ``collective_bytes``), plus its local GEMMs on the roofline
+    receiving ``collective_bytes``), the bytes its moves copy in memory
+    besides (``copied``: :attr:`Move.copied`), plus its local GEMMs on the roofline
     (:func:`gemm_calls`). Where the model overlaps a ring's transfers with
     its GEMMs, the ``overlapped_bytes`` of ``nbytes`` (the ring's own) take
     the longer of the two, plus one step of the shorter, not their sum."""
@@ -300,7 +321,8 @@ def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
         steps = max(calls[0][0] // (2 if both_ways else 1), 1)  # (both ways: two GEMMs a step)
         comm -= ring
         local = max(ring, local) + min(ring, local) / steps
-    return model.alpha * messages + model.calpha * collectives + comm + model.cbeta * collective_bytes + local
+    return (model.alpha * messages + model.calpha * collectives + comm + model.cbeta * collective_bytes + local
+            + model.mem_beta * copied)
 
 
 def on_grid_roles(roles: dict[str, Role], grid_ops: Iterable[str]) -> dict[str, Role]:
@@ -368,7 +390,7 @@ def costed_plan(problem: Problem1D, kernel: Kernel, moves: tuple[Move, ...], kb:
     coll_bytes = sum(mv.nbytes for mv in moves if mv.collectives) + (kb if kc else 0.0)
     time = model_time(problem, kernel, model, messages=km + sum(mv.messages for mv in moves), nbytes=ring_bytes,
                       collectives=kc + sum(mv.collectives for mv in moves), collective_bytes=coll_bytes,
-                      overlapped_bytes=0.0 if kc else kb)
+                      overlapped_bytes=0.0 if kc else kb, copied=sum(mv.copied for mv in moves))
     return Plan(kernel, moves, kb, km, flops, time, kc)
 
 

@@ -576,3 +576,78 @@ def test_a_one_shot_schedule_holds_little_beyond_what_it_gathers(algorithm, dist
     whole = plan.ideal_memory_bytes() + (p - 1) * int(np.prod(block)) * itemsize
     ratio = plan.compiled_memory()["peak"] / whole
     assert ratio <= 2.0, f"one-shot {algorithm}: peak {ratio:.3f}x the ideal with the whole buffer"
+
+
+def _copies_per_rank(hlo: str, p: int) -> tuple[np.ndarray, float]:
+    """Bytes each device receives in the module's collective-permutes, and the
+    bytes a device copies around them: each permuted part is first cut out of
+    the sender's block (a slice) and then written into the receiver's block
+    (a dynamic-update-slice), both read off the HLO."""
+    got = received_per_rank(hlo, p)
+    lines = hlo.splitlines()
+    defs = {m[1]: line for line in lines if (m := re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line))}
+    copied = 0.0
+    for line in lines:
+        if " collective-permute(" not in line:
+            continue
+        name = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)[1]
+        shape = re.search(r"= f32\[([\d,]+)\]", line)[1]
+        nbytes = 4 * int(np.prod([int(x) for x in shape.split(",")]))
+        operand = re.search(r"collective-permute\(%?([\w.\-]+)\)", line)[1]
+        assert "slice" in defs[operand], defs[operand]  # cut out of the block: a copy of the part
+        users = [u for u in lines if re.search(rf"[(,] ?%{re.escape(name)}[,)]", u)]
+        assert users and all("update-slice" in u for u in users), users  # written into the new block
+        copied += 2 * nbytes
+    return got, copied
+
+
+@pytest.mark.parametrize("src, dst", [("G", "M"), ("M", "G"), ("G", "N"), ("N", "G")])
+def test_a_grid_exchange_is_priced_as_the_copies_it_makes(src, dst):
+    """A move between a 2-D grid layout and a 1-D split (the result of
+    outer 2048x2048x64 re-laid from SUMMA's grid to Slab.X: measured 5-6 ms
+    where its transfers alone were priced 1.6 ms) runs as ppermute rounds in
+    which every part a rank receives is cut out of the sender's block and
+    written into the receiver's: the model counts those two copies of its
+    bytes (``Move.copied``, at the memory rate) as the compiled program makes
+    them, and as its bytes the busiest rank's of either grid order (in one
+    of them a rank's own part of its new block does not move)."""
+    from dmatmul import _cost, _plan
+    from dmatmul.algorithms.base import Problem1D
+
+    shape, n, p = (2, 4), 64, 8
+    busiest = 0.0
+    for layout in ("row", "col"):
+        grid = dm.BlockNonCyclic(dm.ProcessGrid(shape, layout=layout))
+        dist = {"G": grid, "M": dm.Slab.X, "N": dm.Slab.Y}
+        geom = _layout.Geometry.create(tuple(jax.devices()[:p]), grid.grid)
+        a, b = (_layout.placement_of(dist[r], geom, (n, n), (None, None)) for r in (src, dst))
+        x = jax.device_put(jnp.asarray(np.arange(n * n, dtype=np.float32).reshape(n, n)), geom.sharding(a))
+        fn = jax.jit(lambda v, a=a, b=b, geom=geom: _exchange.redistribute(v, a, b, geom),
+                     out_shardings=geom.sharding(b))
+        with geom.context():
+            np.testing.assert_array_equal(np.asarray(fn(x)), np.asarray(x))
+            got, copied = _copies_per_rank(fn.lower(x).compile().as_text(), p)
+        assert got.max() > 0 and copied == 2 * got.max(), (layout, got, copied)
+        busiest = max(busiest, got.max())
+    mv = _plan.move(Problem1D(n, n, 8, p, 4, 4, grid=shape), "d", src, dst)
+    assert mv.nbytes == busiest and mv.copied == 2 * busiest, mv
+    model = _cost.model_for("cpu", p)
+    kernel, flat = _plan.Kernel("local", "R", "R", "R"), Problem1D(n, n, 8, p, 4, 4)
+    plain = _plan.model_time(flat, kernel, model, messages=mv.messages, nbytes=mv.nbytes)
+    priced = _plan.model_time(flat, kernel, model, messages=mv.messages, nbytes=mv.nbytes, copied=mv.copied)
+    assert priced - plain == pytest.approx(model.mem_beta * 2 * busiest)
+
+
+def test_auto_does_not_re_lay_a_large_result_onto_a_grid_when_its_small_operands_can_move_instead():
+    """outer 2048x2048x64, a = Slab.X, b = Slab.Y, the result on a 2x4 grid: the
+    2048x2048 result re-laid from Slab.X onto the grid (an element exchange,
+    its bytes copied twice more) measured 11-15 ms, SUMMA with the two thin
+    operands moved onto the grid 7.5-10 ms (``dmatmul bench --sweep``); the
+    model prices the exchange's copies, and auto takes SUMMA."""
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    a = np.ones((2048, 64), np.float32)
+    b = np.ones((64, 2048), np.float32)
+    with dm.Matmul(a, b, distribution=(dm.Slab.X, dm.Slab.Y, grid), devices=8) as mm:
+        mm.plan()
+        plan = mm._plan.cost
+        assert plan.algorithm == "summa" and all(mv.operand != "d" for mv in plan.moves), mm.explain()

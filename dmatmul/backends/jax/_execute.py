@@ -243,6 +243,7 @@ class ExecutingProduct(CompiledProduct):
         out = []
         for op in self.foreign:
             size = pr.elements(op) * pr.itemsize
+            # an element exchange from a grid to a 1-D split, as _plan.move prices one
             out.append(_plan.Move(op, "G", "M" if op != "b" else "K", "all-to-all (another grid)",
-                                  (pr.p - 1) / pr.p**2 * size, pr.p - 1))
+                                  size / pr.p, pr.p - 1, copied=2 * size / pr.p))
         return out
