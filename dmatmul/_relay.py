@@ -48,7 +48,7 @@ from ._args import to_numpy
 from ._batched import route
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["ShardedProduct", "exchange", "needs_relay", "taken_as"]
+__all__ = ["ShardedProduct", "as_given", "check_mesh", "exchange", "needs_relay", "taken_as"]
 
 _NAMES = ("a", "b", "result")
 
@@ -89,6 +89,16 @@ def check_mesh(dists: Sequence[Distribution], nranks: int, where: str, fix: str)
                 f"distribution of {name}: {d!r} spans {d.mesh.size} ranks (its mesh {d.mesh.shape}) but there "
                 f"are {where}: use a ProcessMesh of {nranks} ranks{fix}"
             )
+
+
+def as_given(distribution: Any) -> tuple[Any, ...]:
+    """The distributions of a, b and the result as the call gave them (its
+    ``distribution=``, checked by :class:`~dmatmul._problem.Options`): a
+    Sharded whose 2-D form stands in for it there (``Slab.X``, which carries
+    no rank count) keeps its mesh here, for :func:`check_mesh`."""
+    if distribution is None:
+        return ()
+    return (distribution,) * 3 if isinstance(distribution, Distribution) else tuple(distribution)
 
 
 def _matrix(d: Sharded) -> Sharded:

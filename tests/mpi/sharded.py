@@ -74,6 +74,15 @@ except dm.DistributionError as e:
     if "spans 8 ranks" not in str(e) or "4 processes" not in str(e):
         failures.append(f"the mesh-size error says: {e}")
 
+# a Sharded whose 2-D form is a Slab keeps its mesh: refused as well, naming the operand
+try:
+    slab = dm.Sharded(dm.ProcessMesh(8, "x"), (None, "x"))
+    dm.matmul(np.ones((2, 3)), np.ones((3, 2)), distribution=(dm.Slab.X, slab, dm.Slab.X), backend=backend)
+    failures.append("a Slab's mesh of 8 ranks on 4 processes was taken")
+except dm.DistributionError as e:
+    if "distribution of b: Sharded(" not in str(e) or "spans 8 ranks" not in str(e) or "4 processes" not in str(e):
+        failures.append(f"the Slab's mesh-size error says: {e}")
+
 count = rt.comm.allreduce(len(failures))
 for f in failures:
     print(f, flush=True)
