@@ -183,7 +183,7 @@ class FoldPlan(_backends.BackendPlan):
 
     def execute(self, operands: Operands) -> Any:
         with precise(self.spec.dtype):
-            return self.fold.result(self.plan.execute(self.fold.operands(operands)))
+            return self.fold.result(self.plan.execute(self.fold.operands(operands)), operands)
 
     def explain(self) -> list[str]:
         return [self.fold.line(), *self.plan.explain()]
