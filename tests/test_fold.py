@@ -94,6 +94,17 @@ def test_the_cost_is_one_gemm_of_the_folded_size(fake_nvmath):
         assert mm.algorithm == one.algorithm
 
 
+def test_the_cost_of_a_batch_run_item_by_item_is_the_batch_times_one_items(fake_nvmath):
+    a, b = RNG.standard_normal((3, M, K)), RNG.standard_normal((3, K, N))
+    with dm.Matmul(a, b, backend="nvmath") as mm, dm.Matmul(a[0], b[0], backend="nvmath") as one:
+        assert "run on each item in turn" in mm.explain()
+        loop, item = plan_of(mm).cost, plan_of(one).cost
+    assert loop.flops == pytest.approx(3 * item.flops) == pytest.approx(2 * 3 * M * K * N)
+    assert loop.time == pytest.approx(3 * item.time) and item.time > 0
+    assert loop.nbytes == pytest.approx(3 * item.nbytes) and loop.messages == pytest.approx(3 * item.messages)
+    assert loop.kernel == item.kernel
+
+
 # --------------------------------------------------------------------------- #
 # under distributions: every rank's blocks (the ranks simulated)
 # --------------------------------------------------------------------------- #
