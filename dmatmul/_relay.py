@@ -28,6 +28,7 @@ does):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -47,7 +48,7 @@ from ._args import to_numpy
 from ._batched import route
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["ShardedProduct", "exchange", "needs_relay", "taken_as"]
+__all__ = ["ShardedProduct", "as_given", "check_mesh", "exchange", "needs_relay", "taken_as"]
 
 _NAMES = ("a", "b", "result")
 
@@ -88,6 +89,16 @@ def check_mesh(dists: Sequence[Distribution], nranks: int, where: str, fix: str)
                 f"distribution of {name}: {d!r} spans {d.mesh.size} ranks (its mesh {d.mesh.shape}) but there "
                 f"are {where}: use a ProcessMesh of {nranks} ranks{fix}"
             )
+
+
+def as_given(distribution: Any) -> tuple[Any, ...]:
+    """The distributions of a, b and the result as the call gave them (its
+    ``distribution=``, checked by :class:`~dmatmul._problem.Options`): a
+    Sharded whose 2-D form stands in for it there (``Slab.X``, which carries
+    no rank count) keeps its mesh here, for :func:`check_mesh`."""
+    if distribution is None:
+        return ()
+    return (distribution,) * 3 if isinstance(distribution, Distribution) else tuple(distribution)
 
 
 def _matrix(d: Sharded) -> Sharded:
@@ -170,27 +181,69 @@ class Route:
         """The elements ``rank`` gets from other ranks."""
         return sum(int(np.prod([len(c) for c in ids])) for sender, ids in self.parts[rank] if sender != rank)
 
+    @functools.cached_property
+    def moves(self) -> bool:
+        """Whether any rank gets any element from another (the same answer on
+        every rank: where none does, the ranks skip the collective alike)."""
+        return any(self.received(r) for r in range(len(self.parts)))
+
 
 def _positions(held: tuple[np.ndarray, ...], ids: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     return tuple(np.searchsorted(h, i) for h, i in zip(held, ids))
 
 
+def _size(ids: tuple[np.ndarray, ...]) -> int:
+    return int(np.prod([len(i) for i in ids]))
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(counts.dtype)
+
+
 def exchange(x: Any, route: Route, rank: int, comm: Any, dtype: Any) -> np.ndarray:
     """This rank's block ``x`` under ``route``'s source layout -> its block under
-    the destination's: one all-to-all of exactly the parts each rank lacks."""
-    x = x.get() if family(x) == "cupy" else to_numpy(x, "x")  # (a CuPy block: to the host)
+    the destination's: one ``Alltoallv`` of exactly the parts each rank lacks
+    (its own parts copied here), packed into one contiguous buffer per side.
+
+    The buffers go as bytes (counts scaled by the itemsize): exact for every
+    dtype, those MPI has no type for (bfloat16, FP8, complex in some MPIs)
+    included, and nothing is pickled."""
+    # a CuPy block goes through the host: the MPI under mpi4py is not assumed CUDA-aware
+    x = x.get() if family(x) == "cupy" else to_numpy(x, "x")
+    dt = np.dtype(dtype)
+    x = x.astype(dt, copy=False)
     size = len(route.parts)
-    outgoing: list[list[np.ndarray]] = [[] for _ in range(size)]
-    for s in range(size):
-        for sender, ids in route.parts[s]:
-            if sender == rank:
-                outgoing[s].append(x[np.ix_(*_positions(route.src[rank], ids))])
-    incoming = comm.alltoall(outgoing) if size > 1 else outgoing
-    out = np.empty(tuple(len(i) for i in route.dst[rank]), dtype=dtype)
-    taken = [0] * size
+    out = np.empty(tuple(len(i) for i in route.dst[rank]), dtype=dt)
     for sender, ids in route.parts[rank]:
-        out[np.ix_(*_positions(route.dst[rank], ids))] = incoming[sender][taken[sender]]
-        taken[sender] += 1
+        if sender == rank:
+            out[np.ix_(*_positions(route.dst[rank], ids))] = x[np.ix_(*_positions(route.src[rank], ids))]
+    if size == 1 or not route.moves:
+        return out
+    # the parts rank s gets from this rank, in route.parts[s]'s order (the order s unpacks them in)
+    outgoing = [[ids for sender, ids in route.parts[s] if sender == rank] for s in range(size)]
+    outgoing[rank] = []
+    incoming = [[ids for sender, ids in route.parts[rank] if sender == s] for s in range(size)]
+    incoming[rank] = []
+    send_n = np.array([sum(_size(ids) for ids in parts) for parts in outgoing], dtype=np.int64)
+    recv_n = np.array([sum(_size(ids) for ids in parts) for parts in incoming], dtype=np.int64)
+    send = np.empty(int(send_n.sum()), dtype=dt)
+    at = 0
+    for parts in outgoing:
+        for ids in parts:
+            n = _size(ids)
+            send[at:at + n] = x[np.ix_(*_positions(route.src[rank], ids))].reshape(-1)
+            at += n
+    recv = np.empty(int(recv_n.sum()), dtype=dt)
+    item = dt.itemsize
+    send_b, recv_b = send_n * item, recv_n * item
+    comm.Alltoallv([send.view(np.uint8), (send_b, _displacements(send_b))],
+                   [recv.view(np.uint8), (recv_b, _displacements(recv_b))])
+    at = 0
+    for parts in incoming:
+        for ids in parts:
+            n = _size(ids)
+            out[np.ix_(*_positions(route.dst[rank], ids))] = recv[at:at + n].reshape(tuple(len(i) for i in ids))
+            at += n
     return out
 
 

@@ -238,3 +238,33 @@ def test_an_empty_batch_on_a_sharded_with_no_2d_form(backend, request):
     d = dm.matmul(a, b, distribution=(dm.Slab.X, dm.Slab.X, result), backend=backend, devices=1)
     assert np.asarray(d).shape == (0, 1, 1)
     np.testing.assert_array_equal(np.asarray(d), np.matmul(a, b))
+
+
+SLAB_ON_4 = dm.Sharded(dm.ProcessMesh(4, "x"), ("x", None))  # its 2-D form: Slab.X, which carries no rank count
+SPANS_4 = r"spans 4 ranks \(its mesh \(4,\)\) but there are 8 devices in use: use a ProcessMesh of 8 ranks"
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+@pytest.mark.parametrize("name", ["a", "b", "result"])
+def test_a_sharded_whose_2d_form_is_a_slab_spans_the_devices_in_use(name, family):
+    """A Sharded whose 2-D form is a Slab (or Replicated()) keeps its mesh: on a
+    mesh of 4 ranks with 8 devices in use it is refused as any other Sharded is,
+    naming the operand (it ran as Slab.X over 8), also on a repeated
+    dm.matmul of jax.Arrays (its shortcut keys on the mesh, not on the Slab)."""
+    i = ("a", "b", "result").index(name)
+    dists: list[dm.Distribution] = [dm.Slab.X, dm.Slab.Y, dm.Slab.X]
+    on_8 = list(dists)
+    dists[i], on_8[i] = SLAB_ON_4, dm.Sharded(dm.ProcessMesh(8, "x"), ("x", None))
+    x, y, _ = _operands(np.ones((8, 4)), np.ones((4, 8)), family)
+    ok = dm.matmul(x, y, distribution=tuple(on_8), devices=8, backend="jax")  # (the same Slab, on 8: taken)
+    np.testing.assert_allclose(np.asarray(ok), np.full((8, 8), 4.0))
+    with pytest.raises(dm.DistributionError, match=rf"distribution of {name}: Sharded\(.*\) {SPANS_4}"):
+        dm.matmul(x, y, distribution=tuple(dists), devices=8, backend="jax")
+    with pytest.raises(dm.DistributionError, match=rf"distribution of {name}: Sharded\(.*\) {SPANS_4}"):
+        dm.Matmul(x, y, distribution=tuple(dists), devices=8, backend="jax")
+
+
+def test_one_sharded_whose_2d_form_is_replicated_spans_the_devices_in_use():
+    d = dm.Sharded(dm.ProcessMesh((2, 2), ("x", "y")), (None, None))
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: Sharded\(.*spans 4 ranks.* 8 devices in use"):
+        dm.matmul(np.ones((8, 4)), np.ones((4, 8)), distribution=d, devices=8, backend="jax")
