@@ -304,11 +304,11 @@ class ShardedProduct(_backends.Backend):
         sharded = [d for d in dists if isinstance(d, Sharded)]
         p = spec.nprocs if spec.spmd else sharded[0].mesh.size
         options = _options(dists)
-        if len(list(itertools.product(*options))) == 1 or any(d.mesh.size != p for d in sharded):
-            # one layout each (or meshes of other sizes, refused by check_mesh): nothing to choose
+        if all(len(o) == 1 for o in options) or p == 1 or any(d.mesh.size != p for d in sharded):
+            # one layout each, one rank (where every layout is the whole matrix), or meshes of other sizes
+            # (refused by check_mesh): nothing to choose
             return Choice(tuple(o[0] for o in options))  # type: ignore[arg-type]
-        planner = getattr(self.backend, "planner", None) or functools.partial(_backends.Backend.planner, self.backend)
-        problem, model, kernels = planner(spec, operands, p)
+        problem, model, kernels = self.backend.planner(spec, operands, p)
         return choose(spec, p, problem, model, None if kernels is None else tuple(kernels))
 
     def _route(self, inner: Spec) -> Any:

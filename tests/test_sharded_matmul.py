@@ -142,6 +142,21 @@ def test_the_relayed_layout_is_the_cost_models_choice(family):
     assert mm.algorithm == "reduce_scatter"
 
 
+def test_next_to_a_grid_the_choice_is_the_grid_or_replicated():
+    """Next to an operand on a 2-D grid, an operand of no 2-D form is taken on
+    that grid or replicated, whichever the model prices lower; numpy's product."""
+    rng = np.random.default_rng(22)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    with dm.Matmul(a, b, distribution=(_sharded(("x", None)), grid, dm.Slab.X), devices=8, backend="jax") as mm:
+        got = mm.execute()
+        told = mm.explain()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    assert "the cheapest of 2 candidates" in told, told
+    line = next(x for x in told.splitlines() if x.strip().startswith("a ") and "its re-lay" in x)
+    assert "BlockNonCyclic(ProcessGrid((2, 4)" in line and "Replicated()" in line, told
+
+
 def test_the_layout_chosen_is_the_cheapest_modelled():
     """The choice's ranking is the model's: each candidate's re-lay bytes are
     the busiest rank's (Route) and its total the re-lay plus the planner's
