@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 from . import _cost
 from ._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ._plan import ALGORITHMS, OPERANDS, Kernel, Problem1D, plans, role_dist, role_of, roles_of
+from ._plan import ALGORITHMS, OPERANDS, Kernel, Plan, Problem1D, plans, role_dist, role_of, roles_of
 from .algorithms import kernels as registered_kernels
 
-__all__ = ["Fixed", "choose_distributions", "choose_grid"]
+__all__ = ["Fixed", "cheapest", "choose_distributions", "choose_grid"]
 
 
 #: a's, b's and the result's distribution where one is given by the operand's own layout, else None
@@ -78,26 +78,48 @@ def choose_distributions(
     for da, db, dd in itertools.product(
         [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, results
     ):
-        roles = roles_of((da, db, dd), transposes, problem.p)
-        grid_ops = frozenset(op for op, d in zip(OPERANDS, (da, db, dd)) if grid is not None and d.grid == grid
-                             and roles[op] == "G")
-        # SUMMA takes a grid operand as it lies where it is not transposed (a result: always)
-        native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
-        candidates = plans(problem, roles, model, native, kernels, grid_ops)
-        if not candidates:
+        found = cheapest(problem, model, (da, db, dd), transposes=transposes, kernels=kernels)
+        if found is None:
             continue
+        roles = roles_of((da, db, dd), transposes, problem.p)
         placement = sum(
             model.beta * problem.padded([roles[op]]).elements(op) * problem.itemsize
             / (1 if roles[op] == "R" else problem.p)
             for op, given in (("a", fixed[0]), ("b", fixed[1]))
             if given is None
         )
-        cost = candidates[0].time + placement
+        cost = found.time + placement
         if best is None or cost < best[0]:
             best = (cost, (da, db, dd))
     if best is None:
         raise ValueError("no kernel of the backend runs any 1-D layout: pass distribution= explicitly")
     return best[1]
+
+
+def cheapest(
+    problem: Problem1D, model: _cost.MachineModel, triple: tuple[Distribution, Distribution, Distribution], *,
+    transposes: tuple[bool, bool], kernels: Sequence[Kernel] | None = None,
+) -> Plan | None:
+    """The cheapest plan of the product on ``triple`` (a's, b's and the result's
+    distributions) as given, or None where no kernel of ``kernels`` runs it. An
+    operand on a 2-D grid puts the product on that grid: SUMMA takes the
+    operands on it as they lie (a transposed one: re-laid).
+
+    >>> pr = Problem1D(64, 64, 4096, 4, 4, 4)
+    >>> cheapest(pr, _cost.model_for("cpu"), (Slab.Y, Slab.X, Slab.X), transposes=(False, False)).algorithm
+    'reduce_scatter'
+    """
+    grid = next((d.grid for d in triple if d.grid is not None and d.grid.ndim == 2
+                 and role_of(d, "d", False, problem.p) is None), None)
+    if grid is not None:
+        problem = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
+    roles = roles_of(triple, transposes, problem.p)
+    grid_ops = frozenset(op for op, d in zip(OPERANDS, triple) if grid is not None and d.grid == grid
+                         and roles[op] == "G")
+    # SUMMA takes a grid operand as it lies where it is not transposed (a result: always)
+    native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
+    found = plans(problem, roles, model, native, kernels, grid_ops)
+    return found[0] if found else None
 
 
 def _choose_named(

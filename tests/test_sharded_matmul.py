@@ -107,13 +107,76 @@ def test_jax_operands_laid_out_as_their_shardeds_and_the_moves_explained():
         told = mm.explain()
         cost = plan_of(mm).cost
     np.testing.assert_allclose(np.asarray(got), a @ b, rtol=2e-5, atol=2e-5)
-    assert "the plan takes a as Slab.X, b as Slab.Y, result as Slab.X" in told
-    # b: (None, "y") holds half... a quarter of the columns on each rank, Slab.Y an eighth of them: rank 1
-    # (x=0, y=1) holds columns 3..5 but needs 1..2 and 3..4's neighbour: the elements it lacks move
+    assert "the plan takes a as Slab.X, b as " in told and "chosen by the cost model" in told, told
+    # b: (None, "y") holds a quarter of the columns on each rank; Slab.Y (an eighth of them) or Replicated()
+    # (all of them), whichever the model takes, needs columns a rank lacks: the elements it lacks move
     moved = [line for line in told.splitlines() if "B/rank at most (each rank gets only" in line]
     assert moved and any(line.strip().startswith("b ") for line in moved), told
     relays = [m for m in cost.moves if m.collective == "exchange (re-lay)"]
     assert relays and sum(m.nbytes for m in relays) > 0
+
+
+# a's rows split over y only (replicated over x), b Slab.X (K split), the result Slab.Y: the rule's Slab.X for a
+# (its rows split) leaves the 2-D plan to move a again (M split -> K split); taking a as Slab.Y costs a re-lay of
+# the rows each rank lacks on its eighth of the columns, then a GEMM+ReduceScatter of the small result
+CHOSEN = ((("y", None), dm.Slab.X, dm.Slab.Y), (128, 4096), (4096, 8))
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+def test_the_relayed_layout_is_the_cost_models_choice(family):
+    """An operand of no 2-D form is taken in the layout the model prices lowest
+    with its re-lay and the 2-D plan after it (here Slab.Y, where the rule took
+    Slab.X): explain() names it, its cost and the runner-up, and the product is
+    numpy's."""
+    (sa, db, dd), a_shape, b_shape = CHOSEN
+    rng = np.random.default_rng(21)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    xa, xb, tol = _operands(a, b, family)
+    with dm.Matmul(xa, xb, distribution=(_sharded(sa), db, dd), devices=8, backend="jax") as mm:
+        got = mm.execute()
+        told = mm.explain()
+    np.testing.assert_allclose(np.asarray(got), a @ b, rtol=tol * 10, atol=tol * 10)
+    assert "the plan takes a as Slab.Y " in told, told
+    assert "chosen by the cost model, the cheapest of 3 candidates" in told, told
+    assert "runner-up a as Slab.X" in told, told
+    assert mm.algorithm == "reduce_scatter"
+
+
+def test_next_to_a_grid_the_choice_is_the_grid_or_replicated():
+    """Next to an operand on a 2-D grid, an operand of no 2-D form is taken on
+    that grid or replicated, whichever the model prices lower; numpy's product."""
+    rng = np.random.default_rng(22)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    with dm.Matmul(a, b, distribution=(_sharded(("x", None)), grid, dm.Slab.X), devices=8, backend="jax") as mm:
+        got = mm.execute()
+        told = mm.explain()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    assert "the cheapest of 2 candidates" in told, told
+    line = next(x for x in told.splitlines() if x.strip().startswith("a ") and "its re-lay" in x)
+    assert "BlockNonCyclic(ProcessGrid((2, 4)" in line and "Replicated()" in line, told
+
+
+def test_the_layout_chosen_is_the_cheapest_modelled():
+    """The choice's ranking is the model's: each candidate's re-lay bytes are
+    the busiest rank's (Route) and its total the re-lay plus the planner's
+    cheapest 2-D plan on that triple."""
+    from dmatmul import _cost, _layouts, _relay
+    from dmatmul._problem import Spec
+
+    (sa, db, dd), a_shape, b_shape = CHOSEN
+    dists = (_sharded(sa), db, dd)
+    spec = Spec.of(a_shape, b_shape, "float32", distribution=dists)
+    problem, model = spec.sizes(8, pads=True), _cost.model_for("cpu", 8)
+    choice = _relay.choose(spec, 8, problem, model, None)
+    assert [r[3][0] for r in choice.ranked] == [dm.Slab.Y, dm.Slab.X, dm.Replicated()]
+    for total, relays, inner, triple in choice.ranked:
+        route = _relay.Route.of(dists[0], triple[0], a_shape, 8)
+        nbytes = max(route.received(r) for r in range(8)) * 4
+        assert relays == _relay.move_time(model, _relay.relay_move("a", nbytes))
+        assert inner == _layouts.cheapest(problem, model, triple, transposes=(False, False)).time
+        assert total == relays + inner
+    assert choice.ranked[0][0] < choice.ranked[1][0] / 1.3  # clearly cheaper, not a tie broken
 
 
 def test_numpy_operands_in_one_process_move_nothing_between_ranks():

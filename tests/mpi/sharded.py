@@ -4,7 +4,8 @@ tests/gpu/_fake_nvmath.py, else JAX): products on ``dm.Sharded`` layouts of a
 out of rank order, uneven sizes, batch dimensions split), each rank passing
 its blocks (``Sharded.global_indices``) and checking its result block against
 numpy (bfloat16 and complex64 too, moved as bytes; a rank that gets
-nothing); a mesh of another size raises a DistributionError on every rank.
+nothing; an operand taken in the layout the cost model chooses); a mesh of
+another size raises a DistributionError on every rank.
 Prints ``sharded checks on 4 processes: N failures`` on rank 0; exits 1 on a
 failure.
 """
@@ -32,10 +33,10 @@ def block(x: np.ndarray, d: dm.Sharded) -> np.ndarray:
     return x[np.ix_(*d.global_indices(me, x.shape))]
 
 
-def check(name: str, a_shape, b_shape, specs, dtype: str = "float64", **kw) -> None:
+def check(name: str, a_shape, b_shape, specs, dtype: str = "float64", told_has: str = "", **kw) -> None:
     rng = np.random.default_rng(7)
     a, b = random_matrix(rng, a_shape, dtype), random_matrix(rng, b_shape, dtype)
-    da, db, dd = (dm.Sharded(mesh, s) for s in specs)
+    da, db, dd = (s if isinstance(s, dm.Distribution) else dm.Sharded(mesh, s) for s in specs)
     try:
         with dm.Matmul(block(a, da), block(b, db), distribution=(da, db, dd), backend=backend, **kw) as mm:
             got = mm.execute()
@@ -51,6 +52,8 @@ def check(name: str, a_shape, b_shape, specs, dtype: str = "float64", **kw) -> N
     except AssertionError as e:
         failures.append(f"{name}: rank {me} got {got.shape}, want {want.shape}: {e}")
         return
+    if told_has and told_has not in told:
+        failures.append(f"{name}: explain() does not say {told_has!r}:\n{told}")
     if name.startswith("independent") and "each rank multiplies its own items; nothing moves" not in told:
         failures.append(f"{name}: explain() does not say each rank multiplies its own items:\n{told}")
 
@@ -65,6 +68,9 @@ check("independent batch", (5, 4, 6), (5, 6, 3), [(("x", "y"), None, None)] * 3)
 check("bfloat16, 3 rows", (3, 8), (8, 6), [("y", None), (None, ("y", "x")), (("x", "y"), None)], dtype="bfloat16")
 check("complex64, 3 columns", (5, 6), (6, 3), [(None, ("y", "x")), ("x", None), (None, ("y", "x"))], dtype="complex64")
 check("independent batch over x", (3, 4, 6), (3, 6, 3), [("x", None, None)] * 3)
+# a's rows over y only: the cost model takes it as Slab.Y (the rule's Slab.X leaves the plan to move a again)
+check("a's layout chosen", (128, 4096), (4096, 8), [("y", None), dm.Slab.X, dm.Slab.Y],
+      told_has="the plan takes a as Slab.Y (")
 
 try:
     dm.matmul(np.ones((2, 3)), np.ones((3, 2)), distribution=dm.Sharded(dm.ProcessMesh((2, 4), ("x", "y")), ("x", None)),
