@@ -147,6 +147,14 @@ class JaxArrays(ArrayKind):
         jax = sys.modules.get("jax")
         return contextlib.nullcontext() if jax is None else jax.ensure_compile_time_eval()
 
+    def item(self, x: Any, idx: tuple[int, ...]) -> Any:
+        # lax's indexing, not x[idx]: jax.numpy makes the item of an empty array anew on one device (it raised
+        # on a mesh of Explicit axes, and dropped the placement on an Auto one)
+        lax = sys.modules["jax"].lax
+        for i in idx:
+            x = lax.index_in_dim(x, i, 0, keepdims=False)
+        return x
+
     def precise(self, dtype: str) -> contextlib.AbstractContextManager[Any]:
         jax = sys.modules.get("jax")
         if jax is not None and dtype in ("float64", "complex128"):
