@@ -300,6 +300,22 @@ def test_a_jit_of_closed_over_batched_operands_runs_on_their_mesh(types, dist):
     assert_close(np.asarray(d), reference(a, b, transpose_a=True), "float32")
 
 
+@pytest.mark.parametrize("types", [("Explicit",), ("Auto",)])
+def test_a_batch_split_over_a_users_mesh_of_explicit_axes(types):
+    """algorithm="local" with distribution=None splits the batch over the user's mesh:
+    on Explicit axes the operands are typed as placed (the batch whole, b's rows split),
+    which shard_map takes only as its in_specs say (it raised 'in_specs ... does not
+    match'), and a padded batch is gathered before it is cut (its slice raised
+    ShardingTypeError)."""
+    mesh = _mesh((3,), types)
+    a, b = _rand(2, 1, 13, 9), _rand(21, 13)
+    ja, jb = _put(a, mesh), _put(b, mesh, "data", None)
+    for algorithm in ("local", "auto"):
+        d = dm.matmul(ja, jb, transpose_a=True, transpose_b=True, algorithm=algorithm, backend="jax")
+        assert d.sharding.mesh == mesh, (algorithm, d.sharding)
+        assert_close(np.asarray(d), reference(a, b, transpose_a=True, transpose_b=True), "float32")
+
+
 @pytest.mark.parametrize("types", [("Explicit", "Explicit"), ("Explicit", "Auto"), ("Auto", "Auto")])
 def test_an_empty_batched_operand_on_a_users_mesh(types):
     """K = 0, a batched a on a user's mesh: its items (of no element) keep its placement
