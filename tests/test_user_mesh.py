@@ -1072,3 +1072,22 @@ def test_vmap_over_a_batch_split_over_an_explicit_axis_is_refused_naming_the_ope
         d = run(f)(jax.sharding.reshard(a, P(None, None, None)))
     for i in range(2):
         assert_close(np.asarray(d[i]), reference((i + 1) * A, B), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_an_empty_result_from_a_split_c_comes_back_on_the_mesh(kind, alpha):
+    """N = 0 (or alpha = 0: A and B not read) with c split over the mesh: the empty
+    result is placed on the mesh. (Moving the zero-size epilog(beta*C), split as C is,
+    made JAX read it as whole on each device: on Explicit axes 'could not broadcast
+    input array from shape (26,0) into shape (13,0)'; found by the differential
+    matrix, batched.)"""
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Explicit if kind == "explicit" else AxisType.Auto,))
+    a32, b0, c0 = np.ones((26, 10), np.float32), np.ones((0, 10), np.float32), np.ones((26, 0), np.float32)
+    a, b, c = put(a32, mesh, P("data", None)), put(b0, mesh, P()), put(c0, mesh, P("data", None))
+    a3, c3 = np.stack([a32, a32]), np.stack([c0, c0])  # and batched: each item's C split as C is
+    batched = put(a3, mesh, P(None, "data", None)), put(c3, mesh, P(None, "data", None))
+    for (x, z), (gx, gz) in (((a, c), (a32, c0)), (batched, (a3, c3))):
+        d = dm.matmul(x, b, z, alpha=alpha, beta=2.0, transpose_b=True)
+        assert d.shape == gz.shape and d.sharding.mesh == mesh, d.sharding
+        assert_close(np.asarray(d), reference(gx, b0, gz, alpha=alpha, beta=2.0, transpose_b=True), "float32")
