@@ -1091,3 +1091,25 @@ def test_an_empty_result_from_a_split_c_comes_back_on_the_mesh(kind, alpha):
         d = dm.matmul(x, b, z, alpha=alpha, beta=2.0, transpose_b=True)
         assert d.shape == gz.shape and d.sharding.mesh == mesh, d.sharding
         assert_close(np.asarray(d), reference(gx, b0, gz, alpha=alpha, beta=2.0, transpose_b=True), "float32")
+
+
+@pytest.mark.parametrize("algorithm", ["local", "allgather", "summa25d"])
+def test_a_named_algorithm_on_an_empty_product_is_judged_as_with_elements(algorithm):
+    """distribution=None, a's sharding leaving the mesh axes independent, a named
+    algorithm: an empty product (M = 0) runs, or is refused, as the product with
+    elements is, on one group of ranks (it refused a's sharding as none of dmatmul's
+    distributions; found by the differential matrix)."""
+    mesh = mesh_of("explicit")
+    b = np.ones((13, 23), np.float32)
+    outcomes = []
+    for m in (16, 0):
+        a = put(np.ones((m, 13), np.float32), mesh, P(("model", "data"), None))
+        try:
+            d = dm.matmul(a, b, algorithm=algorithm)
+        except ValueError as e:
+            outcomes.append(str(e).split(":")[0])
+        else:
+            assert d.sharding.mesh == mesh
+            assert_close(np.asarray(d), reference(np.ones((m, 13), np.float32), b), "float32")
+            outcomes.append("ran")
+    assert outcomes[0] == outcomes[1], outcomes
