@@ -576,6 +576,14 @@ def test_expected_refusals_of_summa25d():
     assert len(required) == 1 and not allowed
     assert required[0].matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this runs on 4"))
     assert not required[0].matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this runs on 6"))
+    # operands on a user's mesh, distribution=None: shardings that leave mesh axes independent run it on each
+    # group of ranks, whose count may not be its own (a refusal allowed, not required)
+    on = ck.OnMesh(shape=(2, 4), explicit=True, reversed=False, call="jit",
+                   placements=("reversed axes", "none", "none"))
+    required, allowed = _case(nranks=8, distributions=None, family="jax", on_mesh=on,
+                              algorithm="summa25d").refusals("jax")
+    assert not required and any(r.matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this "
+                                                     "runs on 1")) for r in allowed), allowed
 
 
 def test_expected_refusals():

@@ -387,6 +387,10 @@ class Case:
         dists = self.matrix_distributions
         if self.algorithm != "auto" and _plan.ALGORITHMS[self.algorithm].relays:
             required.extend(self._relaid_refusals(backend))
+            if dists is None and self.on_mesh is not None:
+                # shardings that leave mesh axes independent run it on each group of ranks: not its rank count
+                allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
+                                       f"algorithm={self.algorithm!r} on a group of the mesh's ranks"))
         elif self.algorithm != "auto" and not (
                 (dists is None and self.on_mesh is None)
                 or (dists is not None and not nd and self.algorithm in _fitting_algorithms(
