@@ -1088,9 +1088,10 @@ def test_an_empty_result_from_a_split_c_comes_back_on_the_mesh(kind, alpha):
     a3, c3 = np.stack([a32, a32]), np.stack([c0, c0])  # and batched: each item's C split as C is
     batched = put(a3, mesh, P(None, "data", None)), put(c3, mesh, P(None, "data", None))
     for (x, z), (gx, gz) in (((a, c), (a32, c0)), (batched, (a3, c3))):
-        d = dm.matmul(x, b, z, alpha=alpha, beta=2.0, transpose_b=True)
-        assert d.shape == gz.shape and d.sharding.mesh == mesh, d.sharding
-        assert_close(np.asarray(d), reference(gx, b0, gz, alpha=alpha, beta=2.0, transpose_b=True), "float32")
+        for call in (lambda f: f(), lambda f: jax.jit(f)()):  # eager; a jit of closed-over operands (constants)
+            d = call(lambda: dm.matmul(x, b, z, alpha=alpha, beta=2.0, transpose_b=True))
+            assert d.shape == gz.shape and d.sharding.mesh == mesh, d.sharding
+            assert_close(np.asarray(d), reference(gx, b0, gz, alpha=alpha, beta=2.0, transpose_b=True), "float32")
 
 
 @pytest.mark.parametrize("algorithm", ["local", "allgather", "summa25d"])

@@ -150,9 +150,17 @@ class JaxArrays(ArrayKind):
     def item(self, x: Any, idx: tuple[int, ...]) -> Any:
         # lax's indexing, not x[idx]: jax.numpy makes the item of an empty array anew on one device (it raised
         # on a mesh of Explicit axes, and dropped the placement on an Auto one)
-        lax = sys.modules["jax"].lax
+        jax = sys.modules["jax"]
         for i in idx:
-            x = lax.index_in_dim(x, i, 0, keepdims=False)
+            x = jax.lax.index_in_dim(x, i, 0, keepdims=False)
+        sharding = getattr(x, "sharding", None)
+        if x.size == 0 and isinstance(sharding, jax.sharding.NamedSharding) and not x.is_fully_replicated:
+            # no values: unsplit on its mesh (JAX reads a zero-size array split over devices as whole on each, and a
+            # jit that holds it as a constant raised 'could not broadcast input array from shape (26,0) into (13,0)')
+            import numpy as np
+
+            x = jax.device_put(np.zeros(x.shape, x.dtype), jax.sharding.NamedSharding(sharding.mesh,
+                                                                                      jax.sharding.PartitionSpec()))
         return x
 
     def precise(self, dtype: str) -> contextlib.AbstractContextManager[Any]:
