@@ -59,8 +59,9 @@ class JaxBackend(Backend):
 
     def fits(self, spec: Spec, operands: Operands) -> None:
         """The refusal of ``spec``'s named algorithm, where it does not fit, as
-        :meth:`plan` gives it (a plan is laid out, not cached or compiled)."""
-        JaxPlan(spec, operands)
+        :meth:`plan` gives it (a plan is laid out, not cached or compiled): on the mesh axes
+        the shardings leave independent, one group's."""
+        self.plan(spec, operands)
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
         """One device per process under mpiexec; else the devices of the operands'
