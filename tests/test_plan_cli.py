@@ -4,6 +4,7 @@ Pure Python: no JAX, no timing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -31,10 +32,16 @@ def test_plan_prints_the_planners_own_choice(capsys):
     model = _machines.PROFILES["h100-nvl8"].model("bfloat16")
     problem = _plan.Problem1D(8192, 8192, 8192, 8, 2, 4)
     triple = _layouts.choose_distributions(problem, model, transposes=(False, False))
-    chosen = _plan.choose(problem, _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model,
-                          transposes=(False, False))
+    grid = triple[0].grid  # (SUMMA on a 2-D grid here: a and b on the grid, SUMMA's own layout)
+    on_grid = frozenset("abd") if grid is not None else frozenset()
+    chosen = _plan.choose(
+        problem if grid is None else dataclasses.replace(problem, grid=grid.shape),
+        _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model, transposes=(False, False),
+        native=on_grid, grid_ops=on_grid, kernels=None if grid is None else _plan.grid_kernels(_plan.KERNELS))
     assert f"algorithm: {chosen.algorithm} (" in out
-    assert f"layout (a, b, result): {', '.join(map(repr, triple))}," in out
+    names = [f"BlockNonCyclic({d.grid.shape[0]}x{d.grid.shape[1]} grid)" if d.grid is not None else repr(d)
+             for d in triple]
+    assert f"layout (a, b, result): {', '.join(names)}," in out
     assert f"predicted: {chosen.time * 1e6:.1f} us" in out
     assert f"bytes per rank: {chosen.nbytes / 2**20:.2f} MiB" in out
     bound = _cost.lower_bounds(8192, 8192, 8192, 8, 2)["memory_independent"]
