@@ -140,16 +140,19 @@ def weigh(
     def ok(d: Distribution) -> bool:
         return deliverable is None or isinstance(d, Replicated) or deliverable(d)
 
-    results = [fixed[2]] if fixed[2] else [d for d in options if ok(d)]
-    pick = lambda i, opts: [fixed[i]] if fixed[i] else list(opts)  # noqa: E731
+    def pick(i: int, opts: Sequence[Distribution]) -> list[Distribution]:
+        given_dist = fixed[i]
+        return [given_dist] if given_dist is not None else list(opts)
+
+    def on(shape: ProcessGrid | None) -> list[Distribution]:  # the result on the grid, where it is free
+        return [] if shape is None or fixed[2] or not ok(BlockNonCyclic(shape)) else [BlockNonCyclic(shape)]
+
+    results = pick(2, [d for d in options if ok(d)])
     layouts: list[tuple[ProcessGrid | None, tuple[Distribution, Distribution, Distribution]]] = [
-        (given, t) for t in itertools.product(pick(0, options), pick(1, options),
-                                              results + ([BlockNonCyclic(given)] if given and not fixed[2]
-                                                         and ok(BlockNonCyclic(given)) else []))]
-    for grid in grids:
-        dist = BlockNonCyclic(grid)
-        on = [] if fixed[2] or not ok(dist) else [dist]
-        layouts += [(grid, t) for t in itertools.product(pick(0, [dist]), pick(1, [dist]), results + on)]
+        (given, t) for t in itertools.product(pick(0, options), pick(1, options), results + on(given))]
+    for shape in grids:
+        dist = BlockNonCyclic(shape)
+        layouts += [(shape, t) for t in itertools.product(pick(0, [dist]), pick(1, [dist]), results + on(shape))]
     out: list[Weighed] = []
     for grid, triple in dict.fromkeys(layouts):
         sized = problem if grid is None else dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
