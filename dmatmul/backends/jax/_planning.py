@@ -250,7 +250,7 @@ class PlannedProduct:
         a user's mesh (one group's product), the 1-D ones, whose ranks are one axis."""
         if self.within is not None:
             return [k for k in _plan.KERNELS if not ALGORITHMS[k.algorithm].grid and k.algorithm != _layered.NAME]
-        return None if grid is None else [k for k in _plan.KERNELS if k.algorithm != _layered.NAME]
+        return None if grid is None else _plan.grid_kernels(_plan.KERNELS)
 
     def _place(
         self, kern: _plan.Kernel, summa: _SummaLayout | None,
