@@ -131,7 +131,7 @@ def weigh(
     p = problem.p
     # an operand laid out on a 2-D grid puts the product on that grid (SUMMA a candidate), and the
     # grid's own layout is one for the result too: SUMMA leaves it there with no move
-    given = _grid_of(tuple(d or Replicated() for d in fixed), p)  # type: ignore[arg-type]
+    given = _grid_of((fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated()), p)
     on_grid = grid_kernels(registered_kernels() if kernels is None else kernels)
     runs_grid = any(ALGORITHMS[kern.algorithm].grid for kern in on_grid)
     grids = [given] if given is not None else grid_shapes(p, proper=True) if runs_grid else []
