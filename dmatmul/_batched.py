@@ -37,7 +37,7 @@ __all__ = ["BatchedProduct", "FoldPlan", "LoopPlan", "route"]
 def route(backend: Any, spec: Spec) -> Any:
     """What plans ``spec``: :class:`BatchedProduct` for a batch, else the backend,
     or :class:`EmptyProduct` where A and B are not read (a Sharded the backends
-    do not take as it is: :class:`dmatmul._relay.ShardedProduct` first, the
+    do not take as it is: :class:`dmatmul._relay.RelayProduct` first, the
     front end's :meth:`Matmul._routed`)."""
     if spec.batch_shape:
         return BatchedProduct(backend)
