@@ -82,7 +82,7 @@ def refusal(backend: Any, spec: Spec, nranks: int) -> str | None:
     them or refuses the product for another reason (its plan raises that, as
     without a re-lay). Pure: the same on every rank."""
     try:
-        return backend.refuses(spec, nranks)  # type: ignore[no-any-return]
+        return backend.refuses(spec, nranks)
     except (ValueError, TypeError):
         return None
 
@@ -97,7 +97,8 @@ def _taken(backend: Any, spec: Spec, triple: tuple[Distribution, ...], nranks: i
 
 def _on(spec: Spec, triple: tuple[Distribution, ...]) -> Spec:
     """``spec`` with a, b and the result laid out as ``triple``."""
-    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, distribution=triple))
+    dists = cast(tuple[Distribution, Distribution, Distribution], triple)
+    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, distribution=dists))
 
 
 def _ndims(spec: Spec) -> tuple[int, int, int]:

@@ -116,7 +116,7 @@ def _refuse_empty_blocks(p: Problem, nv: dict[str, NvDistribution | None], names
     >>> two_d(Problem.of(4, 8, 8, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
     Traceback (most recent call last):
     ...
-    NotImplementedError: distribution of a: BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)) leaves process row 1 of its 2x2 grid without any of M=4 (blocks of 4): cuBLASMp needs a part of every operand on every process; use blocks of at most 2 along M
+    dmatmul.backends.nvmath._translate._two_d.LayoutRefused: distribution of a: BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)) leaves process row 1 of its 2x2 grid without any of M=4 (blocks of 4): cuBLASMp needs a part of every operand on every process; use blocks of at most 2 along M
     """
     for op in ("a", "b", "c"):
         nvd = nv[op]
