@@ -37,7 +37,7 @@ __all__ = ["BatchedProduct", "FoldPlan", "LoopPlan", "route"]
 def route(backend: Any, spec: Spec) -> Any:
     """What plans ``spec``: :class:`BatchedProduct` for a batch, else the backend,
     or :class:`EmptyProduct` where A and B are not read (a Sharded the backends
-    do not take as it is: :class:`dmatmul._relay.ShardedProduct` first, the
+    do not take as it is: :class:`dmatmul._relay.RelayProduct` first, the
     front end's :meth:`Matmul._routed`)."""
     if spec.batch_shape:
         return BatchedProduct(backend)
@@ -64,9 +64,12 @@ class BatchedProduct(_backends.Backend):
         return self.backend if item.reads_ab else EmptyProduct(self.backend)
 
     def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
-        if spec.batch_size == 0:
-            # refused as an empty matrix product is (a grid of another rank count, an algorithm that does not fit)
+        if spec.batch_size == 0 or not spec.reads_ab:
+            # refused as an empty matrix product is (a grid of another rank count, an algorithm that does not
+            # fit, a jax.Array's sharding that is none of dmatmul's distributions), judged on the operands as
+            # they are: an item of a jax.Array is laid out anew, its sharding lost
             EmptyProduct(self.backend).plan(spec.item(), operands)
+        if spec.batch_size == 0:
             return NoItems(spec, operands, self.backend.place)
         own = self.backend.batched(spec, operands) if self._own(spec) else None
         if own is not None:
@@ -86,8 +89,10 @@ class BatchedProduct(_backends.Backend):
         return fold_of(spec) if spec.reads_ab else "A and B are not read (alpha = 0, or an empty product)"
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
-        # (an empty batch has no first item: its operands as they are, as its plan asks them)
-        return self.backend.ranks(spec.item(), operands if spec.batch_size == 0 else _first(spec, operands))
+        # (an empty batch has no first item, and an item loses a jax.Array's sharding: where A and B are not
+        # read, the operands as they are, as its plan asks them)
+        whole = spec.batch_size == 0 or not spec.reads_ab
+        return self.backend.ranks(spec.item(), operands if whole else _first(spec, operands))
 
     def lay_out(self, d: Any, dist: Any, operands: Operands) -> Any:
         return self.backend.lay_out(d, dist, operands)

@@ -37,7 +37,7 @@ from ._options import _held, _shapes
 from ._options import validate as _validate
 from ._problem import Spec
 from ._recent import RECENT as _RECENT
-from ._relay import ShardedProduct, as_given, check_mesh, needs_relay
+from ._relay import RelayProduct, as_given, check_mesh, needs_relay
 from ._sharded import Sharded
 from ._spec import (
     DTYPES,
@@ -152,8 +152,8 @@ class Matmul:
         B are not read: an empty product, alpha == 0) :class:`EmptyProduct`, the one
         place that computes ``epilog(beta*C [+ bias])``. No backend is given alpha == 0
         (cuBLASMp's quick return for it leaves a vector result unwritten)."""
-        if needs_relay(self._spec):  # a Sharded no backend takes as it is: re-laid around a 2-D plan
-            routed: Any = ShardedProduct(self._runs_on)
+        if needs_relay(self._spec, self._runs_on):  # layouts the backend does not take as they are: re-laid
+            routed: Any = RelayProduct(self._runs_on)  # around a 2-D plan
         else:
             routed = _route(self._runs_on, self._spec)  # (a batch: _batched.BatchedProduct)
         if not self._spec.spmd and any(isinstance(d, Sharded) for d in self._given_dists):

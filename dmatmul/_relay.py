@@ -1,11 +1,14 @@
-"""Products on any :class:`~dmatmul.Sharded` distribution (backend-neutral).
+"""Products on layouts a backend does not take as they are, re-laid around a
+2-D plan (backend-neutral).
 
 The backends' plans take the 2-D distributions (``Slab``, ``Replicated``,
 grids), each rank holding the whole batch of its blocks. A ``Sharded`` that
 has no such form (replicated over some mesh axes only, axes cut out of rank
-order, a batch dimension split) is planned here (:class:`ShardedProduct`,
-standing in for the backend as :class:`dmatmul._batched.BatchedProduct`
-does):
+order, a batch dimension split), and 2-D layouts whose product the backend's
+library cannot run as given (:meth:`dmatmul.backends.Backend.refuses`: cuBLASMp's
+limits, an uneven split next to a 2-D grid, block sizes that differ), are
+planned here (:class:`RelayProduct`, standing in for the backend as
+:class:`dmatmul._batched.BatchedProduct` does):
 
 * each such operand is taken by the plan in a 2-D layout and re-laid into
   it, the result out of it into the result's Sharded: its own 2-D form where
@@ -13,7 +16,10 @@ does):
   (:func:`choose`: ``Slab.X``, ``Slab.Y`` or ``Replicated()``, or next to a
   2-D grid that grid or ``Replicated()``), counting its re-lay's bytes and
   the 2-D plan that then runs (:func:`taken_as`'s kind-of-split rule breaks
-  ties). Under ``mpiexec`` the ranks exchange exactly the elements each
+  ties). Only the layouts the backend takes are candidates; where it takes
+  none of those, every operand but a Replicated one may be taken as
+  ``Slab.X``, ``Slab.Y`` or ``Replicated()`` too (:func:`_options`'s
+  ``wide``: 1-D layouts run whatever the sizes). Under ``mpiexec`` the ranks exchange exactly the elements each
   lacks (:func:`exchange`, from ``global_indices``: nothing is gathered
   whole); in one process the operands are the global arrays, so nothing
   moves but what placing them on the devices moves (a ``jax.Array`` result
@@ -52,15 +58,47 @@ from ._args import to_numpy
 from ._batched import route
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["Choice", "ShardedProduct", "as_given", "check_mesh", "choose", "exchange", "needs_relay", "taken_as"]
+__all__ = ["Choice", "RelayProduct", "as_given", "check_mesh", "choose", "exchange", "needs_relay", "taken_as"]
 
 _NAMES = ("a", "b", "result")
 
 
-def needs_relay(spec: Spec) -> bool:
-    """Whether ``spec`` names a Sharded that the backends do not take as it is."""
+def needs_relay(spec: Spec, backend: Any = None) -> bool:
+    """Whether ``spec`` names a Sharded that the backends do not take as it is,
+    or (A and B read, under mpiexec) 2-D layouts ``backend`` refuses
+    (:func:`refusal`). In one process no backend refuses a layout (JAX takes
+    any; nvmath runs one rank)."""
     dists = spec.distributions
-    return dists is not None and any(isinstance(d, Sharded) for d in dists)
+    if dists is None:
+        return False
+    if any(isinstance(d, Sharded) for d in dists):
+        return True
+    return backend is not None and spec.spmd and spec.reads_ab and refusal(backend, spec, spec.nprocs) is not None
+
+
+def refusal(backend: Any, spec: Spec, nranks: int) -> str | None:
+    """Why ``backend`` cannot take ``spec``'s 2-D layouts as given on ``nranks``
+    ranks (:meth:`dmatmul.backends.Backend.refuses`), or None where it takes
+    them or refuses the product for another reason (its plan raises that, as
+    without a re-lay). Pure: the same on every rank."""
+    try:
+        return backend.refuses(spec, nranks)
+    except (ValueError, TypeError):
+        return None
+
+
+def _taken(backend: Any, spec: Spec, triple: tuple[Distribution, ...], nranks: int) -> bool:
+    """Whether ``backend`` runs ``spec``'s product on ``triple`` as it is (no refusal of any kind)."""
+    try:
+        return backend.refuses(_on(spec, triple), nranks) is None
+    except (ValueError, TypeError):
+        return False
+
+
+def _on(spec: Spec, triple: tuple[Distribution, ...]) -> Spec:
+    """``spec`` with a, b and the result laid out as ``triple``."""
+    dists = cast(tuple[Distribution, Distribution, Distribution], triple)
+    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, distribution=dists))
 
 
 def _ndims(spec: Spec) -> tuple[int, int, int]:
@@ -280,10 +318,11 @@ class Relay:
         return f"  {self.name:7s} {self.src!r} -> {self.dst!r}: {how}"
 
 
-class ShardedProduct(_backends.Backend):
-    """The "backend" of a product with Shardeds the backends do not take as
-    they are, standing in for ``backend``. Its plans are made at every call
-    around a plan of the 2-D product that the cache holds."""
+class RelayProduct(_backends.Backend):
+    """The "backend" of a product on layouts ``backend`` does not take as they
+    are (Shardeds of no 2-D form, 2-D layouts its library refuses), standing
+    in for it. Its plans are made at every call around a plan of the 2-D
+    product that the cache holds."""
 
     cache_size = 0
 
@@ -295,21 +334,22 @@ class ShardedProduct(_backends.Backend):
     def _inner(self, spec: Spec, operands: Operands) -> tuple[Spec, Choice]:
         """The 2-D product the plan runs, and why it takes each operand as it does."""
         choice = self._choose(spec, operands)
-        options = dataclasses.replace(spec.options, distribution=choice.triple)
-        return dataclasses.replace(spec, options=options), choice
+        return _on(spec, choice.triple), choice
 
     def _choose(self, spec: Spec, operands: Operands) -> Choice:
         dists = spec.distributions
         assert dists is not None
         sharded = [d for d in dists if isinstance(d, Sharded)]
-        p = spec.nprocs if spec.spmd else sharded[0].mesh.size
+        p = spec.nprocs if spec.spmd else sharded[0].mesh.size if sharded else self.backend.ranks(spec, operands)
         options = _options(dists)
-        if all(len(o) == 1 for o in options) or p == 1 or any(d.mesh.size != p for d in sharded):
-            # one layout each, one rank (where every layout is the whole matrix), or meshes of other sizes
-            # (refused by check_mesh): nothing to choose
-            return Choice(tuple(o[0] for o in options))  # type: ignore[arg-type]
+        rule = cast(tuple[Distribution, Distribution, Distribution], tuple(o[0] for o in options))
+        if p == 1 or any(d.mesh.size != p for d in sharded) or (
+                all(len(o) == 1 for o in options) and _taken(self.backend, spec, rule, p)):
+            # one rank (where every layout is the whole matrix), meshes of other sizes (refused by
+            # check_mesh), or one layout each that the backend takes: nothing to choose
+            return Choice(rule)
         problem, model, kernels = self.backend.planner(spec, operands, p)
-        return choose(spec, p, problem, model, None if kernels is None else tuple(kernels))
+        return choose(spec, p, problem, model, None if kernels is None else tuple(kernels), self.backend)
 
     def _route(self, inner: Spec) -> Any:
         return route(self.backend, inner)
@@ -346,14 +386,21 @@ class ShardedProduct(_backends.Backend):
             return LocalPlan.algorithm, LocalPlan(spec, local).explain()
         inner, choice = self._inner(spec, operands)
         algorithm, lines = self._route(inner).preview(inner, operands)
-        return algorithm, [*_relay_header(spec, inner), *choice.explain(), *lines]
+        return algorithm, [*_relay_header(spec, inner, choice), *choice.explain(), *lines]
 
 
-def _relay_header(spec: Spec, inner: Spec) -> list[str]:
+def _relay_header(spec: Spec, inner: Spec, choice: Choice) -> list[str]:
     assert spec.distributions is not None and inner.distributions is not None
-    taken = ", ".join(f"{n} as {d!r}" for n, d, o in zip(_NAMES, inner.distributions, spec.distributions)
-                      if isinstance(o, Sharded))
-    return [f"sharded:    the plan takes {taken} (no 2-D distribution it runs lays them out as given)"]
+    moved = [(n, d, o) for n, d, o in zip(_NAMES, inner.distributions, spec.distributions)
+             if isinstance(o, Sharded) or d != o]
+    taken = ", ".join(f"{n} as {d!r}" for n, d, _ in moved)
+    lines = []
+    if any(isinstance(o, Sharded) for _, _, o in moved):
+        lines.append(f"sharded:    the plan takes {taken} (no 2-D distribution it runs lays them out as given)")
+    if choice.refused is not None:
+        lines.append(f"re-laid:    the plan takes {taken}: the backend cannot run the product on them as given "
+                     f"({choice.refused})")
+    return lines
 
 
 def _free(d: Distribution) -> bool:
@@ -362,13 +409,26 @@ def _free(d: Distribution) -> bool:
     return isinstance(d, Sharded) and _matrix(d).as_2d() is None
 
 
-def _options(dists: Sequence[Distribution]) -> list[list[Distribution]]:
+def _options(dists: Sequence[Distribution], wide: Spec | None = None) -> list[list[Distribution]]:
     """The 2-D layouts the plan may take a, b and the result in, the rule's
     (:func:`taken_as`) first. Next to a 2-D grid (a given 2-D distribution's, or a
     Sharded's 2-D form) the product runs on it: a Sharded is taken on that grid
     (cuBLASMp takes one block size per dimension), or, one of no 2-D form,
     replicated. Else one of no 2-D form is taken as ``Slab.X``, ``Slab.Y`` or
-    ``Replicated()``."""
+    ``Replicated()``. ``wide`` (the spec, where the backend takes none of
+    those): every operand but a Replicated one may be taken next to a grid on
+    it block-cyclic (:func:`_on_grid`: one block size per dimension, every
+    process a part), and as ``Slab.X``, ``Slab.Y`` or ``Replicated()``, which
+    the backends' 1-D paths run whatever the sizes.
+
+    >>> from dmatmul import BlockNonCyclic, ProcessGrid
+    >>> grid = BlockNonCyclic(ProcessGrid((2, 2)))
+    >>> spec = Spec.of((5, 6), (6, 7), "float64")
+    >>> _options([grid, Slab.Y, Replicated()], wide=spec)  # doctest: +NORMALIZE_WHITESPACE
+    [[BlockNonCyclic(ProcessGrid((2, 2), layout='row')), BlockCyclic(ProcessGrid((2, 2), layout='row'), (2, 3)),
+      Slab.X, Slab.Y, Replicated()],
+     [Slab.Y, BlockCyclic(ProcessGrid((2, 2), layout='row'), (3, 3)), Slab.X, Replicated()], [Replicated()]]
+    """
     taken = [taken_as(d) for d in dists]
     grid = next((t.grid for d, t in zip(dists, taken) if not _free(d) and t.grid is not None and t.grid.ndim == 2),
                 None)
@@ -380,7 +440,36 @@ def _options(dists: Sequence[Distribution]) -> list[list[Distribution]]:
             out.append([t, *(o for o in (Slab.X, Slab.Y, Replicated()) if o != t)])
         else:
             out.append([t])
+    if wide is not None:
+        blocks = _on_grid(wide, grid) if grid is not None else None
+        out = [o if isinstance(d, Replicated) else
+               [*o, *(x for x in (*([] if blocks is None else [blocks[i]]), *_ONE_D) if x not in o)]
+               for i, (d, o) in enumerate(zip(dists, out))]
     return out
+
+
+def _on_grid(spec: Spec, grid: Any) -> tuple[Distribution, Distribution, Distribution] | None:
+    """a, b and the result block-cyclic on ``grid`` with one block size per
+    dimension M, K, N, the largest that leaves no process of an axis holding the
+    dimension without a part (``size // processes``, the most of them); None
+    where a dimension has fewer elements than processes along it."""
+    from ._distribution import BlockCyclic
+
+    stored = {"a": ("K", "M") if spec.transpose_a else ("M", "K"),
+              "b": ("N", "K") if spec.transpose_b else ("K", "N"), "result": ("M", "N")}
+    size = {"M": spec.m, "K": spec.k, "N": spec.n}
+    procs: dict[str, int] = {}
+    for dims in stored.values():
+        for axis, dim in enumerate(dims):
+            procs[dim] = max(procs.get(dim, 1), grid.shape[axis])
+    if any(size[d] < procs[d] for d in procs):
+        return None
+    block = {d: size[d] // procs[d] for d in procs}
+    return cast(tuple[Distribution, Distribution, Distribution],
+                tuple(BlockCyclic(grid, (block[r], block[c])) for r, c in stored.values()))
+
+
+_ONE_D: tuple[Distribution, ...] = (Slab.X, Slab.Y, Replicated())
 
 
 def relay_move(name: str, nbytes: float) -> Move:
@@ -408,6 +497,7 @@ class Choice:
     operand's ``(name, bytes, time)`` per candidate layout."""
 
     triple: tuple[Distribution, Distribution, Distribution]
+    refused: str | None = None  # why the backend cannot take the layouts as given (its library's limit), if so
     ranked: tuple[tuple[float, float, float, tuple[Distribution, Distribution, Distribution]], ...] = ()
     free: tuple[int, ...] = ()  # which of a, b and the result were chosen
     relays: tuple[tuple[tuple[Distribution, float, float], ...], ...] = ()  # per free operand: (layout, bytes, time)
@@ -428,8 +518,9 @@ class Choice:
             others = []
             for d, _, _ in options:
                 if d != chosen:
-                    best = min(r[0] for r in self.ranked if r[3][i] == d)
-                    others.append(f"as {d!r} {_time(best)} at best")
+                    times = [r[0] for r in self.ranked if r[3][i] == d]
+                    others.append(f"as {d!r} {_time(min(times))} at best" if times else
+                                  f"as {d!r} not taken by the backend")
             rest = f"; {', '.join(others)}" if others else ""
             lines.append(f"  {_NAMES[i]:7s} as {chosen!r}: its re-lay {_fmt_bytes(nbytes)}/rank at most, "
                          f"{_time(t)}{rest}")
@@ -441,8 +532,11 @@ def _time(t: float) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...] | None) -> Choice:
-    """The layouts of :func:`_options` whose re-lays (each operand's bytes the
+def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...] | None,
+           backend: Any = None) -> Choice:
+    """The layouts of :func:`_options` that ``backend`` takes (``wide`` where it
+    takes none of the others; where it takes none at all, the rule's, which its
+    plan then refuses) whose re-lays (each operand's bytes the
     busiest rank gets, :class:`Route`; the result's move back, and c's where it
     is read) plus the 2-D plan of the product on them (the planner's cheapest,
     :func:`dmatmul._layouts.cheapest`, on ``problem``, each item of a batch)
@@ -451,7 +545,24 @@ def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...
     chooses alike."""
     dists = spec.distributions
     assert dists is not None
+
+    def triples(options: list[list[Distribution]]) -> list[tuple[tuple[int, ...], Any]]:
+        out = []
+        for picks in itertools.product(*(range(len(o)) for o in options)):
+            triple = tuple(o[j] for o, j in zip(options, picks))
+            if backend is None or _taken(backend, spec, triple, p):
+                out.append((picks, triple))
+        return out
+
     options = _options(dists)
+    candidates = triples(options)
+    refused = None
+    if not candidates and backend is not None:
+        refused = refusal(backend, _on(spec, tuple(o[0] for o in options)), p)
+        options = _options(dists, wide=spec)
+        candidates = triples(options)
+        if not candidates:  # nothing it takes: the rule's layouts, which its plan refuses, saying why
+            return Choice(cast(tuple[Distribution, Distribution, Distribution], tuple(o[0] for o in options)))
     shapes = {"a": spec.a_shape, "b": spec.b_shape, "c": spec.result_shape, "result": spec.result_shape}
     out_size = int(np.dtype(numpy_dtype(spec.result_dtype)).itemsize)
     itemsize = {"a": spec.dtype_info.itemsize, "b": spec.dtype_info.itemsize}
@@ -466,7 +577,7 @@ def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...
     for i, (name, given) in enumerate(zip(_NAMES, dists)):
         row = []
         for d in options[i]:
-            if not isinstance(given, Sharded):
+            if not isinstance(given, Sharded) and d == given:
                 row.append((0.0, 0.0))
                 continue
             nbytes, t = relay(name, given, d) if i < 2 else relay("result", d, given)
@@ -477,8 +588,7 @@ def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...
         priced.append(row)
     ranked = []
     transposes = (spec.transpose_a, spec.transpose_b)
-    for picks in itertools.product(*(range(len(o)) for o in options)):
-        triple = cast(tuple[Distribution, Distribution, Distribution], tuple(o[j] for o, j in zip(options, picks)))
+    for picks, triple in candidates:
         found = cheapest(problem, model, triple, transposes=transposes, kernels=kernels)
         inner = float("inf") if found is None else found.time * max(spec.batch_size, 1)
         moves = sum(priced[i][j][1] for i, j in enumerate(picks))
@@ -486,7 +596,7 @@ def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...
     ranked.sort(key=lambda r: (r[0], r[1]))
     free = tuple(i for i, o in enumerate(options) if len(o) > 1)
     relays = tuple(tuple((d, *priced[i][j]) for j, d in enumerate(options[i])) for i in free)
-    return Choice(ranked[0][4], tuple((r[0], r[2], r[3], r[4]) for r in ranked), free, relays)
+    return Choice(ranked[0][4], refused, tuple((r[0], r[2], r[3], r[4]) for r in ranked), free, relays)
 
 
 def _independent(spec: Spec) -> tuple[str, ...] | None:
@@ -566,8 +676,8 @@ class RelayPlan(_backends.BackendPlan):
         assert dists is not None and taken is not None
         # the ranks whose blocks move: under mpiexec, each rank's; in one process a jax.Array's device
         # blocks move as well (counted over the Sharded's mesh), host arrays are only placed
-        sharded = next(d for d in dists if isinstance(d, Sharded))
-        p = spec.nprocs if spec.spmd else sharded.mesh.size if spec.family == "jax" else None
+        sharded = next((d for d in dists if isinstance(d, Sharded)), None)
+        p = spec.nprocs if spec.spmd else sharded.mesh.size if spec.family == "jax" and sharded is not None else None
         self.relays: list[Relay] = []
         shapes = {"a": spec.a_shape, "b": spec.b_shape, "c": spec.result_shape, "result": spec.result_shape}
         itemsize = {"a": spec.dtype_info.itemsize, "b": spec.dtype_info.itemsize}
@@ -578,7 +688,7 @@ class RelayPlan(_backends.BackendPlan):
         if spec.c_shape is not None and spec.use_c:
             pairs.append(("c", dists[2], taken[2]))
         for name, src, dst in pairs:
-            if not (isinstance(src, Sharded) or isinstance(dst, Sharded)):
+            if src == dst:  # (a Sharded is never its 2-D form: its batch may move)
                 continue
             shape, got = shapes[name], 0
             if p is not None:  # under mpiexec each rank holds its block: the elements it lacks move
@@ -638,7 +748,7 @@ class RelayPlan(_backends.BackendPlan):
 
     def explain(self) -> list[str]:
         spmd, moved = self.spec.spmd, bool(self.counted)
-        lines = [*_relay_header(self.spec, self.inner)[:1], *self.choice.explain()]
+        lines = [*_relay_header(self.spec, self.inner, self.choice), *self.choice.explain()]
         how = ("under mpiexec each rank gets the elements it lacks in one all-to-all" if spmd else
                "one process: the jax.Arrays' device blocks move between devices" if moved else
                "one process: the global arrays are placed on the devices as the plan takes them")

@@ -330,3 +330,24 @@ def test_an_empty_batched_operand_on_a_users_mesh(types):
     assert_close(np.asarray(d), want, "float32")
     with dm.Matmul(ja, jb, alpha=-1.5, transpose_a=True, epilog="relu_bias", bias=bias, backend="jax") as mm:
         assert_close(np.asarray(mm.execute()), want, "float32")
+
+
+@pytest.mark.parametrize("a_shape", [(19, 0), (2, 19, 0), (3, 2, 19, 0)])
+def test_a_batched_k0_product_judges_shardings_as_the_matrix_product_does(a_shape):
+    """K = 0, b a jax.Array placed as none of dmatmul's distributions (P(None,
+    'model') of a 2x4 mesh: replicated over 'data'): a batched a is refused
+    naming b, as a 2-D a is (an item of the batch lost b's sharding, and the
+    batched product ran). The same product with b's sharding one of dmatmul's
+    runs: beta*C, as numpy."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    a = jax.numpy.zeros(a_shape)
+    c = _rand(*a_shape[:-1], 40)
+    b = jax.device_put(jax.numpy.zeros((0, 40)), NamedSharding(mesh, PartitionSpec(None, "model")))
+    with pytest.raises(ValueError, match=r"^b: its sharding P\(None, 'model'\) .* is not one of dmatmul's distributions"):
+        dm.matmul(a, b, jax.numpy.asarray(c), beta=0.5, backend="jax")
+    fine = jax.device_put(jax.numpy.zeros((0, 40)), NamedSharding(mesh, PartitionSpec(None, ("data", "model"))))
+    d = dm.matmul(a, fine, jax.numpy.asarray(c), beta=0.5, backend="jax")
+    np.testing.assert_allclose(np.asarray(d), 0.5 * c, rtol=1e-6)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -190,6 +191,28 @@ def test_sharded_products_on_four_processes(backend):
     proc = launch(4, "tests/mpi/sharded.py", backend, timeout=300)
     assert proc.returncode == 0, output(proc)
     assert "sharded checks on 4 processes: 0 failures" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["jax", "fake"])
+def test_relaid_2d_products_on_four_processes(backend):
+    """tests/mpi/relaid.py: 2-D layouts cuBLASMp cannot take as given (an uneven
+    split next to a grid, block sizes that differ, a process row without a part,
+    SUMMA named on an uneven grid, a batch) run on nvmath, re-laid around the
+    2-D plan (explain() names the limit), and match numpy on every rank."""
+    proc = launch(4, "tests/mpi/relaid.py", backend, timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "relaid checks on 4 processes: 0 failures" in proc.stdout
+
+
+def test_nvmath_check_under_mpiexec_runs_the_layouts_cublasmp_refuses():
+    """``dmatmul check --backend nvmath`` on four processes (the fake nvmath:
+    tests/gpu/nvmath_check.py --fake): seed 1's first 20 cases hold 2-D layouts
+    cuBLASMp cannot take as given (uneven splits next to a grid); they are
+    re-laid and pass, none fails."""
+    proc = launch(4, "tests/gpu/nvmath_check.py", "--fake", "--cases", "20", "--seed", "1", timeout=300)
+    assert "backend nvmath, on 4 processes (mpiexec)" in proc.stdout, output(proc)
+    assert proc.returncode == 0, output(proc)
+    assert re.search(r"^total\s+20\s+\d+\s+\d+\s+0\s", proc.stdout, re.M), proc.stdout
 
 
 def test_readme_several_processes_block(tmp_path):

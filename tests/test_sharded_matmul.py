@@ -331,3 +331,34 @@ def test_one_sharded_whose_2d_form_is_replicated_spans_the_devices_in_use():
     d = dm.Sharded(dm.ProcessMesh((2, 2), ("x", "y")), (None, None))
     with pytest.raises(dm.DistributionError, match=r"distribution of a: Sharded\(.*spans 4 ranks.* 8 devices in use"):
         dm.matmul(np.ones((8, 4)), np.ones((4, 8)), distribution=d, devices=8, backend="jax")
+
+
+@pytest.mark.parametrize("dists, sizes, limit", [
+    # an uneven split (M = 33 over 2 process rows) next to a 2-D grid
+    ((dm.BlockNonCyclic(dm.ProcessGrid((2, 2))),) * 3, ((33, 8), (8, 12)), "has no block-cyclic form"),
+    # block sizes of K differ (a's 2, b's 3)
+    ((dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2)), dm.BlockCyclic(dm.ProcessGrid((2, 2)), (3, 2)),
+      dm.BlockCyclic(dm.ProcessGrid((2, 2)), (2, 2))), ((8, 12), (12, 8)), "block sizes of K differ"),
+    # a process row without a part of M = 4 (blocks of 4 over 2 rows)
+    ((dm.BlockCyclic(dm.ProcessGrid((2, 2)), (4, 4)),) * 3, ((4, 8), (8, 8)), "a part of every operand"),
+])
+def test_layouts_cublasmp_refuses_are_relaid_into_layouts_it_takes(dists, sizes, limit):
+    """2-D layouts the nvmath backend cannot take as given on 4 ranks (pure data,
+    the same on every rank): Backend.refuses names cuBLASMp's limit, and the
+    re-lay's choice is a triple it takes (the cost model's cheapest of those),
+    saying why; the JAX backend takes them as given."""
+    from dmatmul import _relay
+    from dmatmul._problem import Spec
+    from dmatmul.backends.jax import BACKEND as jax_backend
+    from dmatmul.backends.nvmath import BACKEND as nvmath
+
+    spec = Spec.of(*sizes, "float64", distribution=dists)
+    why = nvmath.refuses(spec, 4)
+    assert why is not None and limit in why and "cuBLASMp" in why, why
+    assert jax_backend.refuses(spec, 4) is None
+    problem, model, kernels = nvmath.planner(spec, None, 4)
+    choice = _relay.choose(spec, 4, problem, model, tuple(kernels), nvmath)
+    assert choice.refused == why
+    assert choice.triple != dists and nvmath.refuses(_relay._on(spec, choice.triple), 4) is None
+    assert all(nvmath.refuses(_relay._on(spec, r[3]), 4) is None for r in choice.ranked)
+    assert [r[0] for r in choice.ranked] == sorted(r[0] for r in choice.ranked)

@@ -116,6 +116,13 @@ class Backend:
       ``spec``'s named algorithm does not fit its distributions (asked for
       an empty product, which is never planned, with its sizes made 1;
       default: nothing to refuse).
+    * ``refuses(spec, nranks)``: why it cannot run ``spec``'s product (A and
+      B read) on its layouts as given on ``nranks`` ranks, where its library
+      cannot take them (a limit of the library, not of the contract: the
+      front end then re-lays the operands into layouts it takes,
+      :mod:`dmatmul._relay`), else None; raises what :meth:`plan` raises for
+      anything else it refuses. Pure, the same on every rank (default: takes
+      every layout).
     * ``memory(spec, operands)``: what the product takes, as
       :class:`dmatmul._memory.Need` per place, and a probe per place other
       than the host of what it has free; pure (nothing allocated, nothing
@@ -171,6 +178,10 @@ class Backend:
 
     def fits(self, spec: Spec, operands: Operands) -> None:
         """Nothing to refuse (by default)."""
+
+    def refuses(self, spec: Spec, nranks: int) -> str | None:
+        """Every layout is taken as given (by default)."""
+        return None
 
     def memory(self, spec: Spec, operands: Operands) -> tuple[list[Any], dict[str, Any]]:
         from .. import _memory

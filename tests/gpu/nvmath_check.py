@@ -8,10 +8,10 @@ products over every layout, dtype and option (alpha = 0 with inf/NaN in a
 and b, BLAS's quick return on one-row and one-column results...), each
 checked against numpy; prints the table, exit status 1 on any failure.
 ``--fake`` replaces nvmath-python and CuPy by the CPU fake first, so the
-same path runs in the CPU suite (tests/test_conformance.py). One process (one
-GPU): under mpiexec the checker does not yet know which 2-D layouts the
-nvmath backend refuses (NotImplementedError for uneven splits next to a
-grid), and counts those refusals as failures.
+same path runs in the CPU suite (tests/test_conformance.py). Under ``mpiexec
+-n P`` each rank passes its own blocks (tests/test_mpi.py runs it on four
+processes with ``--fake``); 2-D layouts cuBLASMp cannot take as given are
+re-laid around the 2-D plan (:mod:`dmatmul._relay`).
 """
 
 from __future__ import annotations

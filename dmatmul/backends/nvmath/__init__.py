@@ -239,6 +239,25 @@ class _LazyBackend(Backend):
 
         translate(Problem.from_spec(spec, self.ranks(spec, operands), ("C", "C", "C" if spec.use_c else None)))
 
+    def refuses(self, spec: Any, nranks: int) -> str | None:
+        """Which of cuBLASMp's limits keeps it from taking ``spec``'s layouts as
+        given on ``nranks`` ranks (:class:`._translate.LayoutRefused`: an uneven
+        split next to a 2-D grid, block sizes that differ, a process left
+        without a part), or None; the translation's other refusals are raised.
+        A batch is judged by its item (each runs on the same layouts). Pure
+        data, from the spec alone (memory orders make no layout refused): the
+        same on every rank."""
+        from ._translate import LayoutRefused, Problem, translate
+
+        if spec.distributions is None or nranks == 1:
+            return None
+        item = spec.item() if spec.batch_shape else spec
+        try:
+            translate(Problem.from_spec(item, nranks, ("C", "C", "C" if item.use_c else None)))
+        except LayoutRefused as e:
+            return e.why
+        return None
+
     def memory(self, spec: Any, operands: Any) -> tuple[list[Any], dict[str, Any]]:
         """What the product takes (:mod:`dmatmul._memory`): on this process's
         GPU its blocks of a, b and c not there yet and its result block

@@ -86,7 +86,7 @@ from ._epilog import FP8Refused, refused_epilog, upcast
 from ._one_d import one_d, one_rank
 from ._orient import as_dense, combine_orders, dense, order_of
 from ._overlap import Memory, overlap
-from ._two_d import two_d
+from ._two_d import LayoutRefused, two_d
 from ._types import KERNELS, PATHS, DimPlan, Handover, NvDistribution, Order, Path, Problem, Translation
 
 __all__ = [
@@ -109,6 +109,7 @@ __all__ = [
     "refused_epilog",
     "refuse_layered",
     "LAYERED_LIMITATION",
+    "LayoutRefused",
 ]
 
 
@@ -165,8 +166,9 @@ def refuse_layered(problem: Problem) -> None:
 
 def translate(problem: Problem) -> Translation:
     """The nvmath call for ``problem``; raises ValueError when a named algorithm
-    does not fit (``summa25d`` always: :func:`refuse_layered`), NotImplementedError
-    for 2-D layouts nvmath cannot take. An FP8 product that cuBLASMp's FP8 path
+    does not fit (``summa25d`` always: :func:`refuse_layered`), :class:`LayoutRefused`
+    (a NotImplementedError) for 2-D layouts cuBLASMp cannot take as given (the
+    front end re-lays those into layouts it takes: :mod:`dmatmul._relay`). An FP8 product that cuBLASMp's FP8 path
     refuses (its layout, sizes or formats) runs as the float32 product it equals
     (:func:`_epilog.upcast`: its translation's problem is then float32), and its
     ``explain()`` says why."""
@@ -195,5 +197,5 @@ def _translate(problem: Problem) -> Translation:
         return one_d(p, roles)  # type: ignore[arg-type]
     try:
         return two_d(p, roles)
-    except NotImplementedError as e:  # cuBLASMp's limits, not the contract's: say where it runs as given
-        raise NotImplementedError(f"{e}; or run it as given with backend='jax', which takes any layout") from None
+    except LayoutRefused as e:  # cuBLASMp's limits, not the contract's: say where it runs as given
+        raise LayoutRefused(f"{e}; or run it as given with backend='jax', which takes any layout", e.why) from None

@@ -21,7 +21,17 @@ from ._one_d import model_plan, shared_grid
 from ._orient import AxisOp, Frame, build_frame, copy_weights
 from ._types import GRID, DimPlan, NvDistribution, Path, Problem, Role, Translation
 
-__all__ = ["two_d"]
+__all__ = ["LayoutRefused", "two_d"]
+
+
+class LayoutRefused(NotImplementedError):
+    """A 2-D layout cuBLASMp cannot take as given: its limits, not the
+    contract's. ``why`` says which limit, in one clause (for ``explain()`` of
+    the product re-laid around it, :mod:`dmatmul._relay`)."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
 
 
 def _as_block_cyclic(p: Problem, operand: str, name: str, dist: Distribution) -> NvDistribution:
@@ -43,10 +53,13 @@ def _as_block_cyclic(p: Problem, operand: str, name: str, dist: Distribution) ->
     for axis in range(2):
         parts = grid[axis]
         if shape[axis] % parts != 0:
-            raise NotImplementedError(
+            what = f"{name}'s {dist!r} splits {stored[axis]}={shape[axis]} unevenly over {parts} parts next to a 2-D grid"
+            raise LayoutRefused(
                 f"distribution of {name}: {dist!r} splits {stored[axis]}={shape[axis]} unevenly over {parts} parts "
                 "next to a 2-D grid; the nvmath backend pads uneven splits only when every distribution is 1-D "
-                f"(Slab, Replicated): use BlockCyclic with an explicit block size, or a size divisible by {parts}"
+                f"(Slab, Replicated): use BlockCyclic with an explicit block size, or a size divisible by {parts}",
+                f"{what}, which has no block-cyclic form (cuBLASMp takes a grid's operands only block-cyclic, "
+                "one block size per dimension; dmatmul pads uneven splits only when every layout is 1-D)",
             )
         blocks.append(shape[axis] // parts)
     return NvDistribution(grid, layout, (blocks[0], blocks[1]), fp)  # type: ignore[arg-type]
@@ -80,10 +93,13 @@ def _agreed_blocks(p: Problem, nv: dict[str, NvDistribution | None],
     for dim in "MKN":
         values = set(fixed[dim].values())
         if len(values) > 1:
-            raise NotImplementedError(
-                f"block sizes of {dim} differ: " + ", ".join(f"{k} has {v}" for k, v in fixed[dim].items())
-                + "; cuBLASMp needs one block size per dimension in every operand: give the distributions "
-                f"the same block size along {dim} (BlockCyclic with explicit block sizes)"
+            clash = ", ".join(f"{k} has {v}" for k, v in fixed[dim].items())
+            raise LayoutRefused(
+                f"block sizes of {dim} differ: {clash}; cuBLASMp needs one block size per dimension in every "
+                f"operand: give the distributions the same block size along {dim} (BlockCyclic with explicit "
+                "block sizes)",
+                f"the block sizes of {dim} differ ({clash}), and cuBLASMp needs one block size per dimension in "
+                "every operand",
             )
         out[dim] = values.pop() if values else max(free[dim].values(), default=None)
     return out
@@ -100,7 +116,7 @@ def _refuse_empty_blocks(p: Problem, nv: dict[str, NvDistribution | None], names
     >>> two_d(Problem.of(4, 8, 8, 4, False, False, (bc, bc, bc), ("C", "C", None)), (None, None, None))
     Traceback (most recent call last):
     ...
-    NotImplementedError: distribution of a: BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)) leaves process row 1 of its 2x2 grid without any of M=4 (blocks of 4): cuBLASMp needs a part of every operand on every process; use blocks of at most 2 along M
+    dmatmul.backends.nvmath._translate._two_d.LayoutRefused: distribution of a: BlockCyclic(ProcessGrid((2, 2), layout='row'), (4, 4)) leaves process row 1 of its 2x2 grid without any of M=4 (blocks of 4): cuBLASMp needs a part of every operand on every process; use blocks of at most 2 along M
     """
     for op in ("a", "b", "c"):
         nvd = nv[op]
@@ -109,11 +125,13 @@ def _refuse_empty_blocks(p: Problem, nv: dict[str, NvDistribution | None], names
             nprocs, size, block = nvd.grid_shape[axis], dims[dim].padded_size, nvd.block_sizes[axis]
             empty = [i for i in range(nprocs) if numroc(size, block, i, nvd.first_process[axis], nprocs) == 0]
             if empty:
-                raise NotImplementedError(
-                    f"distribution of {names[op]}: {p.distributions['abc'.index(op)]!r} leaves process "
-                    f"{('row', 'column')[axis]} {empty[0]} of its {nvd.grid_shape[0]}x{nvd.grid_shape[1]} grid "
-                    f"without any of {dim}={size} (blocks of {block}): cuBLASMp needs a part of every operand on "
-                    f"every process; use blocks of at most {-(-size // nprocs)} along {dim}"
+                dist = p.distributions["abc".index(op)]
+                gap = (f"{dist!r} leaves process {('row', 'column')[axis]} {empty[0]} of its "
+                       f"{nvd.grid_shape[0]}x{nvd.grid_shape[1]} grid without any of {dim}={size} (blocks of {block})")
+                raise LayoutRefused(
+                    f"distribution of {names[op]}: {gap}: cuBLASMp needs a part of every operand on every process; "
+                    f"use blocks of at most {-(-size // nprocs)} along {dim}",
+                    f"{names[op]}'s {gap}, and cuBLASMp needs a part of every operand on every process",
                 )
 
 
