@@ -185,7 +185,7 @@ class PlannedProduct:
         )
         if grid is not None:
             rows, cols = grid.shape  # the product's grid is 2-D
-            self.problem = dataclasses.replace(self.problem, grid=(rows, cols))
+            self.problem = dataclasses.replace(self.problem, grid=(rows, cols), grid_order=grid.layout)
         return grid, (pa, pb, pd)
 
     def _choose(
