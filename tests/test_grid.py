@@ -290,10 +290,13 @@ def test_redistribute_every_pair_element_by_element(src, dst):
 
 @pytest.mark.parametrize("src", [dm.Slab.X, dm.Slab.Y, dm.BlockNonCyclic(GRID), dm.BlockNonCyclic(OTHER)])
 def test_an_even_split_is_gathered_by_all_gather(src):
-    """An evenly split jax.Array gathered whole onto every device: XLA's
-    all-gather, never the element exchange's ppermute rounds (which took 10x
-    as long at 2048x2048); columns gathered stacked (leading dimension), not by
-    XLA's all-gather of a minor dimension between two transposed copies."""
+    """An evenly split jax.Array gathered whole onto every device: one XLA
+    all-gather of row blocks, never the element exchange's ppermute rounds
+    straight to every device (which took 10x as long at 2048x2048), nor XLA's
+    all-gather of a minor dimension between transposing copies: a split of
+    columns (a column slab, a grid) is first exchanged into row slabs (2048x2048
+    float32 on 8 devices, measured paired: Slab.Y 62 -> 38 ms, a 2x4 grid
+    102 -> 39 ms; ``_exchange._row_slab``)."""
     from dmatmul.backends.jax import _redistribute
 
     shape = (16, 24)
@@ -305,9 +308,9 @@ def test_an_even_split_is_gathered_by_all_gather(src):
     (geom, a, b), = _redistribute._steps(src, dm.Replicated(), tuple(jax.devices()[:8]), shape)
     hlo = _redistribute._jitted(geom, a, b, pad=True, unpad=True).lower(placed).compile().as_text()
     gathers = [line for line in hlo.splitlines() if " all-gather(" in line]
-    assert gathers and "collective-permute" not in hlo, hlo
-    if src == dm.Slab.Y:
-        assert all("dimensions={0}" in line for line in gathers), gathers
+    assert len(gathers) == 1 and "dimensions={0}" in gathers[0], gathers
+    assert (" collective-permute(" in hlo) == (src != dm.Slab.X), hlo
+    assert " transpose(" not in hlo, hlo
 
 
 @pytest.mark.parametrize("shape", [(0, 10), (13, 0), (0, 0)])
