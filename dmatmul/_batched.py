@@ -150,7 +150,16 @@ class LoopPlan(_backends.BackendPlan):
 
     @property
     def cost(self) -> Any:
-        return self.plan.cost
+        """The matrix plan's cost times the batch size: it runs once per item."""
+        one = self.plan.cost
+        count = self.spec.batch_size
+        if one is None or count == 1:
+            return one
+        moves = tuple(dataclasses.replace(m, nbytes=m.nbytes * count, messages=m.messages * count,
+                                          collectives=m.collectives * count) for m in one.moves)
+        return dataclasses.replace(
+            one, moves=moves, kernel_bytes=one.kernel_bytes * count, kernel_messages=one.kernel_messages * count,
+            flops=one.flops * count, time=one.time * count, kernel_collectives=one.kernel_collectives * count)
 
     def execute(self, operands: Operands) -> Any:
         spec = self.spec
@@ -183,7 +192,7 @@ class FoldPlan(_backends.BackendPlan):
 
     def execute(self, operands: Operands) -> Any:
         with precise(self.spec.dtype):
-            return self.fold.result(self.plan.execute(self.fold.operands(operands)))
+            return self.fold.result(self.plan.execute(self.fold.operands(operands)), operands)
 
     def explain(self) -> list[str]:
         return [self.fold.line(), *self.plan.explain()]

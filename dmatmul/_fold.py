@@ -16,10 +16,18 @@ the folded shapes, give every rank exactly ``B`` times its rows (so its
 reshaped block is its block of the folded matrix) and place each folded row
 alike for a, c and the result (so each rank's result block, reshaped back,
 is its block of each item's result): :func:`_order` checks that rank by
-rank, on the distributions' own indices (nvmath's uneven rule included: an
-uneven Slab.X with B > 1 gives ranks B*m_r rows that the folded Slab.X does
-not, and is not folded). The permutation it finds places the global bias
-(the one input every rank passes whole).
+rank, on the distributions' own indices (nvmath's uneven rule included). The
+permutation it finds places the global bias (the one input every rank passes
+whole).
+
+An uneven Slab along the folded dimension (a's and the result's: M = 7 over
+2 ranks, 4 + 3 rows) gives ranks ``B*m_r`` rows (12 + 9) that the folded
+Slab does not (11 + 10). It folds padded (:class:`Pad`): each rank's part of
+every item is padded with zero rows (columns) to the longest, ``ceil(M/P)``,
+so the items are ``P*ceil(M/P)`` long and split evenly; the folded product
+then computes at most ``P - 1`` rows per item more, and each rank drops its
+padding's rows from its result block. Exact: a zero row of A (and of C)
+makes a result row of its own, which nothing else reads.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ._distribution import Slab, slab_extent
 from ._problem import Spec
 from ._spec import Operands, array_module, family
 
@@ -49,6 +58,7 @@ class Fold:
     axis: str
     count: int
     order: np.ndarray | None
+    pad: Pad | None = None
 
     @property
     def copies(self) -> tuple[str, ...]:
@@ -64,6 +74,10 @@ class Fold:
         stacked = "a's items stacked along M, b shared" if self.axis == "m" else "b's items stacked along N, a shared"
         copies = f"; {', '.join(self.copies)} copied to fold" if self.copies else ""
         order = "" if self.order is None else "; each rank's blocks keep their rows, in the folded order"
+        if self.pad is not None:
+            what = "rows" if self.axis == "m" else "columns"
+            order += (f"; each rank's {what} of an item padded with zeros to {self.pad.local} (the {self.pad.size} "
+                      f"split unevenly: {self.pad.padded} per item folded, the padding's results dropped)")
         return (f"batch:      {s.batch_shape} ({s.batch_size} items of {s.m} x {s.k} @ {s.k} x {s.n}): folded into "
                 f"one {f.m} x {f.k} @ {f.k} x {f.n} product ({stacked}{copies}{order}); the batch is not split "
                 "over ranks")
@@ -71,8 +85,14 @@ class Fold:
     # -- the operands -------------------------------------------------------------------------------------------
     def operands(self, ops: Operands) -> Operands:
         """The folded product's operands: this call's (local blocks under mpiexec)."""
-        s, count = self.batched, self.count
+        s, count, pad = self.batched, self.count, self.pad
         a, b, c = ops.a, ops.b, ops.c if s.use_c else None
+        if pad is not None:  # (each rank's part of every item made as long as the longest: an even split)
+            if self.axis == "m":
+                a = _padded(a, -1 if s.transpose_a else -2, pad.local)
+            else:
+                b = _padded(b, -2 if s.transpose_b else -1, pad.local)
+            c = None if c is None else _padded(c, -2 if self.axis == "m" else -1, pad.local)
         if self.axis == "m":
             a, b = _stack(a, count, 1 if s.transpose_a else 0), _matrix(b)
         else:
@@ -89,6 +109,9 @@ class Fold:
             return bias if bias.ndim <= 2 else _matrix(bias)
         xp = array_module(family(bias))
         along = 0 if self.axis == "m" else 1
+        if self.pad is not None:  # every item's vector in the padded item's places (the padding's: dropped)
+            at = 0 if bias.ndim == 1 else along - 2
+            bias = xp.take(bias, xp.asarray(self.pad.source), axis=at)
         if bias.ndim > 2:  # one per item: (..., M, 1) or (..., 1, N)
             bias = _stack(bias, count, along)
         elif bias.ndim == 1:
@@ -97,18 +120,51 @@ class Fold:
             bias = xp.tile(bias, (count, 1) if along == 0 else (1, count))
         return bias if self.order is None else xp.take(bias, xp.asarray(self.order), axis=along)
 
-    def result(self, d: Any) -> Any:
-        """The folded product's result (block) as the batch's."""
+    def result(self, d: Any, ops: Operands | None = None) -> Any:
+        """The folded product's result (block) as the batch's; ``ops``: the
+        batch's operands (this rank's blocks), where the fold pads (the
+        padding's rows or columns are dropped)."""
         s, count = self.batched, self.count
         xp = array_module(family(d))
         rows, cols = d.shape
+        held = None
+        if self.pad is not None:
+            assert ops is not None
+            held = ops.a.shape[-1 if s.transpose_a else -2] if self.axis == "m" else \
+                ops.b.shape[-2 if s.transpose_b else -1]
         if self.axis == "m":
             d = d.reshape(count, rows // count, cols)
+            d = d if held is None else d[:, :held]
         else:
             d = xp.moveaxis(d.reshape(rows, count, cols // count), 1, 0)
+            d = d if held is None else d[:, :, :held]
         contiguous = getattr(xp, "ascontiguousarray", None)  # (jax.Arrays have no strides to fix)
         d = d if contiguous is None else contiguous(d)
         return d.reshape(s.batch_shape + tuple(d.shape[1:]))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pad:
+    """An uneven Slab along the folded dimension made even: each rank's part
+    of an item (``S//P`` or one more) padded with zeros to ``local`` (the
+    longest), the item then ``padded = P*local`` long; ``source[j]``: the item
+    index that padded index j holds (a padding's: any, its result dropped)."""
+
+    size: int
+    padded: int
+    local: int
+    source: np.ndarray
+
+
+def _padded(x: Any, axis: int, to: int) -> Any:
+    """``x`` with zeros appended along ``axis`` up to ``to``."""
+    short = to - x.shape[axis]
+    if short == 0:
+        return x
+    xp = array_module(family(x))
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, short)
+    return xp.pad(x, widths)
 
 
 def _matrix(x: Any) -> Any:
@@ -154,12 +210,63 @@ def fold_of(spec: Spec) -> Fold | str:
         return "a distribution lays out more than the matrices"
     folded = _folded_spec(spec, axis, count)
     order: np.ndarray | None = None
+    pad: Pad | None = None
     if dists is not None and count > 1:
         found = _agreed_order(spec, folded, axis, count)
         if isinstance(found, str):
-            return found
+            pad = _pad(spec, axis)
+            if pad is None:
+                return found
+            even = _resized(spec, axis, pad.padded)
+            folded = _folded_spec(even, axis, count)
+            found = _agreed_order(even, folded, axis, count)
+            if isinstance(found, str):
+                return found
         order = None if np.array_equal(found, np.arange(found.size)) else found
-    return Fold(spec, folded, axis, count, order)
+    return Fold(spec, folded, axis, count, order, pad)
+
+
+def _pad(spec: Spec, axis: str) -> Pad | None:
+    """Where the operand along the folded dimension (a's M, b's N) and the
+    result are an uneven Slab along it (nvmath's rule: the first ``S%P``
+    ranks one more), the padding that makes it even; else None. (Each rank
+    then holds ``B*local`` rows of an even folded Slab: the fold is exact.)"""
+    assert spec.distributions is not None
+    dist_a, dist_b, dist_d = spec.distributions
+    if axis == "m":
+        dist, dim, size = dist_a, (1 if spec.transpose_a else 0), spec.m
+    else:
+        dist, dim, size = dist_b, (0 if spec.transpose_b else 1), spec.n
+    along = 0 if axis == "m" else 1
+    if not (isinstance(dist, Slab) and dist.dim == dim and isinstance(dist_d, Slab) and dist_d.dim == along):
+        return None
+    p = spec.nprocs
+    local = -(-size // p)
+    if local * p == size:
+        return None
+    source = np.zeros(local * p, dtype=np.int64)
+    for rank in range(p):
+        start, length = slab_extent(size, p, rank)
+        source[rank * local:rank * local + length] = np.arange(start, start + length)
+    return Pad(size, local * p, local, source)
+
+
+def _resized(spec: Spec, axis: str, size: int) -> Spec:
+    """``spec`` with M (axis "m") or N ("n") ``size`` long, in every operand."""
+    def put(shape: tuple[int, ...], at: int) -> tuple[int, ...]:
+        out = list(shape)
+        out[at] = size
+        return tuple(out)
+
+    a, b, c, bias = spec.a_shape, spec.b_shape, spec.c_shape, spec.bias_shape
+    if axis == "m":
+        a = put(a, -1 if spec.transpose_a else -2)
+    else:
+        b = put(b, -2 if spec.transpose_b else -1)
+    c = None if c is None else put(c, -2 if axis == "m" else -1)
+    if bias is not None and spec.bias_columns == (axis == "n"):
+        bias = put(bias, -1 if len(bias) == 1 or axis == "n" else -2)
+    return dataclasses.replace(spec, a_shape=a, b_shape=b, c_shape=c, bias_shape=bias)
 
 
 def _folded_spec(spec: Spec, axis: str, count: int) -> Spec:

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 from . import _cost
 from ._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ._plan import ALGORITHMS, OPERANDS, Kernel, Problem1D, plans, role_dist, role_of, roles_of
+from ._plan import ALGORITHMS, OPERANDS, Kernel, Plan, Problem1D, grid_kernels, plans, role_dist, role_of, roles_of
 from .algorithms import kernels as registered_kernels
 
-__all__ = ["Fixed", "choose_distributions", "choose_grid"]
+__all__ = ["Fixed", "Weighed", "cheapest", "choose_distributions", "choose_grid", "grid_shapes", "weigh"]
 
 
 #: a's, b's and the result's distribution where one is given by the operand's own layout, else None
@@ -33,10 +33,11 @@ def choose_distributions(
     deliverable: Callable[[Distribution], bool] | None = None,
     algorithm: str = "auto",
 ) -> tuple[Distribution, Distribution, Distribution]:
-    """``distribution=None`` (one process): the triple of 1-D distributions whose
-    cheapest plan, plus placing the operands there, the model says is fastest;
-    with a named ``algorithm``, the cheapest it runs (for SUMMA a
-    ``BlockNonCyclic`` on the cheapest grid: :func:`choose_grid`).
+    """``distribution=None`` (one process): the layouts whose cheapest plan,
+    plus placing the operands there, the model says is fastest (a triple of
+    1-D distributions, or a and b ``BlockNonCyclic`` on a 2-D grid:
+    :func:`weigh`); with a named ``algorithm``, the cheapest it runs (for
+    SUMMA a ``BlockNonCyclic`` on the cheapest grid: :func:`choose_grid`).
 
     ``fixed``: a's, b's and the result's distribution where the operand
     already has one (a ``jax.Array`` laid out on the devices; the result's:
@@ -64,40 +65,147 @@ def choose_distributions(
         return _choose_named(problem, model, algorithm, transposes, fixed, kernels, deliverable)
     if problem.p == 1:
         return (fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated())
+    weighed = weigh(problem, model, transposes=transposes, fixed=fixed, kernels=kernels, deliverable=deliverable)
+    if not weighed:
+        raise ValueError("no kernel of the backend runs any layout: pass distribution= explicitly")
+    return min(weighed, key=lambda w: w.cost).dists  # (the first of equals: 1-D before a grid)
+
+
+@dataclasses.dataclass(frozen=True)
+class Weighed:
+    """One candidate layout of :func:`weigh`: its plans, cheapest first, and
+    the time placing its free operands a and b there takes."""
+
+    dists: tuple[Distribution, Distribution, Distribution]
+    #: the problem its plans are costed on (``grid``: the candidate's process grid, where it has one)
+    problem: Problem1D
+    plans: tuple[Plan, ...]
+    placement: float
+
+    @property
+    def cost(self) -> float:
+        """What the free choice ranks it by: its cheapest plan plus placing a and b."""
+        return self.plans[0].time + self.placement
+
+
+def grid_shapes(p: int, proper: bool = False) -> list[ProcessGrid]:
+    """The row-order grids of ``p`` ranks, fewest rows first; ``proper``: only
+    those with more than one row and column (a ``(p, 1)`` or ``(1, p)`` grid
+    splits as a Slab does, already a 1-D candidate).
+
+    >>> [g.shape for g in grid_shapes(8)], [g.shape for g in grid_shapes(8, proper=True)]
+    ([(1, 8), (2, 4), (4, 2), (8, 1)], [(2, 4), (4, 2)])
+    """
+    low, high = (2, p - 1) if proper else (1, p)
+    return [ProcessGrid((r, p // r)) for r in range(low, high + 1) if p % r == 0]
+
+
+def weigh(
+    problem: Problem1D,
+    model: _cost.MachineModel,
+    *,
+    transposes: tuple[bool, bool],
+    fixed: Fixed = (None, None, None),
+    kernels: Sequence[Kernel] | None = None,
+    deliverable: Callable[[Distribution], bool] | None = None,
+) -> list[Weighed]:
+    """Every layout :func:`choose_distributions` weighs with ``algorithm="auto"``
+    on ``problem.p > 1`` ranks (``dmatmul plan`` ranks the same), each with its
+    plans: the triples of 1-D distributions (Slab.X, Slab.Y, Replicated()) for
+    the free operands, and the free a and b ``BlockNonCyclic`` on a 2-D grid,
+    the result there too or 1-D. The grid is that of an operand already on one
+    (``fixed``), else each row-order grid of :func:`grid_shapes` with more than
+    one row and column, where the backend runs a grid algorithm (SUMMA). On a
+    grid the kernels are :func:`dmatmul._plan.grid_kernels`'. A result
+    ``deliverable`` refuses is no candidate.
+
+    Placing a free operand costs its bytes at the model's ``beta``: a
+    replicated one its whole bytes, a split one (1-D or on the grid) its share.
+
+    >>> pr = Problem1D(16384, 16384, 16384, 64, 2, 4)  # SUMMA on a 2-D grid wins over 64 ranks
+    >>> best = min(weigh(pr, _cost.model_for("gpu"), transposes=(False, False)), key=lambda w: w.cost)
+    >>> best.dists[0], best.plans[0].algorithm
+    (BlockNonCyclic(ProcessGrid((8, 8), layout='row')), 'summa')
+    """
     options = (Slab.X, Slab.Y, Replicated())
+    p = problem.p
     # an operand laid out on a 2-D grid puts the product on that grid (SUMMA a candidate), and the
     # grid's own layout is one for the result too: SUMMA leaves it there with no move
-    grid = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2
-                 and role_of(d, "d", False, problem.p) is None), None)
+    given = _grid_of((fixed[0] or Replicated(), fixed[1] or Replicated(), fixed[2] or Replicated()), p)
+    on_grid = grid_kernels(registered_kernels() if kernels is None else kernels)
+    runs_grid = any(ALGORITHMS[kern.algorithm].grid for kern in on_grid)
+    grids = [given] if given is not None else grid_shapes(p, proper=True) if runs_grid else []
+
+    def ok(d: Distribution) -> bool:
+        return deliverable is None or isinstance(d, Replicated) or deliverable(d)
+
+    def pick(i: int, opts: Sequence[Distribution]) -> list[Distribution]:
+        given_dist = fixed[i]
+        return [given_dist] if given_dist is not None else list(opts)
+
+    def on(shape: ProcessGrid | None) -> list[Distribution]:  # the result on the grid, where it is free
+        return [] if shape is None or fixed[2] or not ok(BlockNonCyclic(shape)) else [BlockNonCyclic(shape)]
+
+    results = pick(2, [d for d in options if ok(d)])
+    layouts = list(itertools.product(pick(0, options), pick(1, options), results + on(given)))
+    for shape in grids:
+        dist = BlockNonCyclic(shape)
+        layouts += list(itertools.product(pick(0, [dist]), pick(1, [dist]), results + on(shape)))
+    out: list[Weighed] = []
+    for triple in dict.fromkeys(layouts):
+        kerns = kernels if _grid_of(triple, p) is None else on_grid
+        sized, found = _plans_on(problem, model, triple, transposes=transposes, kernels=kerns)
+        if not found:
+            continue
+        roles = roles_of(triple, transposes, p)
+        placement = sum(
+            model.beta * sized.padded([roles[op]]).elements(op) * sized.itemsize / (1 if roles[op] == "R" else p)
+            for op, given_dist in (("a", fixed[0]), ("b", fixed[1]))
+            if given_dist is None
+        )
+        out.append(Weighed(triple, sized, tuple(found), placement))
+    return out
+
+
+def cheapest(
+    problem: Problem1D, model: _cost.MachineModel, triple: tuple[Distribution, Distribution, Distribution], *,
+    transposes: tuple[bool, bool], kernels: Sequence[Kernel] | None = None,
+) -> Plan | None:
+    """The cheapest plan of the product on ``triple`` (a's, b's and the result's
+    distributions) as given, or None where no kernel of ``kernels`` runs it. An
+    operand on a 2-D grid puts the product on that grid: SUMMA takes the
+    operands on it as they lie (a transposed one: re-laid).
+
+    >>> pr = Problem1D(64, 64, 4096, 4, 4, 4)
+    >>> cheapest(pr, _cost.model_for("cpu"), (Slab.Y, Slab.X, Slab.X), transposes=(False, False)).algorithm
+    'reduce_scatter'
+    """
+    found = _plans_on(problem, model, triple, transposes=transposes, kernels=kernels)[1]
+    return found[0] if found else None
+
+
+def _plans_on(
+    problem: Problem1D, model: _cost.MachineModel, triple: tuple[Distribution, Distribution, Distribution], *,
+    transposes: tuple[bool, bool], kernels: Sequence[Kernel] | None,
+) -> tuple[Problem1D, list[Plan]]:
+    """The problem the plans of the product on ``triple`` are costed on (on the
+    grid of an operand on a 2-D grid), and those plans, cheapest first. On a
+    grid the kernels are :func:`dmatmul._plan.grid_kernels`', and SUMMA takes
+    the operands on it as they lie (a transposed one: re-laid; a result: always)."""
+    grid = _grid_of(triple, problem.p)
     if grid is not None:
         problem = dataclasses.replace(problem, grid=(grid.shape[0], grid.shape[1]))
-    on_grid = () if grid is None else (BlockNonCyclic(grid),)
-    results = [fixed[2]] if fixed[2] else [
-        d for d in (*options, *on_grid) if deliverable is None or isinstance(d, Replicated) or deliverable(d)]
-    best: tuple[float, tuple[Distribution, Distribution, Distribution]] | None = None
-    for da, db, dd in itertools.product(
-        [fixed[0]] if fixed[0] else options, [fixed[1]] if fixed[1] else options, results
-    ):
-        roles = roles_of((da, db, dd), transposes, problem.p)
-        grid_ops = frozenset(op for op, d in zip(OPERANDS, (da, db, dd)) if grid is not None and d.grid == grid
-                             and roles[op] == "G")
-        # SUMMA takes a grid operand as it lies where it is not transposed (a result: always)
-        native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
-        candidates = plans(problem, roles, model, native, kernels, grid_ops)
-        if not candidates:
-            continue
-        placement = sum(
-            model.beta * problem.padded([roles[op]]).elements(op) * problem.itemsize
-            / (1 if roles[op] == "R" else problem.p)
-            for op, given in (("a", fixed[0]), ("b", fixed[1]))
-            if given is None
-        )
-        cost = candidates[0].time + placement
-        if best is None or cost < best[0]:
-            best = (cost, (da, db, dd))
-    if best is None:
-        raise ValueError("no kernel of the backend runs any 1-D layout: pass distribution= explicitly")
-    return best[1]
+    roles = roles_of(triple, transposes, problem.p)
+    grid_ops = frozenset(op for op, d in zip(OPERANDS, triple) if grid is not None and d.grid == grid
+                         and roles[op] == "G")
+    native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
+    return problem, plans(problem, roles, model, native, kernels, grid_ops)
+
+
+def _grid_of(triple: tuple[Distribution, Distribution, Distribution], p: int) -> ProcessGrid | None:
+    """The 2-D grid an operand of ``triple`` lies on (the product runs there), or None."""
+    return next((d.grid for d in triple if d.grid is not None and d.grid.ndim == 2
+                 and role_of(d, "d", False, p) is None), None)
 
 
 def _choose_named(
@@ -148,7 +256,7 @@ def choose_grid(
     """
     p = problem.p
     given = next((d.grid for d in fixed if d is not None and d.grid is not None and d.grid.ndim == 2), None)
-    grids = [given] if given is not None else [ProcessGrid((r, p // r)) for r in range(1, p + 1) if p % r == 0]
+    grids = [given] if given is not None else grid_shapes(p)
     on_grid = [kern for kern in registered_kernels() if kern.algorithm == algorithm]
     options: list[tuple[bool, float, tuple[Distribution, Distribution, Distribution]]] = []
     for grid in grids:

@@ -37,7 +37,8 @@ from ._options import _held, _shapes
 from ._options import validate as _validate
 from ._problem import Spec
 from ._recent import RECENT as _RECENT
-from ._relay import ShardedProduct, needs_relay
+from ._relay import ShardedProduct, as_given, check_mesh, needs_relay
+from ._sharded import Sharded
 from ._spec import (
     DTYPES,
     AlgorithmName,
@@ -135,6 +136,7 @@ class Matmul:
             _runtime.ensure(self._runs_on.name)
         # what backend="auto" passed over on its way to this backend (ranks that would share a GPU), for explain()
         self._passed_over = _passed_over(backend, self._runs_on.name)
+        self._given_dists = as_given(distribution)  # (a Sharded's mesh, where its 2-D form stands in the spec)
         self._backend = self._routed()
         if not self._backend.takes_block_scales:  # MXFP8 emulated: dequantized here, once
             _mxfp8.release(self._operands)
@@ -151,8 +153,16 @@ class Matmul:
         place that computes ``epilog(beta*C [+ bias])``. No backend is given alpha == 0
         (cuBLASMp's quick return for it leaves a vector result unwritten)."""
         if needs_relay(self._spec):  # a Sharded no backend takes as it is: re-laid around a 2-D plan
-            return ShardedProduct(self._runs_on)
-        return _route(self._runs_on, self._spec)  # (a batch: _batched.BatchedProduct)
+            routed: Any = ShardedProduct(self._runs_on)
+        else:
+            routed = _route(self._runs_on, self._spec)  # (a batch: _batched.BatchedProduct)
+        if not self._spec.spmd and any(isinstance(d, Sharded) for d in self._given_dists):
+            # each Sharded spans the devices in use: checked here, at every call, as a Sharded whose 2-D form
+            # stands in the spec (Slab.X) keeps its mesh only as given (under mpiexec: in validate)
+            ranks = routed.ranks(self._spec, self._operands)
+            check_mesh(self._given_dists, ranks, f"{ranks} device{'s' if ranks > 1 else ''} in use",
+                       ", or devices= that many")
+        return routed
 
     def _hold(self, ops: Operands, swapped: dict[str, np.ndarray]) -> None:
         """Take ``ops`` (validated: native byte order) as the plan's operands;

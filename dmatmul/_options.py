@@ -28,7 +28,7 @@ from ._distribution import Distribution
 from ._epilogue import TABLE, Epilog, EpilogName, has_bias
 from ._errors import DistributionError
 from ._problem import Options, Spec, _require_number
-from ._relay import check_mesh, check_ndims
+from ._relay import as_given, check_mesh, check_ndims
 from ._spec import (
     DTYPES,
     FP8_DTYPES,
@@ -161,7 +161,8 @@ def _check_local(ops: Operands, options: dict[str, Any], *, spmd: bool) -> Spec:
                                                 "the batch dimensions of a and b, then (M, N)"))
         rt = _runtime.active() if spmd else None
         if rt is not None:
-            check_mesh(opts.distribution, rt.size, f"{rt.size} processes", "")
+            # (as given: a Sharded whose 2-D form is a Slab keeps its mesh only there)
+            check_mesh(as_given(options.get("distribution")), rt.size, f"{rt.size} processes", "")
     shape = lambda x: tuple(int(d) for d in x.shape)  # noqa: E731
     return Spec(shape(ops.a), shape(ops.b), dtype, opts._scaled_for(alpha, beta), family=ops.family,
                 c_shape=None if ops.c is None else shape(ops.c), bias_shape=bias_shape)

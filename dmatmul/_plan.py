@@ -30,7 +30,7 @@ __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
     "role_dist", "kernel_cost", "gemm_calls", "model_time", "on_grid_roles", "plans", "choose", "needs", "needs_message",
     "dist_for_role", "stored_dims", "ALGORITHMS", "Schedule", "SCHEDULES", "forced_schedule", "schedule",
-    "kernel_collectives", "costed_plan", "exchange_cost",
+    "kernel_collectives", "costed_plan", "exchange_cost", "grid_kernels",
 ]
 
 _LOGICAL: dict[str, tuple[str, str]] = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
@@ -404,6 +404,17 @@ def on_grid_roles(roles: dict[str, Role], grid_ops: Iterable[str]) -> dict[str, 
     return {op: "G" if op in ops and role != "R" else role for op, role in roles.items()}
 
 
+def grid_kernels(kernels: Sequence[Kernel]) -> list[Kernel]:
+    """The ``kernels`` a product whose operands lie on a 2-D process grid runs:
+    it runs on that grid's mesh, which is not 2.5-D SUMMA's mesh of layers
+    (that one only runs named there, its operands first re-laid as Slab.X).
+
+    >>> sorted({k.algorithm for k in grid_kernels(KERNELS)}) == sorted(set(ALGORITHMS) - {"summa25d"})
+    True
+    """
+    return [kern for kern in kernels if not ALGORITHMS[kern.algorithm].relays]
+
+
 def plans(
     problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset(),
     kernels: Sequence[Kernel] | None = None, grid_ops: frozenset[str] = frozenset(),
@@ -431,11 +442,12 @@ def plans(
             continue
         given = grid_roles if on_grid else roles
         sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
+        mine = native if on_grid else frozenset()
         candidates = [
-            move(sized, "a", given["a"], kernel.a, native="a" in native),
-            move(sized, "b", given["b"], kernel.b, native="b" in native),
+            move(sized, "a", given["a"], kernel.a, native="a" in mine),
+            move(sized, "b", given["b"], kernel.b, native="b" in mine),
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
-            move(sized, "d", kernel.d, given["d"], native="d" in native),
+            move(sized, "d", kernel.d, given["d"], native="d" in mine),
         ]
         kb, km, flops = kernel_cost(sized, kernel)
         kc = kernel_collectives(kernel, sized.p)

@@ -13,6 +13,7 @@ it is hashable and ranks compare it field by field. What needs the operands
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -38,6 +39,8 @@ from ._spec import (
     check_devices,
     check_distribution,
     dtype_name,
+    family,
+    kind,
     normalize_precision,
 )
 from .algorithms.base import Problem1D
@@ -444,8 +447,17 @@ class Spec:
             return tuple(0 if n == 1 else idx[skip + j] for j, n in enumerate(shape))
 
         a, b, c, bias = operands.a, operands.b, operands.c, operands.bias
-        return Operands(a[at(a, a.ndim - 2)], b[at(b, b.ndim - 2)], None if c is None else c[idx],
-                        bias if bias is None or bias.ndim <= 2 else bias[idx])
+        held = kind(operands.family)
+        # concrete operands give concrete items, also inside a trace: a jit's closed-over operands on a user's
+        # mesh keep their placement, which the item's plan reads (a slice staged into the jit names only an
+        # abstract mesh, and a jit of constants has no devices of its own to stand for the ranks)
+        def item(x: Any, at: tuple[int, ...]) -> Any:
+            own = kind(family(x))
+            return x[at] if own is None else own.item(x, at)
+
+        with contextlib.nullcontext() if held is None else held.eager():
+            return Operands(item(a, at(a, a.ndim - 2)), item(b, at(b, b.ndim - 2)), None if c is None else item(c, idx),
+                            bias if bias is None or bias.ndim <= 2 else item(bias, idx))
 
     @property
     def transposes(self) -> dict[str, bool]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import _runtime
 from ._plans import PLANS
+from ._sharded import Sharded
 from ._spec import KINDS, Operands
 
 __all__ = ["RECENT", "Recent"]
@@ -40,7 +41,7 @@ class Recent:
             return None
         values = tuple(options.values())
         types = tuple(map(type, values))  # (1.0 and 1+0j differ: a real product refuses the second)
-        if "bias" in options or list in types or tuple in types:
+        if "bias" in options or list in types or tuple in types or Sharded in types:
             opts: Hashable = tuple(sorted((k, _typed(v)) for k, v in options.items() if k != "bias"))
         else:  # the common case, built fast (keywords in another order make another key, as good)
             opts = (tuple(options), values, types)
@@ -80,9 +81,11 @@ class _Key:
 
 def _typed(v: Any) -> Any:
     """An option as a key: its type with its value (1.0 and 1+0j differ: a real product refuses the
-    second), sequences as tuples."""
+    second), sequences as tuples, a Sharded by its mesh and spec."""
     if isinstance(v, (list, tuple)):
         return (type(v).__name__, tuple(_typed(x) for x in v))
+    if isinstance(v, Sharded):  # (it equals its 2-D form on any mesh size; a call on another is refused)
+        return (Sharded, v.mesh, v.spec)
     return (type(v), v)
 
 

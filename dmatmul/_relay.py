@@ -7,11 +7,13 @@ order, a batch dimension split) is planned here (:class:`ShardedProduct`,
 standing in for the backend as :class:`dmatmul._batched.BatchedProduct`
 does):
 
-* each such operand is taken by the plan in a 2-D layout of its own kind
-  (:func:`taken_as`: the rows split -> ``Slab.X``, the columns -> ``Slab.Y``,
-  nothing -> ``Replicated()``; its own 2-D form where only the batch is
-  split) and re-laid into it, the result out of it into the result's
-  Sharded. Under ``mpiexec`` the ranks exchange exactly the elements each
+* each such operand is taken by the plan in a 2-D layout and re-laid into
+  it, the result out of it into the result's Sharded: its own 2-D form where
+  only the batch is split; else the one the cost model prices lowest
+  (:func:`choose`: ``Slab.X``, ``Slab.Y`` or ``Replicated()``, or next to a
+  2-D grid that grid or ``Replicated()``), counting its re-lay's bytes and
+  the 2-D plan that then runs (:func:`taken_as`'s kind-of-split rule breaks
+  ties). Under ``mpiexec`` the ranks exchange exactly the elements each
   lacks (:func:`exchange`, from ``global_indices``: nothing is gathered
   whole); in one process the operands are the global arrays, so nothing
   moves but what placing them on the devices moves (a ``jax.Array`` result
@@ -28,6 +30,8 @@ does):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -38,6 +42,7 @@ from . import backends as _backends
 from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
+from ._layouts import cheapest
 from ._errors import DistributionError
 from ._plan import Move, Plan, _fmt_bytes
 from ._plans import PLANS
@@ -47,7 +52,7 @@ from ._args import to_numpy
 from ._batched import route
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["ShardedProduct", "exchange", "needs_relay", "taken_as"]
+__all__ = ["Choice", "ShardedProduct", "as_given", "check_mesh", "choose", "exchange", "needs_relay", "taken_as"]
 
 _NAMES = ("a", "b", "result")
 
@@ -88,6 +93,16 @@ def check_mesh(dists: Sequence[Distribution], nranks: int, where: str, fix: str)
                 f"distribution of {name}: {d!r} spans {d.mesh.size} ranks (its mesh {d.mesh.shape}) but there "
                 f"are {where}: use a ProcessMesh of {nranks} ranks{fix}"
             )
+
+
+def as_given(distribution: Any) -> tuple[Any, ...]:
+    """The distributions of a, b and the result as the call gave them (its
+    ``distribution=``, checked by :class:`~dmatmul._problem.Options`): a
+    Sharded whose 2-D form stands in for it there (``Slab.X``, which carries
+    no rank count) keeps its mesh here, for :func:`check_mesh`."""
+    if distribution is None:
+        return ()
+    return (distribution,) * 3 if isinstance(distribution, Distribution) else tuple(distribution)
 
 
 def _matrix(d: Sharded) -> Sharded:
@@ -170,27 +185,69 @@ class Route:
         """The elements ``rank`` gets from other ranks."""
         return sum(int(np.prod([len(c) for c in ids])) for sender, ids in self.parts[rank] if sender != rank)
 
+    @functools.cached_property
+    def moves(self) -> bool:
+        """Whether any rank gets any element from another (the same answer on
+        every rank: where none does, the ranks skip the collective alike)."""
+        return any(self.received(r) for r in range(len(self.parts)))
+
 
 def _positions(held: tuple[np.ndarray, ...], ids: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     return tuple(np.searchsorted(h, i) for h, i in zip(held, ids))
 
 
+def _size(ids: tuple[np.ndarray, ...]) -> int:
+    return int(np.prod([len(i) for i in ids]))
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(counts.dtype)
+
+
 def exchange(x: Any, route: Route, rank: int, comm: Any, dtype: Any) -> np.ndarray:
     """This rank's block ``x`` under ``route``'s source layout -> its block under
-    the destination's: one all-to-all of exactly the parts each rank lacks."""
-    x = x.get() if family(x) == "cupy" else to_numpy(x, "x")  # (a CuPy block: to the host)
+    the destination's: one ``Alltoallv`` of exactly the parts each rank lacks
+    (its own parts copied here), packed into one contiguous buffer per side.
+
+    The buffers go as bytes (counts scaled by the itemsize): exact for every
+    dtype, those MPI has no type for (bfloat16, FP8, complex in some MPIs)
+    included, and nothing is pickled."""
+    # a CuPy block goes through the host: the MPI under mpi4py is not assumed CUDA-aware
+    x = x.get() if family(x) == "cupy" else to_numpy(x, "x")
+    dt = np.dtype(dtype)
+    x = x.astype(dt, copy=False)
     size = len(route.parts)
-    outgoing: list[list[np.ndarray]] = [[] for _ in range(size)]
-    for s in range(size):
-        for sender, ids in route.parts[s]:
-            if sender == rank:
-                outgoing[s].append(x[np.ix_(*_positions(route.src[rank], ids))])
-    incoming = comm.alltoall(outgoing) if size > 1 else outgoing
-    out = np.empty(tuple(len(i) for i in route.dst[rank]), dtype=dtype)
-    taken = [0] * size
+    out = np.empty(tuple(len(i) for i in route.dst[rank]), dtype=dt)
     for sender, ids in route.parts[rank]:
-        out[np.ix_(*_positions(route.dst[rank], ids))] = incoming[sender][taken[sender]]
-        taken[sender] += 1
+        if sender == rank:
+            out[np.ix_(*_positions(route.dst[rank], ids))] = x[np.ix_(*_positions(route.src[rank], ids))]
+    if size == 1 or not route.moves:
+        return out
+    # the parts rank s gets from this rank, in route.parts[s]'s order (the order s unpacks them in)
+    outgoing = [[ids for sender, ids in route.parts[s] if sender == rank] for s in range(size)]
+    outgoing[rank] = []
+    incoming = [[ids for sender, ids in route.parts[rank] if sender == s] for s in range(size)]
+    incoming[rank] = []
+    send_n = np.array([sum(_size(ids) for ids in parts) for parts in outgoing], dtype=np.int64)
+    recv_n = np.array([sum(_size(ids) for ids in parts) for parts in incoming], dtype=np.int64)
+    send = np.empty(int(send_n.sum()), dtype=dt)
+    at = 0
+    for parts in outgoing:
+        for ids in parts:
+            n = _size(ids)
+            send[at:at + n] = x[np.ix_(*_positions(route.src[rank], ids))].reshape(-1)
+            at += n
+    recv = np.empty(int(recv_n.sum()), dtype=dt)
+    item = dt.itemsize
+    send_b, recv_b = send_n * item, recv_n * item
+    comm.Alltoallv([send.view(np.uint8), (send_b, _displacements(send_b))],
+                   [recv.view(np.uint8), (recv_b, _displacements(recv_b))])
+    at = 0
+    for parts in incoming:
+        for ids in parts:
+            n = _size(ids)
+            out[np.ix_(*_positions(route.dst[rank], ids))] = recv[at:at + n].reshape(tuple(len(i) for i in ids))
+            at += n
     return out
 
 
@@ -235,20 +292,24 @@ class ShardedProduct(_backends.Backend):
         self.name = backend.name
         self.plans_collectively = backend.plans_collectively
 
-    def _inner(self, spec: Spec) -> Spec:
+    def _inner(self, spec: Spec, operands: Operands) -> tuple[Spec, Choice]:
+        """The 2-D product the plan runs, and why it takes each operand as it does."""
+        choice = self._choose(spec, operands)
+        options = dataclasses.replace(spec.options, distribution=choice.triple)
+        return dataclasses.replace(spec, options=options), choice
+
+    def _choose(self, spec: Spec, operands: Operands) -> Choice:
         dists = spec.distributions
         assert dists is not None
-        triple: tuple[Distribution, Distribution, Distribution] = (
-            taken_as(dists[0]), taken_as(dists[1]), taken_as(dists[2]))
-        # next to a 2-D grid the plan runs on, the others are taken on that grid too (SUMMA's own layout:
-        # cuBLASMp takes one block size per dimension, and JAX then re-lays nothing more)
-        grid = next((d.grid for d in triple if d.grid is not None and d.grid.ndim == 2), None)
-        if grid is not None:
-            a, b, r = (BlockNonCyclic(grid) if isinstance(o, Sharded) and d.grid != grid else d
-                       for o, d in zip(dists, triple))
-            triple = (a, b, r)
-        options = dataclasses.replace(spec.options, distribution=triple)
-        return dataclasses.replace(spec, options=options)
+        sharded = [d for d in dists if isinstance(d, Sharded)]
+        p = spec.nprocs if spec.spmd else sharded[0].mesh.size
+        options = _options(dists)
+        if all(len(o) == 1 for o in options) or p == 1 or any(d.mesh.size != p for d in sharded):
+            # one layout each, one rank (where every layout is the whole matrix), or meshes of other sizes
+            # (refused by check_mesh): nothing to choose
+            return Choice(tuple(o[0] for o in options))  # type: ignore[arg-type]
+        problem, model, kernels = self.backend.planner(spec, operands, p)
+        return choose(spec, p, problem, model, None if kernels is None else tuple(kernels))
 
     def _route(self, inner: Spec) -> Any:
         return route(self.backend, inner)
@@ -256,18 +317,18 @@ class ShardedProduct(_backends.Backend):
     def plan(self, spec: Spec, operands: Operands) -> _backends.BackendPlan:
         assert spec.distributions is not None
         check_ndims(spec.distributions, _ndims(spec), [f"shape {s}" for s in _shapes(spec)])
-        inner = self._inner(spec)
+        local = _independent(spec)
+        if local is not None and spec.spmd:
+            return LocalPlan(spec, local)
+        inner, choice = self._inner(spec, operands)
         if not spec.spmd:
             ranks = self._route(inner).ranks(inner, operands)
             check_mesh(spec.distributions, ranks, f"{ranks} device{'s' if ranks > 1 else ''} in use",
                        ", or devices= that many")
-        local = _independent(spec)
-        if local is not None and spec.spmd:
-            return LocalPlan(spec, local)
-        return RelayPlan(spec, inner, self._route(inner), operands)
+        return RelayPlan(spec, inner, self._route(inner), operands, choice)
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
-        inner = self._inner(spec)
+        inner, _ = self._inner(spec, operands)
         return int(self._route(inner).ranks(inner, operands))
 
     def place(self, result: Any, spec: Spec, operands: Operands) -> Any:
@@ -276,13 +337,16 @@ class ShardedProduct(_backends.Backend):
     def memory(self, spec: Spec, operands: Operands) -> tuple[list[Any], dict[str, Any]]:
         if spec.spmd:  # the inner plan's blocks are not this rank's blocks: judged by the plan's run
             return [], {}
-        inner = self._inner(spec)
+        inner, _ = self._inner(spec, operands)
         return self._route(inner).memory(inner, operands)
 
     def preview(self, spec: Spec, operands: Operands) -> tuple[str, list[str]]:
-        inner = self._inner(spec)
+        local = _independent(spec)
+        if local is not None and spec.spmd:
+            return LocalPlan.algorithm, LocalPlan(spec, local).explain()
+        inner, choice = self._inner(spec, operands)
         algorithm, lines = self._route(inner).preview(inner, operands)
-        return algorithm, [*_relay_header(spec, inner), *lines]
+        return algorithm, [*_relay_header(spec, inner), *choice.explain(), *lines]
 
 
 def _relay_header(spec: Spec, inner: Spec) -> list[str]:
@@ -290,6 +354,139 @@ def _relay_header(spec: Spec, inner: Spec) -> list[str]:
     taken = ", ".join(f"{n} as {d!r}" for n, d, o in zip(_NAMES, inner.distributions, spec.distributions)
                       if isinstance(o, Sharded))
     return [f"sharded:    the plan takes {taken} (no 2-D distribution it runs lays them out as given)"]
+
+
+def _free(d: Distribution) -> bool:
+    """Whether the layout the plan takes ``d`` in is a choice: a Sharded whose
+    matrices have no 2-D form (one that has is taken in it: only its batch moves)."""
+    return isinstance(d, Sharded) and _matrix(d).as_2d() is None
+
+
+def _options(dists: Sequence[Distribution]) -> list[list[Distribution]]:
+    """The 2-D layouts the plan may take a, b and the result in, the rule's
+    (:func:`taken_as`) first. Next to a 2-D grid (a given 2-D distribution's, or a
+    Sharded's 2-D form) the product runs on it: a Sharded is taken on that grid
+    (cuBLASMp takes one block size per dimension), or, one of no 2-D form,
+    replicated. Else one of no 2-D form is taken as ``Slab.X``, ``Slab.Y`` or
+    ``Replicated()``."""
+    taken = [taken_as(d) for d in dists]
+    grid = next((t.grid for d, t in zip(dists, taken) if not _free(d) and t.grid is not None and t.grid.ndim == 2),
+                None)
+    out: list[list[Distribution]] = []
+    for d, t in zip(dists, taken):
+        if grid is not None and isinstance(d, Sharded) and (_free(d) or t.grid != grid):
+            out.append([BlockNonCyclic(grid), Replicated()] if _free(d) else [BlockNonCyclic(grid)])
+        elif _free(d):
+            out.append([t, *(o for o in (Slab.X, Slab.Y, Replicated()) if o != t)])
+        else:
+            out.append([t])
+    return out
+
+
+def relay_move(name: str, nbytes: float) -> Move:
+    """An operand's re-lay as the plan counts it: one whole collective (an
+    Alltoallv, as the planner counts its own 1-D all-to-all: :func:`dmatmul._plan.move`),
+    ``nbytes`` received by the busiest rank."""
+    return Move(name if name != "result" else "d", cast(Any, "S"), cast(Any, "S"), "exchange (re-lay)",
+                float(nbytes), 0.0, 1.0)
+
+
+def move_time(model: Any, mv: Move) -> float:
+    """A move's modelled time, as the planner prices its own (:func:`dmatmul._plan.costed_plan`):
+    latency per message and collective, the bytes at a whole collective's rate."""
+    if not mv.nbytes:
+        return 0.0
+    return float(model.time(messages=mv.messages, nbytes=0.0, flops=0.0, collectives=mv.collectives,
+                            collective_bytes=mv.nbytes) + model.mem_beta * mv.copied)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The 2-D layouts the plan takes a, b and the result in (``triple``) and,
+    where some were chosen, each candidate triple's modelled time, cheapest
+    first: ``(total, re-lays, the 2-D plan, triple)``; ``relays``: each chosen
+    operand's ``(name, bytes, time)`` per candidate layout."""
+
+    triple: tuple[Distribution, Distribution, Distribution]
+    ranked: tuple[tuple[float, float, float, tuple[Distribution, Distribution, Distribution]], ...] = ()
+    free: tuple[int, ...] = ()  # which of a, b and the result were chosen
+    relays: tuple[tuple[tuple[Distribution, float, float], ...], ...] = ()  # per free operand: (layout, bytes, time)
+
+    def explain(self) -> list[str]:
+        if not self.free:
+            return []
+        total, relays, inner, _ = self.ranked[0]
+        lines = [f"layouts:    chosen by the cost model, the cheapest of {len(self.ranked)} candidates (each re-lay "
+                 f"and the 2-D plan, modelled): {_time(total)} (re-lays {_time(relays)}, the 2-D plan {_time(inner)})"]
+        if len(self.ranked) > 1:
+            second = self.ranked[1]
+            what = ", ".join(f"{_NAMES[i]} as {second[3][i]!r}" for i in self.free)
+            lines[0] += f"; runner-up {what}: {_time(second[0])}"
+        for i, options in zip(self.free, self.relays):
+            chosen = self.triple[i]
+            nbytes, t = next((b, t) for d, b, t in options if d == chosen)
+            others = []
+            for d, _, _ in options:
+                if d != chosen:
+                    best = min(r[0] for r in self.ranked if r[3][i] == d)
+                    others.append(f"as {d!r} {_time(best)} at best")
+            rest = f"; {', '.join(others)}" if others else ""
+            lines.append(f"  {_NAMES[i]:7s} as {chosen!r}: its re-lay {_fmt_bytes(nbytes)}/rank at most, "
+                         f"{_time(t)}{rest}")
+        return lines
+
+
+def _time(t: float) -> str:
+    return f"{t * 1e3:.3f} ms" if t >= 1e-3 else f"{t * 1e6:.1f} us"
+
+
+@functools.lru_cache(maxsize=64)
+def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...] | None) -> Choice:
+    """The layouts of :func:`_options` whose re-lays (each operand's bytes the
+    busiest rank gets, :class:`Route`; the result's move back, and c's where it
+    is read) plus the 2-D plan of the product on them (the planner's cheapest,
+    :func:`dmatmul._layouts.cheapest`, on ``problem``, each item of a batch)
+    the model prices lowest; ties go to :func:`taken_as`'s. Pure and
+    deterministic: under mpiexec every rank, planning with rank 0's model,
+    chooses alike."""
+    dists = spec.distributions
+    assert dists is not None
+    options = _options(dists)
+    shapes = {"a": spec.a_shape, "b": spec.b_shape, "c": spec.result_shape, "result": spec.result_shape}
+    out_size = int(np.dtype(numpy_dtype(spec.result_dtype)).itemsize)
+    itemsize = {"a": spec.dtype_info.itemsize, "b": spec.dtype_info.itemsize}
+
+    def relay(name: str, src: Distribution, dst: Distribution) -> tuple[float, float]:
+        shape = shapes[name]
+        route = Route.of(as_nd(src, len(shape), p), as_nd(dst, len(shape), p), shape, p)
+        nbytes = max(route.received(r) for r in range(p)) * itemsize.get(name, out_size)
+        return nbytes, move_time(model, relay_move(name, nbytes))
+
+    priced: list[list[tuple[float, float]]] = []  # per operand, per option: its re-lays' (bytes, time)
+    for i, (name, given) in enumerate(zip(_NAMES, dists)):
+        row = []
+        for d in options[i]:
+            if not isinstance(given, Sharded):
+                row.append((0.0, 0.0))
+                continue
+            nbytes, t = relay(name, given, d) if i < 2 else relay("result", d, given)
+            if i == 2 and spec.c_shape is not None and spec.use_c:
+                more = relay("c", given, d)
+                nbytes, t = nbytes + more[0], t + more[1]
+            row.append((nbytes, t))
+        priced.append(row)
+    ranked = []
+    transposes = (spec.transpose_a, spec.transpose_b)
+    for picks in itertools.product(*(range(len(o)) for o in options)):
+        triple = cast(tuple[Distribution, Distribution, Distribution], tuple(o[j] for o, j in zip(options, picks)))
+        found = cheapest(problem, model, triple, transposes=transposes, kernels=kernels)
+        inner = float("inf") if found is None else found.time * max(spec.batch_size, 1)
+        moves = sum(priced[i][j][1] for i, j in enumerate(picks))
+        ranked.append((moves + inner, picks, moves, inner, triple))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    free = tuple(i for i, o in enumerate(options) if len(o) > 1)
+    relays = tuple(tuple((d, *priced[i][j]) for j, d in enumerate(options[i])) for i in free)
+    return Choice(ranked[0][4], tuple((r[0], r[2], r[3], r[4]) for r in ranked), free, relays)
 
 
 def _independent(spec: Spec) -> tuple[str, ...] | None:
@@ -360,10 +557,11 @@ class RelayPlan(_backends.BackendPlan):
     """The operands re-laid into the 2-D layouts the plan of ``inner`` takes,
     that plan run, and its result re-laid into the result's Sharded."""
 
-    def __init__(self, spec: Spec, inner: Spec, backend: Any, operands: Operands) -> None:
+    def __init__(self, spec: Spec, inner: Spec, backend: Any, operands: Operands, choice: Choice) -> None:
         self.spec = spec
         self.inner = inner
         self.backend = backend
+        self.choice = choice
         dists, taken = spec.distributions, inner.distributions
         assert dists is not None and taken is not None
         # the ranks whose blocks move: under mpiexec, each rank's; in one process a jax.Array's device
@@ -397,9 +595,7 @@ class RelayPlan(_backends.BackendPlan):
     @property
     def cost(self) -> Plan | None:
         base = self.plan.cost
-        moves = tuple(Move(r.name if r.name != "result" else "d", cast(Any, "S"), cast(Any, "S"),
-                           "exchange (re-lay)", float(r.nbytes), float(self.counted[r.name] - 1), 1.0)
-                      for r in self.relays if r.nbytes)
+        moves = tuple(relay_move(r.name, r.nbytes) for r in self.relays if r.nbytes)
         if base is None or not moves:
             return base
         return dataclasses.replace(base, moves=base.moves + moves)
@@ -442,7 +638,7 @@ class RelayPlan(_backends.BackendPlan):
 
     def explain(self) -> list[str]:
         spmd, moved = self.spec.spmd, bool(self.counted)
-        lines = [*_relay_header(self.spec, self.inner)[:1]]
+        lines = [*_relay_header(self.spec, self.inner)[:1], *self.choice.explain()]
         how = ("under mpiexec each rank gets the elements it lacks in one all-to-all" if spmd else
                "one process: the jax.Arrays' device blocks move between devices" if moved else
                "one process: the global arrays are placed on the devices as the plan takes them")

@@ -90,8 +90,8 @@ class Sharded(Distribution):
     2-D distribution: it compares and hashes as :meth:`as_2d` does. Since a
     ``Slab`` or ``Replicated()`` carries no rank count, Shardeds whose 2-D
     form is one of them compare equal whatever their mesh size (``Slab.X``
-    over 4 ranks equals ``Slab.X`` over 8): the rank count is the call's, as
-    for ``Slab.X``. Other Shardeds are equal where they give every rank the
+    over 4 ranks equals ``Slab.X`` over 8); a call still refuses a Sharded
+    whose mesh is not the ranks it runs on, as for any other. Other Shardeds are equal where they give every rank the
     same parts (mesh axis names and how the axes are cut do not matter):
 
     >>> d1 = Sharded(ProcessMesh(4, "x"), ("x", None))

@@ -197,6 +197,10 @@ class ArrayKind:
         operands then keep their placement)."""
         return contextlib.nullcontext()
 
+    def item(self, x: Any, idx: tuple[int, ...]) -> Any:
+        """``x[idx]``: the array at integer ``idx`` of its leading dimensions, placed as ``x`` is."""
+        return x[idx]
+
     def recent_key(self, xs: Sequence[Any]) -> Hashable | None:
         """What the front end's checks read of ``xs`` (operands or None), as a key
         for ``dm.matmul``'s repeated-call shortcut; None where they are not all its

@@ -262,3 +262,71 @@ def test_an_empty_batch_is_refused_as_an_empty_matrix_product_is(here, batch):
     with pytest.raises(ValueError, match="algorithm='summa25d' needs"):
         dm.matmul(a, b, algorithm="summa25d", backend=here.name, **kw)
     assert dm.matmul(a, b, backend=here.name, **kw).shape == (*batch, 4, 5)
+
+
+# --------------------------------------------------------------------------- #
+# batched operands on a user's mesh (found by the differential matrix once it drew batches there)
+# --------------------------------------------------------------------------- #
+def _mesh(shape, types, reverse=False):
+    jax = pytest.importorskip("jax")
+    from jax.sharding import AxisType, Mesh
+
+    devices = jax.devices()[: int(np.prod(shape))]
+    kinds = {"Explicit": AxisType.Explicit, "Auto": AxisType.Auto}
+    return Mesh(np.array(devices[::-1] if reverse else devices, dtype=object).reshape(shape),
+                ("data", "model")[: len(shape)], axis_types=tuple(kinds[t] for t in types))
+
+
+def _put(x, mesh, *spec):
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.device_put(jax.numpy.asarray(x), NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+@pytest.mark.parametrize("types", [("Explicit", "Explicit"), ("Explicit", "Auto"), ("Auto", "Auto")])
+@pytest.mark.parametrize("dist", [None, dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))])
+def test_a_jit_of_closed_over_batched_operands_runs_on_their_mesh(types, dist):
+    """Inside ``jax.jit`` on closed-over (concrete) batched operands on a user's mesh: each
+    item's plan finds the mesh in its item, as a matrix product of them does (the items
+    were sliced inside the trace, named only an abstract mesh, and the jit of constants,
+    which has no devices of its own, raised 'cannot reshape array of size 1')."""
+    jax = pytest.importorskip("jax")
+    mesh = _mesh((4, 2), types)
+    a, b = _rand(2, 14, 10), _rand(14, 33)
+    ja = _put(a, mesh)
+    d = jax.jit(lambda: dm.matmul(ja, b, distribution=dist, transpose_a=True, backend="jax"))()
+    assert d.sharding.mesh == mesh, d.sharding
+    assert_close(np.asarray(d), reference(a, b, transpose_a=True), "float32")
+
+
+@pytest.mark.parametrize("types", [("Explicit",), ("Auto",)])
+def test_a_batch_split_over_a_users_mesh_of_explicit_axes(types):
+    """algorithm="local" with distribution=None splits the batch over the user's mesh:
+    on Explicit axes the operands are typed as placed (the batch whole, b's rows split),
+    which shard_map takes only as its in_specs say (it raised 'in_specs ... does not
+    match'), and a padded batch is gathered before it is cut (its slice raised
+    ShardingTypeError)."""
+    mesh = _mesh((3,), types)
+    a, b = _rand(2, 1, 13, 9), _rand(21, 13)
+    ja, jb = _put(a, mesh), _put(b, mesh, "data", None)
+    for algorithm in ("local", "auto"):
+        d = dm.matmul(ja, jb, transpose_a=True, transpose_b=True, algorithm=algorithm, backend="jax")
+        assert d.sharding.mesh == mesh, (algorithm, d.sharding)
+        assert_close(np.asarray(d), reference(a, b, transpose_a=True, transpose_b=True), "float32")
+
+
+@pytest.mark.parametrize("types", [("Explicit", "Explicit"), ("Explicit", "Auto"), ("Auto", "Auto")])
+def test_an_empty_batched_operand_on_a_users_mesh(types):
+    """K = 0, a batched a on a user's mesh: its items (of no element) keep its placement
+    (jax.numpy's a[0] makes an empty array anew on one device: it raised 'Length of device
+    assignment 1' on Explicit axes), so the result comes back on the mesh, epilog(bias)."""
+    mesh = _mesh((2, 2), types, reverse=True)
+    a, b, bias = _rand(3, 0, 4), _rand(0, 18), _rand(4)
+    ja, jb = _put(a, mesh, None, "data", None), _put(b, mesh, None, "model")
+    want = reference(a, b, alpha=-1.5, transpose_a=True, epilog="relu_bias", bias=bias)
+    d = dm.matmul(ja, jb, alpha=-1.5, transpose_a=True, epilog="relu_bias", bias=bias, backend="jax")
+    assert d.sharding.mesh == mesh, d.sharding
+    assert_close(np.asarray(d), want, "float32")
+    with dm.Matmul(ja, jb, alpha=-1.5, transpose_a=True, epilog="relu_bias", bias=bias, backend="jax") as mm:
+        assert_close(np.asarray(mm.execute()), want, "float32")

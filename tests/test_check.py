@@ -255,7 +255,10 @@ def test_the_generator_draws_batches_and_meshes():
                 1 in x and len(x) == len(case.batch_shape) and x != case.batch_shape for x in (case.a_batch, case.b_batch)))
             seen["batched with"].update({case.family, case.layout_family, "reset" if case.reset else "call",
                                          "jit" if case.jit else "eager", "c" if case.use_c else "no c"})
-            assert case.transform is None and case.on_mesh is None
+            if case.transform is not None:
+                seen["batched with"].add(case.transform.kind + (" on a mesh" if case.on_mesh is not None else ""))
+            if case.on_mesh is not None:
+                seen["batched with"].update({"on a mesh", f"on a mesh, {case.on_mesh.call}"})
         for name, d, shape in zip(("a", "b", "result"), case.distributions or (),
                                   (case.a_shape, case.b_shape, case.result_shape)):
             if not isinstance(d, dm.Sharded):
@@ -274,7 +277,9 @@ def test_the_generator_draws_batches_and_meshes():
     assert seen["broadcast"] == {True, False} and {0, 1, 2, 3} <= seen["batch sizes"]
     assert seen["size 1 under a larger one"] == {True, False}
     assert seen["batched with"] >= {"numpy", "jax", "reset", "call", "jit", "eager", "c", "no c", "N-D Sharded",
-                                    "2-D, one grid", "1-D", "distribution=None"}
+                                    "2-D, one grid", "1-D", "distribution=None", *ck.TRANSFORMS,
+                                    *(f"{t} on a mesh" for t in ck.TRANSFORMS), "on a mesh",
+                                    *(f"on a mesh, {call}" for call in ck.CALLS)}
     for name in ("a", "b", "result"):
         assert seen[f"mesh axes of {name}"] == {1, 2, 3}, name
     assert seen["entries"] == {"tuple", "axis", "none"}
@@ -571,6 +576,14 @@ def test_expected_refusals_of_summa25d():
     assert len(required) == 1 and not allowed
     assert required[0].matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this runs on 4"))
     assert not required[0].matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this runs on 6"))
+    # operands on a user's mesh, distribution=None: shardings that leave mesh axes independent run it on each
+    # group of ranks, whose count may not be its own (a refusal allowed, not required)
+    on = ck.OnMesh(shape=(2, 4), explicit=True, reversed=False, call="jit",
+                   placements=("reversed axes", "none", "none"))
+    required, allowed = _case(nranks=8, distributions=None, family="jax", on_mesh=on,
+                              algorithm="summa25d").refusals("jax")
+    assert not required and any(r.matches(ValueError("algorithm='summa25d' needs P = q*q*c ranks ..., but this "
+                                                     "runs on 1")) for r in allowed), allowed
 
 
 def test_expected_refusals():
@@ -1137,7 +1150,7 @@ def _splits_the_batch(case):
     """Eager vmap where the batched operand's distribution is a NamedSharding
     that, given to the stacked operand as it is, splits its batch axis unevenly."""
     t = case.transform
-    if t is None or t.kind != "vmap" or t.axis != 0 or case.on_mesh is not None or case.jit:
+    if t is None or t.kind != "vmap" or t.axis != 0 or case.on_mesh is not None or case.jit or case.batch_shape:
         return False
     d = case.distributions[0 if t.batched == "a" else 1] if case.distributions else None
     rows = (case.a_shape if t.batched == "a" else case.b_shape)[0]

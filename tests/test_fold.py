@@ -94,6 +94,17 @@ def test_the_cost_is_one_gemm_of_the_folded_size(fake_nvmath):
         assert mm.algorithm == one.algorithm
 
 
+def test_the_cost_of_a_batch_run_item_by_item_is_the_batch_times_one_items(fake_nvmath):
+    a, b = RNG.standard_normal((3, M, K)), RNG.standard_normal((3, K, N))
+    with dm.Matmul(a, b, backend="nvmath") as mm, dm.Matmul(a[0], b[0], backend="nvmath") as one:
+        assert "run on each item in turn" in mm.explain()
+        loop, item = plan_of(mm).cost, plan_of(one).cost
+    assert loop.flops == pytest.approx(3 * item.flops) == pytest.approx(2 * 3 * M * K * N)
+    assert loop.time == pytest.approx(3 * item.time) and item.time > 0
+    assert loop.nbytes == pytest.approx(3 * item.nbytes) and loop.messages == pytest.approx(3 * item.messages)
+    assert loop.kernel == item.kernel
+
+
 # --------------------------------------------------------------------------- #
 # under distributions: every rank's blocks (the ranks simulated)
 # --------------------------------------------------------------------------- #
@@ -109,6 +120,15 @@ FOLDS = [
     (2, (CYCLIC, CYCLIC, CYCLIC), (3,), (), False, False, 8, 6, "bias", (8,)),  # 8 rows a whole number of cycles
     (2, (X, Y, Y), (), (3,), False, False, M, 6, "bias", (1, 6)),  # b's columns split evenly: N folded
     (4, (X, X, Y), (), (2,), False, True, M, 8, "bias", (2, 1, 8)),  # b stored (N, K): its rows split
+]
+# uneven Slabs along the folded dimension (4 + 3 rows fold to 12 + 9, not a Slab's 11 + 10): each rank's part of
+# an item padded to the longest, the padding's results dropped
+PADDED = [
+    (2, (X, Y, X), (3,), (), False, False, 7, N, "relu_bias", (7,)),
+    (4, (X, R, X), (2, 2), (), False, False, 6, N, "bias", (2, 2, 6, 1)),  # 2 + 2 + 1 + 1 rows, a bias per item
+    (4, (Y, R, X), (3,), (), True, False, 3, N, "gelu_bias", (3, 1)),  # a stored (K, M); M < P: a rank holds none
+    (2, (X, Y, Y), (), (3,), False, False, M, 5, "bias", (1, 5)),  # N uneven, folded
+    (4, (X, X, Y), (), (2,), False, True, M, 7, "bias", (2, 1, 7)),  # b stored (N, K), a bias per item
 ]
 
 
@@ -126,14 +146,15 @@ def _simulate(nranks, dists, a, b, c, bias, **kw):
         return [_block_of(x, d, r, nranks) for r in range(nranks)]
 
     da, db, dd = dists
-    ops = [fold.operands(Operands(xa, xb, xc, bias)) for xa, xb, xc in
-           zip(blocks(a, da), blocks(b, db), blocks(c, dd) if c is not None else [None] * nranks)]
+    given = [Operands(xa, xb, xc, bias) for xa, xb, xc in
+             zip(blocks(a, da), blocks(b, db), blocks(c, dd) if c is not None else [None] * nranks)]
+    ops = [fold.operands(o) for o in given]
     f = fold.spec
     ga = dm.join([o.a for o in ops], da, f.a_shape)
     gb = dm.join([o.b for o in ops], db, f.b_shape)
     gc = None if c is None else dm.join([o.c for o in ops], dd, f.c_shape)
     d = reference(ga, gb, gc, bias=ops[0].bias, **kw)
-    return fold, [fold.result(blk) for blk in dm.split(d, dd, nranks)]
+    return fold, [fold.result(blk, o) for blk, o in zip(dm.split(d, dd, nranks), given)]
 
 
 def _block_of(x, d, rank, nranks):
@@ -144,13 +165,15 @@ def _block_of(x, d, rank, nranks):
     return np.stack(items).reshape(*x.shape[:-2], *items[0].shape)
 
 
-@pytest.mark.parametrize("nranks, dists, a_batch, b_batch, ta, tb, m, n, epilog, bias_shape", FOLDS)
+@pytest.mark.parametrize("nranks, dists, a_batch, b_batch, ta, tb, m, n, epilog, bias_shape, padded",
+                         [(*f, False) for f in FOLDS] + [(*f, True) for f in PADDED])
 def test_each_ranks_blocks_fold_where_the_distributions_allow(nranks, dists, a_batch, b_batch, ta, tb, m, n, epilog,
-                                                              bias_shape):
+                                                              bias_shape, padded):
     a, b, c, bias = _operands(a_batch, b_batch, ta, tb, True, bias_shape, m=m, n=n, dtype="float64")
     kw = dict(beta=0.5, transpose_a=ta, transpose_b=tb, epilog=epilog)
     fold, got = _simulate(nranks, dists, a, b, c, bias, **kw)
     assert isinstance(fold, Fold), fold
+    assert (fold.pad is not None) == padded and ("padded with zeros" in fold.line()) == padded, fold.line()
     want = reference(a, b, c, bias=bias, **kw)
     for rank in range(nranks):
         assert_close(got[rank], _block_of(want, dists[2], rank, nranks), "float64")
@@ -158,11 +181,11 @@ def test_each_ranks_blocks_fold_where_the_distributions_allow(nranks, dists, a_b
 
 # (nranks, dists, a's batch, b's batch, m, n, why not)
 REFUSED = [
-    (2, (X, Y, X), (3,), (), 7, N, "does not give each rank 3 times its rows"),  # uneven: 4+3 rows -> 12, 9 vs 11, 10
+    (2, (X, X, Y), (3,), (), 7, N, "does not give each rank 3 times its rows"),  # uneven, the result not a Slab.X
     (2, (CYCLIC, CYCLIC, CYCLIC), (3,), (), 6, 6, "does not give each rank 3 times its rows"),  # 6 = 1.5 cycles
     (2, (Y, X, X), (3,), (), 8, N, "place the rows of the folded product on different ranks"),
     (2, (X, Y, Y), (3,), (), 8, N, "place the rows of the folded product on different ranks"),
-    (2, (X, Y, Y), (), (3,), M, 5, "does not give each rank 3 times its columns"),
+    (2, (X, Y, R), (), (3,), M, 5, "does not give each rank 3 times its columns"),  # uneven, the result not a Slab
     (2, (X, Y, X), (), (2,), M, 6, "place the columns of the folded product on different ranks"),
 ]
 

@@ -4,7 +4,9 @@ Pure Python: no JAX, no timing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -31,10 +33,16 @@ def test_plan_prints_the_planners_own_choice(capsys):
     model = _machines.PROFILES["h100-nvl8"].model("bfloat16")
     problem = _plan.Problem1D(8192, 8192, 8192, 8, 2, 4)
     triple = _layouts.choose_distributions(problem, model, transposes=(False, False))
-    chosen = _plan.choose(problem, _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model,
-                          transposes=(False, False))
+    grid = triple[0].grid  # (SUMMA on a 2-D grid here: a and b on the grid, SUMMA's own layout)
+    on_grid = frozenset("abd") if grid is not None else frozenset()
+    chosen = _plan.choose(
+        problem if grid is None else dataclasses.replace(problem, grid=grid.shape),
+        _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model, transposes=(False, False),
+        native=on_grid, grid_ops=on_grid, kernels=None if grid is None else _plan.grid_kernels(_plan.KERNELS))
     assert f"algorithm: {chosen.algorithm} (" in out
-    assert f"layout (a, b, result): {', '.join(map(repr, triple))}," in out
+    names = [f"BlockNonCyclic({d.grid.shape[0]}x{d.grid.shape[1]} grid)" if d.grid is not None else repr(d)
+             for d in triple]
+    assert f"layout (a, b, result): {', '.join(names)}," in out
     assert f"predicted: {chosen.time * 1e6:.1f} us" in out
     assert f"bytes per rank: {chosen.nbytes / 2**20:.2f} MiB" in out
     bound = _cost.lower_bounds(8192, 8192, 8192, 8, 2)["memory_independent"]
@@ -42,6 +50,62 @@ def test_plan_prints_the_planners_own_choice(capsys):
     peak = 989e12
     assert f"= {chosen.flops / chosen.time / peak:.0%} of peak" in out
     assert "runners-up" in out and "summa" in out.split("runners-up")[1]
+
+
+@pytest.mark.parametrize("nodes, rows", [(16, 8), (128, 32)])
+def test_a_free_plan_is_the_cheapest_candidate_shown(nodes, rows, capsys):
+    """16384^3 bfloat16 on 128 and 1024 H200s, layout free: SUMMA with a and b
+    on a 2-D grid (placing each costs its share) is the cheapest of every
+    layout the planner weighs, 1-D triples and grids, each ranked with placing
+    a and b there; it is chosen (before, only 1-D layouts were weighed: 2.5-D
+    SUMMA after three all-to-alls at 128, a local GEMM on a replicated b at
+    1024, predicted 2.7 and 15 times slower), and no runner-up ranks below
+    it (x chosen >= 1)."""
+    prof, model, p = plan_cli.machine_model("h200-nvl8", "bfloat16", nodes)
+    pr = plan_cli.project(16384, 16384, 16384, p, "bfloat16", model, memory=plan_cli.machine_memory(prof, p))
+    problem = _plan.Problem1D(16384, 16384, 16384, p, 2, 4, memory=pr.memory)
+    weighed = _layouts.weigh(problem, model, transposes=(False, False))
+    assert pr.considered == sum(len(w.plans) for w in weighed)
+    cheapest = min(w.cost for w in weighed)
+    assert pr.chosen.cost == cheapest and pr.chosen.plan.time + pr.chosen.placement == cheapest
+    assert pr.chosen.layout == "GGG" and pr.chosen.grid == (rows, p // rows) and pr.chosen.plan.algorithm == "summa"
+    assert all(c.cost >= pr.chosen.cost for c in pr.runners_up)
+    out = format_free(capsys, nodes)
+    table = out.split("vs the bound\n")[1].splitlines()[:-1]
+    ratios = [float(re.search(r"s +(\d+\.\d\d) +\d+\.\d\d  ", line)[1]) for line in table]  # x chosen
+    assert len(ratios) == len(pr.runners_up) and min(ratios) >= 1.0
+    assert f"BlockNonCyclic({rows}x{p // rows} grid)" in out.split("\n")[3]
+
+
+def format_free(capsys, nodes: int) -> str:
+    return _run(capsys, "-m", "16384", "-n", "16384", "-k", "16384", "--dtype", "bfloat16", "--machine", "h200-nvl8",
+                "--nodes", str(nodes))
+
+
+def test_free_layouts_weigh_grids_as_they_weigh_1d_triples():
+    """choose_distributions (one process, distribution=None) on 64 GPUs, where
+    SUMMA on the 8x8 grid is far cheaper than any 1-D plan: a, b and the result
+    on that grid; with a result the backend cannot deliver on a grid, the
+    result 1-D (a and b still on it where that is cheapest); with only kernels
+    that run no grid algorithm (nvmath's), a 1-D triple as before."""
+    from dmatmul import BlockNonCyclic, ProcessGrid, Replicated
+
+    model = _machines.PROFILES["h200-nvl8"].model("bfloat16", 8)
+    problem = _plan.Problem1D(16384, 16384, 16384, 64, 2, 4)
+    grid = BlockNonCyclic(ProcessGrid((8, 8)))
+    triple = _layouts.choose_distributions(problem, model, transposes=(False, False))
+    assert triple == (grid, grid, grid)
+    one_d = [w for w in _layouts.weigh(problem, model, transposes=(False, False)) if w.problem.grid is None]
+    on_grid = _plan.plans(dataclasses.replace(problem, grid=(8, 8)), {"a": "G", "b": "G", "d": "G"}, model,
+                          native=frozenset("abd"), grid_ops=frozenset("abd"))[0]
+    share = model.beta * 2 * 16384 * 16384 * 2 / 64
+    assert on_grid.time + share < 0.7 * min(w.cost for w in one_d)  # far cheaper: the grid is weighed
+    kept = _layouts.choose_distributions(problem, model, transposes=(False, False),
+                                         deliverable=lambda d: d.grid is None)
+    assert kept[2].grid is None and Replicated() != kept[2]
+    nv = [k for k in _plan.KERNELS if not _plan.ALGORITHMS[k.algorithm].grid and k.algorithm != "summa25d"]
+    assert all(d.grid is None for d in _layouts.choose_distributions(problem, model, transposes=(False, False),
+                                                                      kernels=nv))
 
 
 def test_plan_on_a_given_layout_and_runners_up_are_each_algorithms_best(capsys):

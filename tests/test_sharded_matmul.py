@@ -107,13 +107,76 @@ def test_jax_operands_laid_out_as_their_shardeds_and_the_moves_explained():
         told = mm.explain()
         cost = plan_of(mm).cost
     np.testing.assert_allclose(np.asarray(got), a @ b, rtol=2e-5, atol=2e-5)
-    assert "the plan takes a as Slab.X, b as Slab.Y, result as Slab.X" in told
-    # b: (None, "y") holds half... a quarter of the columns on each rank, Slab.Y an eighth of them: rank 1
-    # (x=0, y=1) holds columns 3..5 but needs 1..2 and 3..4's neighbour: the elements it lacks move
+    assert "the plan takes a as Slab.X, b as " in told and "chosen by the cost model" in told, told
+    # b: (None, "y") holds a quarter of the columns on each rank; Slab.Y (an eighth of them) or Replicated()
+    # (all of them), whichever the model takes, needs columns a rank lacks: the elements it lacks move
     moved = [line for line in told.splitlines() if "B/rank at most (each rank gets only" in line]
     assert moved and any(line.strip().startswith("b ") for line in moved), told
     relays = [m for m in cost.moves if m.collective == "exchange (re-lay)"]
     assert relays and sum(m.nbytes for m in relays) > 0
+
+
+# a's rows split over y only (replicated over x), b Slab.X (K split), the result Slab.Y: the rule's Slab.X for a
+# (its rows split) leaves the 2-D plan to move a again (M split -> K split); taking a as Slab.Y costs a re-lay of
+# the rows each rank lacks on its eighth of the columns, then a GEMM+ReduceScatter of the small result
+CHOSEN = ((("y", None), dm.Slab.X, dm.Slab.Y), (128, 4096), (4096, 8))
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+def test_the_relayed_layout_is_the_cost_models_choice(family):
+    """An operand of no 2-D form is taken in the layout the model prices lowest
+    with its re-lay and the 2-D plan after it (here Slab.Y, where the rule took
+    Slab.X): explain() names it, its cost and the runner-up, and the product is
+    numpy's."""
+    (sa, db, dd), a_shape, b_shape = CHOSEN
+    rng = np.random.default_rng(21)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    xa, xb, tol = _operands(a, b, family)
+    with dm.Matmul(xa, xb, distribution=(_sharded(sa), db, dd), devices=8, backend="jax") as mm:
+        got = mm.execute()
+        told = mm.explain()
+    np.testing.assert_allclose(np.asarray(got), a @ b, rtol=tol * 10, atol=tol * 10)
+    assert "the plan takes a as Slab.Y " in told, told
+    assert "chosen by the cost model, the cheapest of 3 candidates" in told, told
+    assert "runner-up a as Slab.X" in told, told
+    assert mm.algorithm == "reduce_scatter"
+
+
+def test_next_to_a_grid_the_choice_is_the_grid_or_replicated():
+    """Next to an operand on a 2-D grid, an operand of no 2-D form is taken on
+    that grid or replicated, whichever the model prices lower; numpy's product."""
+    rng = np.random.default_rng(22)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+    with dm.Matmul(a, b, distribution=(_sharded(("x", None)), grid, dm.Slab.X), devices=8, backend="jax") as mm:
+        got = mm.execute()
+        told = mm.explain()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    assert "the cheapest of 2 candidates" in told, told
+    line = next(x for x in told.splitlines() if x.strip().startswith("a ") and "its re-lay" in x)
+    assert "BlockNonCyclic(ProcessGrid((2, 4)" in line and "Replicated()" in line, told
+
+
+def test_the_layout_chosen_is_the_cheapest_modelled():
+    """The choice's ranking is the model's: each candidate's re-lay bytes are
+    the busiest rank's (Route) and its total the re-lay plus the planner's
+    cheapest 2-D plan on that triple."""
+    from dmatmul import _cost, _layouts, _relay
+    from dmatmul._problem import Spec
+
+    (sa, db, dd), a_shape, b_shape = CHOSEN
+    dists = (_sharded(sa), db, dd)
+    spec = Spec.of(a_shape, b_shape, "float32", distribution=dists)
+    problem, model = spec.sizes(8, pads=True), _cost.model_for("cpu", 8)
+    choice = _relay.choose(spec, 8, problem, model, None)
+    assert [r[3][0] for r in choice.ranked] == [dm.Slab.Y, dm.Slab.X, dm.Replicated()]
+    for total, relays, inner, triple in choice.ranked:
+        route = _relay.Route.of(dists[0], triple[0], a_shape, 8)
+        nbytes = max(route.received(r) for r in range(8)) * 4
+        assert relays == _relay.move_time(model, _relay.relay_move("a", nbytes))
+        assert inner == _layouts.cheapest(problem, model, triple, transposes=(False, False)).time
+        assert total == relays + inner
+    assert choice.ranked[0][0] < choice.ranked[1][0] / 1.3  # clearly cheaper, not a tie broken
 
 
 def test_numpy_operands_in_one_process_move_nothing_between_ranks():
@@ -238,3 +301,33 @@ def test_an_empty_batch_on_a_sharded_with_no_2d_form(backend, request):
     d = dm.matmul(a, b, distribution=(dm.Slab.X, dm.Slab.X, result), backend=backend, devices=1)
     assert np.asarray(d).shape == (0, 1, 1)
     np.testing.assert_array_equal(np.asarray(d), np.matmul(a, b))
+
+
+SLAB_ON_4 = dm.Sharded(dm.ProcessMesh(4, "x"), ("x", None))  # its 2-D form: Slab.X, which carries no rank count
+SPANS_4 = r"spans 4 ranks \(its mesh \(4,\)\) but there are 8 devices in use: use a ProcessMesh of 8 ranks"
+
+
+@pytest.mark.parametrize("family", ["numpy", "jax"])
+@pytest.mark.parametrize("name", ["a", "b", "result"])
+def test_a_sharded_whose_2d_form_is_a_slab_spans_the_devices_in_use(name, family):
+    """A Sharded whose 2-D form is a Slab (or Replicated()) keeps its mesh: on a
+    mesh of 4 ranks with 8 devices in use it is refused as any other Sharded is,
+    naming the operand (it ran as Slab.X over 8), also on a repeated
+    dm.matmul of jax.Arrays (its shortcut keys on the mesh, not on the Slab)."""
+    i = ("a", "b", "result").index(name)
+    dists: list[dm.Distribution] = [dm.Slab.X, dm.Slab.Y, dm.Slab.X]
+    on_8 = list(dists)
+    dists[i], on_8[i] = SLAB_ON_4, dm.Sharded(dm.ProcessMesh(8, "x"), ("x", None))
+    x, y, _ = _operands(np.ones((8, 4)), np.ones((4, 8)), family)
+    ok = dm.matmul(x, y, distribution=tuple(on_8), devices=8, backend="jax")  # (the same Slab, on 8: taken)
+    np.testing.assert_allclose(np.asarray(ok), np.full((8, 8), 4.0))
+    with pytest.raises(dm.DistributionError, match=rf"distribution of {name}: Sharded\(.*\) {SPANS_4}"):
+        dm.matmul(x, y, distribution=tuple(dists), devices=8, backend="jax")
+    with pytest.raises(dm.DistributionError, match=rf"distribution of {name}: Sharded\(.*\) {SPANS_4}"):
+        dm.Matmul(x, y, distribution=tuple(dists), devices=8, backend="jax")
+
+
+def test_one_sharded_whose_2d_form_is_replicated_spans_the_devices_in_use():
+    d = dm.Sharded(dm.ProcessMesh((2, 2), ("x", "y")), (None, None))
+    with pytest.raises(dm.DistributionError, match=r"distribution of a: Sharded\(.*spans 4 ranks.* 8 devices in use"):
+        dm.matmul(np.ones((8, 4)), np.ones((4, 8)), distribution=d, devices=8, backend="jax")

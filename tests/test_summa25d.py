@@ -188,14 +188,15 @@ def test_bytes_received_per_rank_against_summa_at_4096(schedule):
 
 
 def test_auto_takes_it_only_where_the_model_says_so_moves_included():
-    """auto (the 8-device CPU model): a large square product (n = 16384) on
+    """auto (the 32-device CPU model; on 8 its re-lays, each byte received also
+    copied twice, cost about what it saves): a large square product (n = 16384) on
     AllGather+GEMM's slabs is cheapest re-laid into the layers (the
     three all-to-alls cost less than the bytes 2.5-D SUMMA saves); a small one,
     or one whose operands are replicated (a local GEMM), is not; the plan
     chosen is the cheapest, its moves counted."""
-    model = _cost.model_for("cpu", 8)
+    model = _cost.model_for("cpu", 32)
     xyx = {"a": "M", "b": "N", "d": "M"}
-    large, small = _plan.Problem1D(16384, 16384, 16384, 8, 4, 4), _plan.Problem1D(256, 256, 256, 8, 4, 4)
+    large, small = _plan.Problem1D(16384, 16384, 16384, 32, 4, 4), _plan.Problem1D(256, 256, 256, 32, 4, 4)
     best = _plan.choose(large, xyx, algorithm="auto", model=model, transposes=(False, False))
     assert best.algorithm == "summa25d" and {mv.operand for mv in best.moves} == {"a", "b", "d"}
     others = [pl for pl in _plan.plans(large, xyx, model) if pl.algorithm != "summa25d"]

@@ -1072,3 +1072,45 @@ def test_vmap_over_a_batch_split_over_an_explicit_axis_is_refused_naming_the_ope
         d = run(f)(jax.sharding.reshard(a, P(None, None, None)))
     for i in range(2):
         assert_close(np.asarray(d[i]), reference((i + 1) * A, B), "float32")
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_an_empty_result_from_a_split_c_comes_back_on_the_mesh(kind, alpha):
+    """N = 0 (or alpha = 0: A and B not read) with c split over the mesh: the empty
+    result is placed on the mesh. (Moving the zero-size epilog(beta*C), split as C is,
+    made JAX read it as whole on each device: on Explicit axes 'could not broadcast
+    input array from shape (26,0) into shape (13,0)'; found by the differential
+    matrix, batched.)"""
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Explicit if kind == "explicit" else AxisType.Auto,))
+    a32, b0, c0 = np.ones((26, 10), np.float32), np.ones((0, 10), np.float32), np.ones((26, 0), np.float32)
+    a, b, c = put(a32, mesh, P("data", None)), put(b0, mesh, P()), put(c0, mesh, P("data", None))
+    a3, c3 = np.stack([a32, a32]), np.stack([c0, c0])  # and batched: each item's C split as C is
+    batched = put(a3, mesh, P(None, "data", None)), put(c3, mesh, P(None, "data", None))
+    for (x, z), (gx, gz) in (((a, c), (a32, c0)), (batched, (a3, c3))):
+        for call in (lambda f: f(), lambda f: jax.jit(f)()):  # eager; a jit of closed-over operands (constants)
+            d = call(lambda: dm.matmul(x, b, z, alpha=alpha, beta=2.0, transpose_b=True))
+            assert d.shape == gz.shape and d.sharding.mesh == mesh, d.sharding
+            assert_close(np.asarray(d), reference(gx, b0, gz, alpha=alpha, beta=2.0, transpose_b=True), "float32")
+
+
+@pytest.mark.parametrize("algorithm", ["local", "allgather", "summa25d"])
+def test_a_named_algorithm_on_an_empty_product_is_judged_as_with_elements(algorithm):
+    """distribution=None, a's sharding leaving the mesh axes independent, a named
+    algorithm: an empty product (M = 0) runs, or is refused, as the product with
+    elements is, on one group of ranks (it refused a's sharding as none of dmatmul's
+    distributions; found by the differential matrix)."""
+    mesh = mesh_of("explicit")
+    b = np.ones((13, 23), np.float32)
+    outcomes = []
+    for m in (16, 0):
+        a = put(np.ones((m, 13), np.float32), mesh, P(("model", "data"), None))
+        try:
+            d = dm.matmul(a, b, algorithm=algorithm)
+        except ValueError as e:
+            outcomes.append(str(e).split(":")[0])
+        else:
+            assert d.sharding.mesh == mesh
+            assert_close(np.asarray(d), reference(np.ones((m, 13), np.float32), b), "float32")
+            outcomes.append("ran")
+    assert outcomes[0] == outcomes[1], outcomes

@@ -21,13 +21,14 @@ import functools
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _spec, _world
 
 if TYPE_CHECKING:
-    from .._plan import Plan
+    from .._cost import MachineModel
+    from .._plan import Kernel, Plan, Problem1D
     from .._problem import Spec
     from .._spec import Operands
     from .._world import Runtime
@@ -106,6 +107,11 @@ class Backend:
       (:mod:`dmatmul._relay`; the JAX backend: that NamedSharding where the
       splits are even, on the operands' mesh where they are on one; default:
       as it is).
+    * ``planner(spec, operands, nranks)``: the sizes, machine model and
+      kernels (None: every registered one) its planner costs a product of
+      ``spec`` on ``nranks`` ranks with, for a planner outside it (the
+      re-lay's choice of layouts, :mod:`dmatmul._relay`); pure, nothing
+      compiled. Default: the spec's sizes on the default CPU model.
     * ``fits(spec, operands)``: raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for
       an empty product, which is never planned, with its sizes made 1;
@@ -156,6 +162,12 @@ class Backend:
         (of every dimension) says, where this backend's arrays carry a layout
         (JAX); by default as it is."""
         return d
+
+    def planner(self, spec: Spec, operands: Operands, nranks: int) -> tuple[Problem1D, MachineModel, Sequence[Kernel] | None]:
+        """The spec's sizes on the default CPU model, every kernel (by default)."""
+        from .. import _cost
+
+        return spec.sizes(nranks), _cost.model_for("cpu", nranks), None
 
     def fits(self, spec: Spec, operands: Operands) -> None:
         """Nothing to refuse (by default)."""

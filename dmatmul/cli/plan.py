@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 from typing import Any
 
 from .. import _cost, _layouts, _machines, _memory, _plan
@@ -53,6 +52,13 @@ class Candidate:
     plan: _plan.Plan
     layout: str
     grid: tuple[int, int] | None = None
+    #: placing a and b on the layout, where the planner chose it (:func:`dmatmul._layouts.weigh`); 0 as given
+    placement: float = 0.0
+
+    @property
+    def cost(self) -> float:
+        """What the planner ranks it by: its time, plus placing a and b where the layout is free."""
+        return self.plan.time + self.placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +100,13 @@ def _dists(layout: str, p: int) -> tuple[Distribution, Distribution, Distributio
 
 
 def _letters(dists: tuple[Distribution, ...]) -> str:
-    """The letters of a 1-D triple (what ``choose_distributions`` returns with nothing fixed)."""
-    return "".join("R" if isinstance(d, Replicated) else "X" if d == Slab.X else "Y" for d in dists)
+    """The letters of a triple ``choose_distributions`` returns with nothing fixed (1-D, or a 2-D grid's).
+
+    >>> _letters((BlockNonCyclic(ProcessGrid((2, 4))), Slab.Y, Replicated()))
+    'GYR'
+    """
+    return "".join("R" if isinstance(d, Replicated) else "X" if d == Slab.X else "Y" if d == Slab.Y else "G"
+                   for d in dists)
 
 
 def _plans_on(problem: _plan.Problem1D, layout: str, model: _cost.MachineModel) -> list[Candidate]:
@@ -114,39 +125,29 @@ def project(m: int, n: int, k: int, p: int, dtype: str, model: _cost.MachineMode
     under ``model``: on ``layout`` as given (letters, :func:`parse_layout`),
     or, free, on the layout ``choose_distributions`` picks (as a one-process
     product with ``distribution=None``); and the cheapest plan of every other
-    algorithm (free: on any 1-D layout, SUMMA on its best grid). ``memory``:
+    algorithm (free: on any layout the free choice weighs, :func:`dmatmul._layouts.weigh`,
+    ranked as it ranks them: the plan's time plus placing a and b there). ``memory``:
     the bytes a rank may hold, where an algorithm's memory is a choice (2.5-D
     SUMMA's layers) or refuses it; None: not limited."""
     info = DTYPE_INFO[dtype]
     problem = _plan.Problem1D(m, n, k, p, info.itemsize, info.acc_itemsize, memory=memory)
-    if layout is not None:
-        candidates = _plans_on(problem, layout, model)
+    if layout is not None or p == 1:
+        candidates = _plans_on(problem, layout or "RRR", model)
         chosen = candidates[0]
     else:
+        # every layout the free choice weighs, each plan ranked with placing a and b there (its layout's)
+        weighed = _layouts.weigh(problem, model, transposes=(False, False))
         triple = _layouts.choose_distributions(problem, model, transposes=(False, False))
-        chosen = _plans_on(problem, _letters(triple), model)[0]
-        candidates = [c for lay in map("".join, itertools.product("XYR", repeat=3))
-                      for c in _plans_on(problem, lay, model)]
-        summa = _layouts.choose_grid(problem, model)
-        rows, cols = summa[0].grid.shape if summa[0].grid is not None else (1, p)
-        candidates += [Candidate(pl, "GGG", (rows, cols)) for pl in _plan.plans(
-            dataclasses.replace(problem, grid=(rows, cols)), {"a": "G", "b": "G", "d": "G"}, model,
-            native=frozenset("abd"), grid_ops=frozenset("abd"))]
+        candidates = [Candidate(pl, _letters(w.dists), w.problem.grid, w.placement) for w in weighed for pl in w.plans]
+        chosen = next(Candidate(w.plans[0], _letters(w.dists), w.problem.grid, w.placement)
+                      for w in weighed if w.dists == triple)
     best: dict[str, Candidate] = {}
-    # ranked as choose_distributions ranks layouts: a free layout's plan plus placing a and b there
-    for c in sorted(candidates, key=lambda c: c.plan.time + (0.0 if layout else _placement(problem, c, model))):
+    for c in sorted(candidates, key=lambda c: c.cost):
         best.setdefault(c.plan.algorithm, c)
     runners = tuple(c for name, c in best.items() if name != chosen.plan.algorithm)
     lb = _cost.lower_bounds(m, n, k, p, info.itemsize)
     return Projection(m, n, k, p, dtype, model, chosen, runners, len(candidates), lb["memory_independent"],
                       str(lb["regime"]), layout is not None, memory)
-
-
-def _placement(problem: _plan.Problem1D, c: Candidate, model: _cost.MachineModel) -> float:
-    """Placing a and b on ``c``'s layout, as :func:`dmatmul._layouts.choose_distributions` costs it: a
-    replicated operand costs its whole bytes, a split one its share."""
-    return sum(model.beta * problem.elements(op) * problem.itemsize / (1 if x == "R" else problem.p)
-               for op, x in zip("ab", c.layout))
 
 
 def _kernel(plan: _plan.Plan) -> str:
@@ -207,14 +208,17 @@ def format_projection(pr: Projection, machine: _machines.Profile, nodes: int = 1
         budget = "" if pr.memory is None else f" (a plan may count on {pr.memory / 2**30:.2f} GiB)"
         lines.append(f"memory per GPU: {held / 2**30:.2f} GiB of {machine.memory / 1e9:.0f} GB{budget}")
     if pr.runners_up:
-        lines.append("runners-up: each algorithm's cheapest plan" + ("" if pr.given_layout else (
-            " on any layout, ranked as the planner ranks layouts (its time plus placing a and b there)")))
-        head = (f"  {'algorithm':34s} {'a, b, result':22s} {'time':>10s} {'x chosen':>8s} {'MiB/rank':>9s}  "
-                "vs the bound")
+        free = not pr.given_layout
+        lines.append("runners-up: each algorithm's cheapest plan" + ("" if not free else (
+            " on any layout, ranked as the planner ranks layouts: its time plus placing a and b there "
+            "(x chosen: that sum over the chosen plan's)")))
+        head = (f"  {'algorithm':34s} {'a, b, result':22s} {'time':>10s}" + (f" {'placing':>10s}" if free else "")
+                + f" {'x chosen':>8s} {'MiB/rank':>9s}  vs the bound")
         lines.append(head)
         for c in pr.runners_up:
-            lines.append(f"  {_kernel(c.plan):34s} {_layout_names(c, short=True):22s} {_ms(c.plan.time):>10s} "
-                         f"{c.plan.time / plan.time:8.2f} {c.plan.nbytes / mib:9.2f}  "
+            lines.append(f"  {_kernel(c.plan):34s} {_layout_names(c, short=True):22s} {_ms(c.plan.time):>10s}"
+                         + (f" {_ms(c.placement):>10s}" if free else "")
+                         + f" {c.cost / pr.chosen.cost:8.2f} {c.plan.nbytes / mib:9.2f}  "
                          f"{_bound(c.plan.nbytes, pr, c.layout)}")
         lines.append("  (X: Slab.X, Y: Slab.Y, R: Replicated(), G: BlockNonCyclic on the grid)")
     return "\n".join(lines) + "\n"

@@ -362,7 +362,7 @@ class Case:
         on = self.on_mesh
         if on is not None and self.distributions is None:  # read off shardings that are none of dmatmul's
             traced_auto = on.call in ("jit", "jit under set_mesh") and (not on.explicit or on.mixed)
-            read = (("a", self.a_shape), ("b", self.b_shape)) + ((("c", (self.m, self.n)),) if self.reads_c else ())
+            read = (("a", self.a_shape[-2:]), ("b", self.b_shape[-2:])) + ((("c", (self.m, self.n)),) if self.reads_c else ())
             # shardings that leave a mesh axis independent are a product (C read says the result's: not split)
             # (a numpy operand, placed nowhere, is whole on the other's mesh)
             fa, fb = self.family_of("a"), self.family_of("b")
@@ -387,6 +387,10 @@ class Case:
         dists = self.matrix_distributions
         if self.algorithm != "auto" and _plan.ALGORITHMS[self.algorithm].relays:
             required.extend(self._relaid_refusals(backend))
+            if dists is None and self.on_mesh is not None:
+                # shardings that leave mesh axes independent run it on each group of ranks: not its rank count
+                allowed.append(Refusal((ValueError,), (re.escape(repr(self.algorithm)), "needs"),
+                                       f"algorithm={self.algorithm!r} on a group of the mesh's ranks"))
         elif self.algorithm != "auto" and not (
                 (dists is None and self.on_mesh is None)
                 or (dists is not None and not nd and self.algorithm in _fitting_algorithms(
@@ -505,7 +509,7 @@ class Case:
         t = self.transform
         assert t is not None
         names = self.traced
-        shapes = {"a": self.a_shape, "b": self.b_shape, "c": (self.m, self.n), "bias": self.bias_shape}
+        shapes = {"a": self.a_shape, "b": self.b_shape, "c": self.result_shape, "bias": self.bias_shape}
         inner = [name if name in names else arg for name, arg in zip("abc", args)]
         inner_kw = ["bias=bias" if k.startswith("bias=") and "bias" in names else k for k in kw]
         f = f"lambda {', '.join(names)}: dm.matmul({', '.join(inner + inner_kw)})"
@@ -520,7 +524,7 @@ class Case:
         jit = self.jit and self.on_mesh is None
         if t.kind == "vjp":
             prims = ", ".join(given[n] for n in names)
-            cot = f"rand({(self.m, self.n)!r}, {self.dtype!r}, 'jax', seed=2)"
+            cot = f"rand({self.result_shape!r}, {self.dtype!r}, 'jax', seed=2)"
             if jit:
                 return f"jax.jit(lambda {ns}, g: jax.vjp({f}, {ns})[1](g))({prims}, {cot})"
             if self.on_mesh is not None and self.on_mesh.call == "eager" and (self.on_mesh.explicit or self.on_mesh.mixed):

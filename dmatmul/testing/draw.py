@@ -386,10 +386,12 @@ def _draw_nd(draw: Chooser, case: Case) -> Case:
     """Batch dimensions and N-D meshes (drawn last, so that the draws above stay those of
     the cases before them).
 
-    One case in five (not inside a JAX transformation nor on a user's mesh, whose
-    operands are matrices) has leading batch dimensions on a, b or both
-    (:func:`_draw_batches`). One case in four that passes distributions has
-    :class:`~dmatmul.Sharded` ones: each of a, b and the result (or the one
+    One case in five has leading batch dimensions on a, b or both
+    (:func:`_draw_batches`), whatever else it draws: inside a JAX transformation
+    (a vjp's cotangent and a jvp's tangents of the result's and the operands'
+    batched shapes; a vmap's stack of batched operands), and on a user's mesh
+    (each matrix placed as the case says, the batch dimensions not split). One
+    case in four that passes distributions has :class:`~dmatmul.Sharded` ones: each of a, b and the result (or the one
     Distribution for all) is, two times in three, a Sharded over a
     :class:`~dmatmul.ProcessMesh` of 1 to 3 axes whose sizes multiply to the
     rank count (one mesh for the three, three times in four), its spec a 2-D
@@ -398,7 +400,7 @@ def _draw_nd(draw: Chooser, case: Case) -> Case:
     them; tuples in any order), of the matrix dimensions or (one in four, on a
     batched operand) of every dimension. Dimensions split unevenly wherever the
     sizes drawn do not divide."""
-    if case.transform is None and case.on_mesh is None and _rarely(draw, 5):
+    if _rarely(draw, 5):
         a_batch, b_batch = _draw_batches(draw, large=max(case.m, case.n, case.k) > _MAX_DIM)
         case = dataclasses.replace(case, a_batch=a_batch, b_batch=b_batch)
     if case.distributions is None or not _rarely(draw, 4):
@@ -406,7 +408,8 @@ def _draw_nd(draw: Chooser, case: Case) -> Case:
     meshes = [_draw_mesh(draw, case.nranks)]
     ndims = (len(case.a_shape), len(case.b_shape), len(case.result_shape))
     if case.single:
-        ndim = min(ndims)  # (a spec of more dimensions than an operand has is refused, as a misfit)
+        # (a spec of another number of dimensions than an operand's, but 2, is refused, as a misfit)
+        ndim = ndims[0] if len(set(ndims)) == 1 else 2
         d = _draw_sharded(draw, meshes[0], ndim if ndim > 2 and _rarely(draw, 4) else 2)
         return dataclasses.replace(case, distributions=(d, d, d))
     dists = list(case.distributions)

@@ -104,14 +104,15 @@ class OnMesh:
 
     def put(self, x: Any, mesh: Any, placement: str, batch_axis: int | None = None) -> Any:
         """``x`` on ``mesh`` (this mesh, built) as ``placement`` says (unsplit where that would not split evenly);
-        a stack of matrices along ``batch_axis`` with each matrix so placed, the batch axis not split."""
+        a stack of matrices (its leading batch dimensions, or one along ``batch_axis``) with each matrix so
+        placed, the batch dimensions not split."""
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
         shape = list(x.shape)
         if batch_axis is not None:
             del shape[batch_axis]
-        spec: list[Any] = [axes or None for axes in self.spec(placement, shape)]
+        spec: list[Any] = [None] * (len(shape) - 2) + [axes or None for axes in self.spec(placement, shape[-2:])]
         if batch_axis is not None:
             spec.insert(batch_axis, None)
         return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))

@@ -327,7 +327,7 @@ class _Run:
             problems.append(f"{said}max error {ratios[-1]:.3g} x the tolerance")
         elif fam == "jax" and not mpi and r.kind != "gradient":
             close = lambda x, y: error_ratio(x, y, tol, scale) <= slack  # noqa: E731
-            lead = 1 if r.kind == "batched" else len(case.batch_shape) if r.kind == "result" else 0
+            lead = (r.kind == "batched") + len(case.batch_shape) if r.kind != "gradient" else 0
             problems += [said + p for p in _sharding_problems(d, case, ref, self.ranks, close, lead)]
         return problems
 

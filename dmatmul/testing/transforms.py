@@ -25,7 +25,7 @@ class _TransformData:
         t = case.transform
         assert t is not None
         self.case, self.names = case, case.traced
-        shapes = {"a": case.a_shape, "b": case.b_shape, "c": (case.m, case.n), "bias": case.bias_shape}
+        shapes = {"a": case.a_shape, "b": case.b_shape, "c": case.result_shape, "bias": case.bias_shape}
         dtypes = {"a": case.dtype, "b": case.dtype, "c": case.dtype, "bias": case.bias_dtype or case.dtype}
         kw: dict[str, Any] = dict(alpha=case.alpha, beta=case.beta, transpose_a=case.transpose_a,
                                   transpose_b=case.transpose_b, epilog=case.epilog, bias=ops["bias"])
@@ -36,18 +36,18 @@ class _TransformData:
             stack = np.stack([one] + [random_matrix(rng, one.shape, case.dtype) for _ in range(t.size - 1)])
             self.inputs[f"{t.batched}, batched"] = passed(np.moveaxis(stack, 0, t.axis), t.batched, t.axis)
             refs = [reference(o["a"], o["b"], o["c"], **kw) for o in ({**ops, t.batched: x} for x in stack)]
-            self.alternatives = [[_Result(f"{what}: result", None, np.stack(refs), (t.size, case.m, case.n),
+            self.alternatives = [[_Result(f"{what}: result", None, np.stack(refs), (t.size,) + case.result_shape,
                                           kind="batched")]]
             return
         if t.kind == "vjp":
-            g = random_matrix(rng, (case.m, case.n), case.dtype)
+            g = random_matrix(rng, case.result_shape, case.dtype)
             self.inputs["cotangent"] = _as_jax(g)
         else:
             tangents = {n: random_matrix(rng, shapes[n], dtypes[n]) for n in self.names}
             self.inputs.update({f"tangent of {n}": passed(x, n) for n, x in tangents.items()})
         # where no traced operand reaches the result (an empty one; or K = 0 or alpha = 0, C not read or not
         # traced, bias not traced), JAX makes its tangent a zero of its own, on its default device: its placement is not checked
-        reached = case.m * case.n > 0 and ((case.k > 0 and case.alpha != 0)
+        reached = math.prod(case.result_shape) > 0 and ((case.k > 0 and case.alpha != 0)
                                            or ("c" in self.names and case.beta != 0) or "bias" in self.names)
         # each alternative: the outputs, each with its reference. relu has no derivative at an exact 0 of its
         # input (half-precision data meets some, as C and bias cancel): dmatmul may take 0 (jax.nn.relu's),

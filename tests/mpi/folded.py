@@ -1,9 +1,10 @@
 """Run under ``mpiexec -n 2`` (``fake``: the nvmath backend on
 tests/gpu/_fake_nvmath.py, else JAX): batched products where only a (or only
 b) holds a batch, each rank passing its blocks of every item, run as ONE
-matrix product where every rank's blocks fold (Slab.X a and result, M even;
-Slab.Y b and result, N even; a's rows whole) and item by item where they do
-not (M uneven: 4 + 3 rows fold to 12 + 9, not the folded Slab.X's 11 + 10);
+matrix product where every rank's blocks fold (Slab.X a and result, Slab.Y b
+and result, M or N uneven too: each rank's part of an item padded to the
+longest; a's rows whole) and item by item where they do not (a's rows split,
+the result's whole);
 checked against numpy, explain() and (fake) the nvmath calls made. Prints
 ``folded checks on P processes: N failures`` on rank 0; exits 1 on a failure.
 """
@@ -68,7 +69,11 @@ product((3,), (), (X, Y, X), 8, 5, folds=True, epilog="relu_bias", bias_shape=(8
 product((2, 2), (1,), (X, R, X), 8, 5, folds=True, epilog="bias", bias_shape=(2, 2, 8, 1))
 product((3,), (), (Y, R, X), 8, 5, folds=True, ta=True, epilog="bias", bias_shape=(1, 5))  # a stored (K, M)
 product((3,), (), (Y, X, Y), 7, 4, folds=True)  # a's rows whole on every rank
-product((3,), (), (X, Y, X), 7, 5, folds=False, epilog="bias", bias_shape=(7,))  # uneven M: item by item
+# uneven M (4 + 3 rows fold to 12 + 9, not the folded Slab.X's 11 + 10): each rank's rows of an item padded to 4
+product((3,), (), (X, Y, X), 7, 5, folds=True, epilog="bias", bias_shape=(7,))
+product((2,), (), (Y, R, X), 5, 4, folds=True, ta=True, epilog="relu_bias", bias_shape=(2, 5, 1))
+product((), (3,), (X, Y, Y), 6, 5, folds=True, epilog="bias", bias_shape=(1, 5))  # uneven N, padded
+product((3,), (), (X, Y, Y), 7, 6, folds=False)  # uneven M, the result's rows whole: item by item
 product((), (3,), (X, Y, Y), 7, 6, folds=True, epilog="bias", bias_shape=(3, 1, 6))  # N folded
 product((), (2,), (X, X, Y), 7, 6, folds=True, tb=True)
 product((3,), (3,), (X, Y, X), 8, 5, folds=False)  # both hold a batch

@@ -147,6 +147,22 @@ class JaxArrays(ArrayKind):
         jax = sys.modules.get("jax")
         return contextlib.nullcontext() if jax is None else jax.ensure_compile_time_eval()
 
+    def item(self, x: Any, idx: tuple[int, ...]) -> Any:
+        # lax's indexing, not x[idx]: jax.numpy makes the item of an empty array anew on one device (it raised
+        # on a mesh of Explicit axes, and dropped the placement on an Auto one)
+        jax = sys.modules["jax"]
+        for i in idx:
+            x = jax.lax.index_in_dim(x, i, 0, keepdims=False)
+        sharding = getattr(x, "sharding", None)
+        if x.size == 0 and isinstance(sharding, jax.sharding.NamedSharding) and not x.is_fully_replicated:
+            # no values: unsplit on its mesh (JAX reads a zero-size array split over devices as whole on each, and a
+            # jit that holds it as a constant raised 'could not broadcast input array from shape (26,0) into (13,0)')
+            import numpy as np
+
+            x = jax.device_put(np.zeros(x.shape, x.dtype), jax.sharding.NamedSharding(sharding.mesh,
+                                                                                      jax.sharding.PartitionSpec()))
+        return x
+
     def precise(self, dtype: str) -> contextlib.AbstractContextManager[Any]:
         jax = sys.modules.get("jax")
         if jax is not None and dtype in ("float64", "complex128"):

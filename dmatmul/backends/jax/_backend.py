@@ -22,7 +22,7 @@ from . import _redistribute as _moves
 from ._explain import ExplainedProduct
 from ._mesh import _inside_shard_map, _split_vmap, _tracing, mesh_of, plan_devices, user_mesh
 from ._shardings import _fit_devices, _given_distributions, _on_mesh, _redistribute_traced, place_result
-from ._planning import _x64
+from ._planning import _x64, sized
 from ._xla import XlaPlan, left_to_xla
 
 __all__ = ["JaxBackend", "JaxPlan"]
@@ -59,8 +59,9 @@ class JaxBackend(Backend):
 
     def fits(self, spec: Spec, operands: Operands) -> None:
         """The refusal of ``spec``'s named algorithm, where it does not fit, as
-        :meth:`plan` gives it (a plan is laid out, not cached or compiled)."""
-        JaxPlan(spec, operands)
+        :meth:`plan` gives it (a plan is laid out, not cached or compiled): on the mesh axes
+        the shardings leave independent, one group's."""
+        self.plan(spec, operands)
 
     def ranks(self, spec: Spec, operands: Operands) -> int:
         """One device per process under mpiexec; else the devices of the operands'
@@ -75,6 +76,13 @@ class JaxBackend(Backend):
         if spec.distributions is None and spec.family == "jax" and _independent.find(spec, operands, mesh, devices) is None:
             _given_distributions(spec, operands, devices)
         return len(devices)
+
+    def planner(self, spec: Spec, operands: Operands, nranks: int) -> tuple[Any, Any, None]:
+        """The sizes (padded: JAX shards evenly) and the model of the devices the
+        product runs on (as :class:`JaxPlan` takes them), every kernel."""
+        devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(spec, mesh_of(spec, operands))
+        problem, model = sized(spec, devices[0], nranks)
+        return problem, model, None
 
     def memory(self, spec: Spec, operands: Operands) -> tuple[list[_memory.Need], dict[str, _memory.Probe]]:
         """What the product takes, per place, and how to ask each device what it

@@ -108,6 +108,12 @@ def _item_function(item: Spec) -> Any:
     return f
 
 
+def _on_explicit(spec: PartitionSpec, explicit: frozenset[str]) -> PartitionSpec:
+    """``spec`` naming the ``explicit`` mesh axes only (a value's type names no Auto axis)."""
+    kept = [tuple(a for a in ((e,) if isinstance(e, str) else e or ()) if a in explicit) for e in spec]
+    return PartitionSpec(*[k or None for k in kept])
+
+
 class BatchSplitPlan(BackendPlan):
     """The batch split over the devices, every item on one device (no communication)."""
 
@@ -126,6 +132,7 @@ class BatchSplitPlan(BackendPlan):
         padded = -(-count // p) * p
         axes = tuple(mesh.axis_names)
         split, whole = PartitionSpec(axes), PartitionSpec()
+        explicit = frozenset(mesh.explicit_axes) if self.user_mesh is not None else frozenset()
         item = _item_function(spec.item())
 
         def run(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
@@ -134,6 +141,9 @@ class BatchSplitPlan(BackendPlan):
                   else jnp.pad(x, ((0, padded - count), (0, 0), (0, 0))) for x in xs]
             in_axes = tuple(None if x is None or x.ndim <= 2 else 0 for x in xs)
             specs = tuple(None if x is None else split if x.ndim > 2 else whole for x in xs)
+            if explicit:  # shard_map takes a value typed on Explicit axes only as its in_specs name them
+                xs = [x if x is None or s is None else jax.sharding.reshard(x, _on_explicit(s, explicit))
+                      for x, s in zip(xs, specs)]
             body = jax.shard_map(jax.vmap(item, in_axes=in_axes), mesh=mesh, in_specs=specs, out_specs=split)
             return body(*xs)  # (padded items, M, N), split as computed: no gather inside the kernel
 
@@ -150,6 +160,8 @@ class BatchSplitPlan(BackendPlan):
             return np.array(np.asarray(d)[:spec.batch_size]).reshape(shape)
         if self._relaid:  # (a gather: the items' blocks do not fall on the batch's dimensions as they are)
             with jax.set_mesh(self.mesh):
+                if self.user_mesh is not None and self.mesh.explicit_axes:  # (typed split: gathered first)
+                    d = jax.sharding.reshard(d, PartitionSpec())
                 return d[:spec.batch_size].reshape(shape)
         return d
 

@@ -94,6 +94,16 @@ def summa_schedule(k_a: _layout.DimMap, k_b: _layout.DimMap) -> _kernels.SummaSc
 _SummaLayout = tuple[dict[str, _layout.Placement], _kernels.SummaSchedule]
 
 
+def sized(spec: Spec, device: Any, p: int) -> tuple[_plan.Problem1D, _cost.MachineModel]:
+    """The sizes and the machine model a product of ``spec`` on ``p`` devices
+    like ``device`` is planned with."""
+    model = _cost.model_for(device.platform, p, kind=getattr(device, "device_kind", None))
+    # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
+    # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
+    itemsize = 4 if spec.dtype == "bfloat16" and device.platform == "cpu" else None
+    return spec.sizes(p, itemsize=itemsize, pads=True), model
+
+
 class PlannedProduct:
     """A product laid out and its algorithm chosen (no function compiled yet)."""
 
@@ -114,11 +124,7 @@ class PlannedProduct:
         self.devices = _layout.process_devices(spec.nprocs) if spec.spmd else plan_devices(
             spec, mesh_of(spec, operands) if within is not None else self.user_mesh)
         self.nranks = p = len(self.devices) if within is None else within.nranks
-        self.model = _cost.model_for(self.devices[0].platform, p, kind=getattr(self.devices[0], "device_kind", None))
-        # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
-        # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
-        itemsize = 4 if spec.dtype == "bfloat16" and self.devices[0].platform == "cpu" else None
-        self.problem = spec.sizes(p, itemsize=itemsize, pads=True)
+        self.problem, self.model = sized(spec, self.devices[0], p)
         if _layered.has_layers(p):  # the memory its layers may take: DMATMUL_MEMORY_FRACTION of the devices'
             self.problem = dataclasses.replace(self.problem, memory=_memory.plan_budget(self.devices))
         grid, laid = self._lay_out(operands)
@@ -244,7 +250,7 @@ class PlannedProduct:
         a user's mesh (one group's product), the 1-D ones, whose ranks are one axis."""
         if self.within is not None:
             return [k for k in _plan.KERNELS if not ALGORITHMS[k.algorithm].grid and k.algorithm != _layered.NAME]
-        return None if grid is None else [k for k in _plan.KERNELS if k.algorithm != _layered.NAME]
+        return None if grid is None else _plan.grid_kernels(_plan.KERNELS)
 
     def _place(
         self, kern: _plan.Kernel, summa: _SummaLayout | None,

@@ -262,6 +262,10 @@ def place_result(d: jax.Array, spec: Spec, operands: Operands) -> jax.Array:
     mesh = mesh_of(spec, operands)
     cut = find(spec, operands, mesh, plan_devices(spec, mesh))
     shape = (spec.m, spec.n)
+    if d.size == 0 and not isinstance(d, jax.core.Tracer):
+        # no values to move: placed anew from the host (JAX moves a zero-size array split over devices, as an
+        # empty C's blocks on Explicit axes leave it, as if each device held it whole, and raises)
+        d = jax.numpy.zeros(d.shape, d.dtype)  # (on the default device, whole)
     if spec.distributions is not None:
         dist = spec.distributions[2]
     elif cut is None:

@@ -225,6 +225,13 @@ class _LazyBackend(Backend):
         """One GPU per process: the processes under mpiexec, else one."""
         return spec.nprocs if spec.spmd else 1
 
+    def planner(self, spec: Any, operands: Any, nranks: int) -> tuple[Any, Any, Any]:
+        """The spec's sizes, the GPU model and cuBLASMp's kernels (its SUMMA on a
+        grid too), as the translation plans with them (pure data)."""
+        from ._translate._types import GRID, KERNELS, MODEL
+
+        return spec.sizes(nranks), MODEL, (*KERNELS, GRID)
+
     def fits(self, spec: Any, operands: Any) -> None:
         """The translation's refusal of ``spec``'s named algorithm, where it has
         one (pure data: no GPU, nothing started)."""
