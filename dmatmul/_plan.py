@@ -154,30 +154,50 @@ class Move:
         return f"{self.operand}: {self.src} -> {self.dst} by {self.collective} ({_fmt_bytes(self.nbytes)}/rank)"
 
 
-def _blocks(problem: Problem1D, operand: str, role: Role) -> tuple[int, int, list[tuple[int, int]]] | None:
-    """How ``role`` cuts ``operand`` (its logical rows and columns) into blocks:
-    the blocks each way and each rank's ``(row block, column block)``; None
-    for ``R`` and for a grid role without a grid."""
+def _blocks(
+    problem: Problem1D, operand: str, role: Role, transposed: bool = False, kernel: bool = False
+) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """How ``role`` cuts the *stored* ``operand`` (transposed or not: a move
+    acts on the array as stored) into blocks: the blocks each way and each
+    rank's ``(row block, column block)``; None for ``R`` and for a grid role
+    without a grid. A grid role is the grid layout of the stored array
+    (``BlockNonCyclic`` on the product's grid), or, ``kernel``, SUMMA's layout
+    of op(X): for a transposed operand that grid transposed on the stored
+    array (its rows cut by the grid's columns, rank (i, j) holding block (j, i)).
+
+    >>> _blocks(Problem1D(8, 8, 8, 8, 4, 4), "b", "K", transposed=True)[:2]  # K: the stored columns
+    (1, 8)
+    >>> _blocks(Problem1D(8, 8, 8, 8, 4, 4, grid=(2, 4)), "a", "G", True, kernel=True)[2][:3]
+    [(0, 0), (1, 0), (2, 0)]
+    """
     p = problem.p
     if role == "G":
         if problem.grid is None:
             return None
         rows, cols = problem.grid
         if problem.grid_order == "col":
-            return rows, cols, [(r % rows, r // rows) for r in range(p)]
-        return rows, cols, [(r // cols, r % cols) for r in range(p)]
+            at = [(r % rows, r // rows) for r in range(p)]
+        else:
+            at = [(r // cols, r % cols) for r in range(p)]
+        if transposed and kernel:
+            return cols, rows, [(j, i) for i, j in at]
+        return rows, cols, at
     if role == "R":
         return None
-    if _LOGICAL[operand][0] == role:
+    if stored_dims(operand, transposed)[0] == role:  # type: ignore[arg-type]
         return p, 1, [(r, 0) for r in range(p)]
     return 1, p, [(0, r) for r in range(p)]
 
 
-def exchange_cost(problem: Problem1D, operand: str, src: Role, dst: Role) -> tuple[float, float] | None:
+def exchange_cost(
+    problem: Problem1D, operand: str, src: Role, dst: Role, transposed: bool = False
+) -> tuple[float, float] | None:
     """The rounds of ``ppermute`` and the bytes the busiest rank receives in an
     element exchange (the JAX backend's ``_exchange.redistribute``) of
-    ``operand`` from ``src``'s blocks to ``dst``'s, or None where either is no
-    block split (``R``, a grid role without a grid).
+    ``operand`` (stored ``transposed`` or not) from ``src``'s blocks to
+    ``dst``'s, or None where either is no block split (``R``, a grid role
+    without a grid). A grid ``src`` is the stored array's grid layout, a grid
+    ``dst`` SUMMA's (:func:`_blocks`): for a and b the kernel's side.
 
     Each rank sends every other rank the part of its block that rank's new
     block holds, one partner a round: as many rounds as a rank has partners
@@ -191,7 +211,7 @@ def exchange_cost(problem: Problem1D, operand: str, src: Role, dst: Role) -> tup
     >>> exchange_cost(pr, "d", "M", "N"), exchange_cost(pr, "d", "M", "G"), exchange_cost(pr, "d", "N", "G")
     ((7.0, 1792.0), (3.0, 1536.0), (2.0, 2048.0))
     """
-    one, two = _blocks(problem, operand, src), _blocks(problem, operand, dst)
+    one, two = _blocks(problem, operand, src, transposed), _blocks(problem, operand, dst, transposed, kernel=True)
     if one is None or two is None:
         return None
     (r1, c1, at1), (r2, c2, at2) = one, two
@@ -207,15 +227,15 @@ def exchange_cost(problem: Problem1D, operand: str, src: Role, dst: Role) -> tup
 
 
 def move(
-    problem: Problem1D, operand: str, src: Role, dst: Role, *, native: bool = False
+    problem: Problem1D, operand: str, src: Role, dst: Role, *, native: bool = False, transposed: bool = False
 ) -> Move:
     """Cost of bringing ``operand`` from role ``src`` to ``dst`` (per rank), as
     the JAX backend runs it (``_exchange.redistribute``; its compiled HLO:
     tests/test_grid.py::test_each_move_is_priced_as_it_compiles):
 
     * from ``R``: a local slice, a copy of the rank's block;
-    * a split of rows (for ``d``, ``M``) to ``R``: one all-gather (a whole
-      collective), no copy;
+    * a split of the stored rows (``d``: ``M``; a transposed ``b``: ``N``)
+      to ``R``: one all-gather (a whole collective), no copy;
     * any other split (columns, a grid) to ``R``: an element exchange into
       row blocks (below), then that all-gather (XLA gathers columns through
       copies that transpose what it gathers, slower than the two);
@@ -232,11 +252,19 @@ def move(
     the 1x1 grid's layout is the whole matrix, as ``R`` is: nothing moves
     between them.
 
+    ``transposed``: the operand is stored transposed; what runs depends on how
+    the stored array is split (a transposed ``b`` on ``Slab.Y``, role ``K``,
+    splits stored columns: to ``R`` an exchange and an all-gather, where an
+    untransposed ``b`` in role ``K`` takes the all-gather alone).
+
     >>> move(Problem1D(8, 8, 8, 1, 4, 4, grid=(1, 1)), "d", "G", "R").collective
     'none'
     >>> mv = move(Problem1D(64, 64, 64, 8, 4, 4, grid=(2, 4)), "d", "G", "R")
     >>> mv.collective, mv.messages, mv.collectives, mv.nbytes
     ('exchange + all-gather', 3.0, 1.0, 15872.0)
+    >>> pr = Problem1D(64, 64, 64, 8, 4, 4)
+    >>> move(pr, "b", "K", "R").collective, move(pr, "b", "K", "R", transposed=True).collective
+    ('all-gather', 'exchange + all-gather')
     """
     p = problem.p
     size = problem.elements(operand) * problem.itemsize
@@ -250,18 +278,18 @@ def move(
         return Move(operand, src, dst, "none", 0.0, 0.0)
     if src == "R":
         return Move(operand, src, dst, "local slice", 0.0, 0.0, copied=block)
-    rows: Role = _LOGICAL[operand][0]  # type: ignore[assignment]
+    rows: Role = stored_dims(operand, transposed)[0]  # type: ignore[arg-type, assignment]
     if dst == "R":
         gathered = (p - 1) / p * size
         if src == rows:
             return Move(operand, src, dst, "all-gather", gathered, 0.0, 1.0)
-        ex = exchange_cost(problem, operand, src, rows)
+        ex = exchange_cost(problem, operand, src, rows, transposed)
         if ex is None:  # a grid role without its grid: priced as the busiest grid order's exchange
             ex = (p - 1.0, block)
         # the exchange's bytes are priced with the gather's, at a whole collective's rate
         return Move(operand, src, dst, "exchange + all-gather", ex[1] + gathered, ex[0], 1.0,
                     copied=2 * block + ex[1])
-    ex = exchange_cost(problem, operand, src, dst)
+    ex = exchange_cost(problem, operand, src, dst, transposed)
     if ex is None:
         ex = (p - 1.0, block)
     return Move(operand, src, dst, "exchange", ex[1], ex[0], copied=2 * block + ex[1])
@@ -418,6 +446,7 @@ def grid_kernels(kernels: Sequence[Kernel]) -> list[Kernel]:
 def plans(
     problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset(),
     kernels: Sequence[Kernel] | None = None, grid_ops: frozenset[str] = frozenset(),
+    transposes: tuple[bool, bool] = (False, False),
 ) -> list[Plan]:
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
@@ -425,7 +454,8 @@ def plans(
     :func:`dmatmul.algorithms.kernels`; None: all of them). SUMMA is a candidate only on a process grid; ``grid_ops`` names the
     operands laid out on that grid (SUMMA takes them from there even where
     their role is a 1-D one: :func:`on_grid_roles`), ``native`` those whose
-    grid layout is already the one SUMMA uses (no move).
+    grid layout is already the one SUMMA uses (no move). ``transposes``: how a
+    and b are stored, which decides how each move runs (:func:`move`).
     """
     out = []
     kernels = registered_kernels() if kernels is None else kernels
@@ -444,8 +474,8 @@ def plans(
         sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
         mine = native if on_grid else frozenset()
         candidates = [
-            move(sized, "a", given["a"], kernel.a, native="a" in mine),
-            move(sized, "b", given["b"], kernel.b, native="b" in mine),
+            move(sized, "a", given["a"], kernel.a, native="a" in mine, transposed=transposes[0]),
+            move(sized, "b", given["b"], kernel.b, native="b" in mine, transposed=transposes[1]),
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
             move(sized, "d", kernel.d, given["d"], native="d" in mine),
         ]
@@ -498,13 +528,14 @@ def choose(
     """
     if algorithm != "auto" and ALGORITHMS[algorithm].refusal(problem):
         raise ValueError(ALGORITHMS[algorithm].refusal(problem))
-    candidates = plans(problem, roles, model, native, kernels, grid_ops)
+    candidates = plans(problem, roles, model, native, kernels, grid_ops, transposes)
     if not candidates:  # (only where schedule() forces a kernel that runs nowhere here)
         raise ValueError(f"no kernel runs these distributions as forced ({forced_schedule()})")
     if algorithm == "auto":
         return candidates[0]
     fit_roles = roles if fit_roles is None else fit_roles
-    as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels, grid_ops)
+    as_given = candidates if fit_roles == roles else plans(
+        problem, fit_roles, model, native, kernels, grid_ops, transposes)
     # a grid algorithm also takes grid operands whose blocking or orientation it must first adjust
     # (transposes, other block sizes on the same grid); every other named algorithm runs on its operands as given
     on_grid, relays = ALGORITHMS[algorithm].grid, ALGORITHMS[algorithm].relays

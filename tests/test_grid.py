@@ -604,26 +604,40 @@ def _copies_per_rank(hlo: str, p: int) -> tuple[np.ndarray, float]:
     return got, copied
 
 
+@pytest.mark.parametrize("operand, transposed", [("d", False), ("b", True)])
 @pytest.mark.parametrize("order", ["row", "col"])
-@pytest.mark.parametrize("src, dst", [(s, t) for s in "MNGR" for t in "MNGR" if s != t])
-def test_each_move_is_priced_as_it_compiles(src, dst, order):
-    """Every move between two layouts (a row or column slab, a 2x4 grid of
-    either rank order, replicated) is priced as its compiled program runs
-    (``_exchange.redistribute``): its rounds of ``ppermute`` as the model's
-    messages (a row slab to a column slab: 7 of 1/64 of the matrix each, not
-    one whole collective; a grid to a slab: 1-4, not 7), its whole
-    collectives (an all-gather of rows, the only one), the bytes the busiest
-    rank receives in both, and the copies around each round (a part cut out of
-    its block before, written into the new block after: ``Move.copied``, at
-    the memory rate), besides one block of zeros and a rank's own part."""
+@pytest.mark.parametrize("src, dst", [(s, t) for s in "XYGR" for t in "XYGR" if s != t])
+def test_each_move_is_priced_as_it_compiles(src, dst, order, operand, transposed):
+    """Every move between two layouts of the stored matrix (a row or column
+    slab, a 2x4 grid of either rank order, replicated) is priced as its
+    compiled program runs (``_exchange.redistribute``): its rounds of
+    ``ppermute`` as the model's messages (a row slab to a column slab: 7 of
+    1/64 of the matrix each, not one whole collective; a grid to a slab: 1-4,
+    not 7), its whole collectives (an all-gather of rows, the only one), the
+    bytes the busiest rank receives in both, and the copies around each round
+    (a part cut out of its block before, written into the new block after:
+    ``Move.copied``, at the memory rate), besides one block of zeros and a
+    rank's own part.
+
+    A move acts on the array as stored: for b stored transposed (N x K) the
+    model is asked in b's logical roles (Slab.Y: K, whose gather is an
+    exchange to row slabs and an all-gather, where an untransposed b's K is
+    its rows' one all-gather), and its grid target is SUMMA's layout of op(b),
+    the grid transposed on the stored array (its rows over the grid's columns)."""
     from dmatmul import _cost, _plan
     from dmatmul.algorithms.base import Problem1D
 
     shape, n, p = (2, 4), 64, 8
     grid = dm.BlockNonCyclic(dm.ProcessGrid(shape, layout=order))
-    dist = {"G": grid, "M": dm.Slab.X, "N": dm.Slab.Y, "R": dm.Replicated()}
     geom = _layout.Geometry.create(tuple(jax.devices()[:p]), grid.grid)
-    a, b = (_layout.placement_of(dist[r], geom, (n, n), (None, None)) for r in (src, dst))
+    dims = _plan.stored_dims(operand, transposed)
+    role = {"X": dims[0], "Y": dims[1], "G": "G", "R": "R"}
+    dist = {"X": dm.Slab.X, "Y": dm.Slab.Y, "G": grid, "R": dm.Replicated()}
+    a = _layout.placement_of(dist[src], geom, (n, n), (None, None))
+    if dst == "G" and transposed:  # SUMMA's layout of op(b) (backends/jax/_planning.py: _summa_placements)
+        b = _layout.Placement((_layout.DimMap.slab(n, shape[1]), _layout.DimMap.slab(n, shape[0])), ("c", "r"))
+    else:
+        b = _layout.placement_of(dist[dst], geom, (n, n), (None, None))
     x = jax.device_put(jnp.asarray(np.arange(n * n, dtype=np.float32).reshape(n, n)), geom.sharding(a))
     fn = jax.jit(lambda v: _exchange.redistribute(v, a, b, geom), out_shardings=geom.sharding(b))
     with geom.context():
@@ -632,7 +646,8 @@ def test_each_move_is_priced_as_it_compiles(src, dst, order):
     got, permuted = _copies_per_rank(hlo, p)
     rounds = hlo.count(" collective-permute(")
     whole = sum(hlo.count(f" {op}(") for op in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter"))
-    mv = _plan.move(Problem1D(n, n, 8, p, 4, 4, grid=shape, grid_order=order), "d", src, dst)
+    problem = Problem1D(n, n, n, p, 4, 4, grid=shape, grid_order=order)
+    mv = _plan.move(problem, operand, role[src], role[dst], transposed=transposed)
     assert (mv.messages, mv.collectives, mv.nbytes) == (rounds, whole, got.max()), (mv, rounds, whole, got)
     block = n * n * 4 / p
     if rounds:  # the zeros the new block starts from, the copies around each round, and a rank's own part
