@@ -199,7 +199,7 @@ def _plans_on(
     grid_ops = frozenset(op for op, d in zip(OPERANDS, triple) if grid is not None and d.grid == grid
                          and roles[op] == "G")
     native = frozenset(op for op in grid_ops if (op, True) not in (("a", transposes[0]), ("b", transposes[1])))
-    return problem, plans(problem, roles, model, native, kernels, grid_ops)
+    return problem, plans(problem, roles, model, native, kernels, grid_ops, transposes)
 
 
 def _grid_of(triple: tuple[Distribution, Distribution, Distribution], p: int) -> ProcessGrid | None:
@@ -227,7 +227,7 @@ def _choose_named(
             continue
         triple = (fixed[0] or role_dist("a", kern.a, ta), fixed[1] or role_dist("b", kern.b, tb),
                   fixed[2] or role_dist("d", kern.d, False))
-        found = plans(problem, roles_of(triple, transposes, problem.p), model, kernels=[kern])
+        found = plans(problem, roles_of(triple, transposes, problem.p), model, kernels=[kern], transposes=transposes)
         if found and found[0].communication_free_moves:  # it fits as given, as choose() requires
             options.append((deliverable is not None and not deliverable(triple[2]), found[0].time, triple))
     if not options:

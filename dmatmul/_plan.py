@@ -30,7 +30,7 @@ __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Move", "Plan", "Problem1D", "role_of", "roles_of",
     "role_dist", "kernel_cost", "gemm_calls", "model_time", "on_grid_roles", "plans", "choose", "needs", "needs_message",
     "dist_for_role", "stored_dims", "ALGORITHMS", "Schedule", "SCHEDULES", "forced_schedule", "schedule",
-    "kernel_collectives", "costed_plan", "grid_kernels",
+    "kernel_collectives", "costed_plan", "exchange_cost", "grid_kernels",
 ]
 
 _LOGICAL: dict[str, tuple[str, str]] = {"a": ("M", "K"), "b": ("K", "N"), "d": ("M", "N")}
@@ -154,51 +154,145 @@ class Move:
         return f"{self.operand}: {self.src} -> {self.dst} by {self.collective} ({_fmt_bytes(self.nbytes)}/rank)"
 
 
+def _blocks(
+    problem: Problem1D, operand: str, role: Role, transposed: bool = False, kernel: bool = False
+) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """How ``role`` cuts the *stored* ``operand`` (transposed or not: a move
+    acts on the array as stored) into blocks: the blocks each way and each
+    rank's ``(row block, column block)``; None for ``R`` and for a grid role
+    without a grid. A grid role is the grid layout of the stored array
+    (``BlockNonCyclic`` on the product's grid), or, ``kernel``, SUMMA's layout
+    of op(X): for a transposed operand that grid transposed on the stored
+    array (its rows cut by the grid's columns, rank (i, j) holding block (j, i)).
+
+    >>> _blocks(Problem1D(8, 8, 8, 8, 4, 4), "b", "K", transposed=True)[:2]  # K: the stored columns
+    (1, 8)
+    >>> _blocks(Problem1D(8, 8, 8, 8, 4, 4, grid=(2, 4)), "a", "G", True, kernel=True)[2][:3]
+    [(0, 0), (1, 0), (2, 0)]
+    """
+    p = problem.p
+    if role == "G":
+        if problem.grid is None:
+            return None
+        rows, cols = problem.grid
+        if problem.grid_order == "col":
+            at = [(r % rows, r // rows) for r in range(p)]
+        else:
+            at = [(r // cols, r % cols) for r in range(p)]
+        if transposed and kernel:
+            return cols, rows, [(j, i) for i, j in at]
+        return rows, cols, at
+    if role == "R":
+        return None
+    if stored_dims(operand, transposed)[0] == role:  # type: ignore[arg-type]
+        return p, 1, [(r, 0) for r in range(p)]
+    return 1, p, [(0, r) for r in range(p)]
+
+
+def exchange_cost(
+    problem: Problem1D, operand: str, src: Role, dst: Role, transposed: bool = False
+) -> tuple[float, float] | None:
+    """The rounds of ``ppermute`` and the bytes the busiest rank receives in an
+    element exchange (the JAX backend's ``_exchange.redistribute``) of
+    ``operand`` (stored ``transposed`` or not) from ``src``'s blocks to
+    ``dst``'s, or None where either is no block split (``R``, a grid role
+    without a grid). A grid ``src`` is the stored array's grid layout, a grid
+    ``dst`` SUMMA's (:func:`_blocks`): for a and b the kernel's side.
+
+    Each rank sends every other rank the part of its block that rank's new
+    block holds, one partner a round: as many rounds as a rank has partners
+    (its block meets that many blocks of the other split), one fewer where
+    every rank keeps a part of its own (a row slab to a column slab: 7 rounds
+    of 1/64 of the matrix on 8 ranks; a row slab to a row-ordered 2x4 grid: 3
+    rounds of a quarter of a block, column-ordered: 4, where some rank's new
+    block comes whole from others).
+
+    >>> pr = Problem1D(64, 64, 64, 8, 4, 4, grid=(2, 4))
+    >>> exchange_cost(pr, "d", "M", "N"), exchange_cost(pr, "d", "M", "G"), exchange_cost(pr, "d", "N", "G")
+    ((7.0, 1792.0), (3.0, 1536.0), (2.0, 2048.0))
+    """
+    one, two = _blocks(problem, operand, src, transposed), _blocks(problem, operand, dst, transposed, kernel=True)
+    if one is None or two is None:
+        return None
+    (r1, c1, at1), (r2, c2, at2) = one, two
+    rows, cols = max(r1, r2), max(c1, c2)  # the blocks of both (the counts divide each other: P and the grid's)
+    chunk = problem.elements(operand) * problem.itemsize / (rows * cols)
+    sends, gets = (rows // r1) * (cols // c1), (rows // r2) * (cols // c2)
+
+    def meet(i1: int, n1: int, i2: int, n2: int, n: int) -> bool:
+        return i1 * (n // n1) < (i2 + 1) * (n // n2) and i2 * (n // n2) < (i1 + 1) * (n // n1)
+
+    keep = all(meet(a[0], r1, b[0], r2, rows) and meet(a[1], c1, b[1], c2, cols) for a, b in zip(at1, at2))
+    return float(max(sends, gets) - keep), chunk * (gets - keep)
+
+
 def move(
-    problem: Problem1D, operand: str, src: Role, dst: Role, *, native: bool = False
+    problem: Problem1D, operand: str, src: Role, dst: Role, *, native: bool = False, transposed: bool = False
 ) -> Move:
-    """Cost of bringing ``operand`` from role ``src`` to ``dst`` (per rank).
+    """Cost of bringing ``operand`` from role ``src`` to ``dst`` (per rank), as
+    the JAX backend runs it (``_exchange.redistribute``; its compiled HLO:
+    tests/test_grid.py::test_each_move_is_priced_as_it_compiles):
+
+    * from ``R``: a local slice, a copy of the rank's block;
+    * a split of the stored rows (``d``: ``M``; a transposed ``b``: ``N``)
+      to ``R``: one all-gather (a whole collective), no copy;
+    * any other split (columns, a grid) to ``R``: an element exchange into
+      row blocks (below), then that all-gather (XLA gathers columns through
+      copies that transpose what it gathers, slower than the two);
+    * between two splits: an element exchange, the rounds of ``ppermute`` of
+      :func:`exchange_cost`. A rank fills its new block with zeros, cuts each
+      part it sends out of its block, writes each part it receives into its
+      new block and copies its own part across: ``copied`` = two blocks and
+      the bytes it receives (one block of zeros, and each byte of the new
+      block written once and read once from where it was).
 
     Two "G" roles agree only when the operand's grid layout already is the
     one the kernel needs (``native``); otherwise a general redistribution
-    (all-to-all) moves it, in as many point-to-point rounds as a rank has
-    partners (P - 1). A 1-D move (to ``R``, or from one split to another) is
-    one whole collective: an all-gather or an all-to-all call. On one rank the
-    1x1 grid's layout is the whole matrix, as ``R`` is: nothing moves between
-    them.
+    moves it, in as many rounds as a rank has partners (P - 1). On one rank
+    the 1x1 grid's layout is the whole matrix, as ``R`` is: nothing moves
+    between them.
 
-    A move between a grid layout and another split (a grid's, a 1-D one) is an
-    element exchange (the JAX backend's ``_exchange.redistribute``): before each
-    round a rank cuts the part it sends out of its block (a copy), after it
-    writes the part it received into its new block (another): each byte
-    received is copied twice more in memory (``copied``), besides its
-    transfer. On simulated CPU devices, where a transfer is itself a memory
-    copy, that makes such a move cost about three times its bytes' ``beta``
-    (2048x2048 float32, Slab.X <-> a 2x4 grid on 8 devices: 5-6 ms measured,
-    where its transfers alone priced 1.6 ms); a whole collective copies into
-    its output in place.
+    ``transposed``: the operand is stored transposed; what runs depends on how
+    the stored array is split (a transposed ``b`` on ``Slab.Y``, role ``K``,
+    splits stored columns: to ``R`` an exchange and an all-gather, where an
+    untransposed ``b`` in role ``K`` takes the all-gather alone).
 
     >>> move(Problem1D(8, 8, 8, 1, 4, 4, grid=(1, 1)), "d", "G", "R").collective
     'none'
+    >>> mv = move(Problem1D(64, 64, 64, 8, 4, 4, grid=(2, 4)), "d", "G", "R")
+    >>> mv.collective, mv.messages, mv.collectives, mv.nbytes
+    ('exchange + all-gather', 3.0, 1.0, 15872.0)
+    >>> pr = Problem1D(64, 64, 64, 8, 4, 4)
+    >>> move(pr, "b", "K", "R").collective, move(pr, "b", "K", "R", transposed=True).collective
+    ('all-gather', 'exchange + all-gather')
     """
     p = problem.p
     size = problem.elements(operand) * problem.itemsize
     if p == 1 and {src, dst} <= {"R", "G"}:
         return Move(operand, src, dst, "none", 0.0, 0.0)
-    exchanged = (p - 1) / p**2 * size
+    block = size / p
     if src == "G" and dst == "G" and not native:
-        return Move(operand, src, dst, "all-to-all", exchanged, p - 1, copied=2 * exchanged)
-    if src == dst or src == "R":
-        return Move(operand, src, dst, "none" if src == dst else "local slice", 0.0, 0.0)
-    one = src != "G" and dst != "G"  # a 1-D move: one whole collective; from a grid layout, P - 1 rounds
-    steps, calls = (0.0, 1.0) if one else (p - 1.0, 0.0)
+        exchanged = (p - 1) / p**2 * size
+        return Move(operand, src, dst, "all-to-all", exchanged, p - 1, copied=2 * block + exchanged)
+    if src == dst:
+        return Move(operand, src, dst, "none", 0.0, 0.0)
+    if src == "R":
+        return Move(operand, src, dst, "local slice", 0.0, 0.0, copied=block)
+    rows: Role = stored_dims(operand, transposed)[0]  # type: ignore[arg-type, assignment]
     if dst == "R":
-        return Move(operand, src, dst, "all-gather", (p - 1) / p * size, steps, calls)
-    if one:
-        return Move(operand, src, dst, "all-to-all", exchanged, steps, calls)
-    # between a grid and a 1-D split the busiest rank gets its whole new block from others (the grid's ranks
-    # in column order: none of its parts is its own)
-    return Move(operand, src, dst, "all-to-all", size / p, steps, calls, copied=2 * size / p)
+        gathered = (p - 1) / p * size
+        if src == rows:
+            return Move(operand, src, dst, "all-gather", gathered, 0.0, 1.0)
+        ex = exchange_cost(problem, operand, src, rows, transposed)
+        if ex is None:  # a grid role without its grid: priced as the busiest grid order's exchange
+            ex = (p - 1.0, block)
+        # the exchange's bytes are priced with the gather's, at a whole collective's rate
+        return Move(operand, src, dst, "exchange + all-gather", ex[1] + gathered, ex[0], 1.0,
+                    copied=2 * block + ex[1])
+    ex = exchange_cost(problem, operand, src, dst, transposed)
+    if ex is None:
+        ex = (p - 1.0, block)
+    return Move(operand, src, dst, "exchange", ex[1], ex[0], copied=2 * block + ex[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,6 +446,7 @@ def grid_kernels(kernels: Sequence[Kernel]) -> list[Kernel]:
 def plans(
     problem: Problem1D, roles: dict[str, Role], model: _cost.MachineModel, native: frozenset[str] = frozenset(),
     kernels: Sequence[Kernel] | None = None, grid_ops: frozenset[str] = frozenset(),
+    transposes: tuple[bool, bool] = (False, False),
 ) -> list[Plan]:
     """Every plan for operands in ``roles`` (keys "a", "b", "d"), cheapest first.
 
@@ -359,7 +454,8 @@ def plans(
     :func:`dmatmul.algorithms.kernels`; None: all of them). SUMMA is a candidate only on a process grid; ``grid_ops`` names the
     operands laid out on that grid (SUMMA takes them from there even where
     their role is a 1-D one: :func:`on_grid_roles`), ``native`` those whose
-    grid layout is already the one SUMMA uses (no move).
+    grid layout is already the one SUMMA uses (no move). ``transposes``: how a
+    and b are stored, which decides how each move runs (:func:`move`).
     """
     out = []
     kernels = registered_kernels() if kernels is None else kernels
@@ -378,8 +474,8 @@ def plans(
         sized = problem.padded((*given.values(), kernel.a, kernel.b, kernel.d))
         mine = native if on_grid else frozenset()
         candidates = [
-            move(sized, "a", given["a"], kernel.a, native="a" in mine),
-            move(sized, "b", given["b"], kernel.b, native="b" in mine),
+            move(sized, "a", given["a"], kernel.a, native="a" in mine, transposed=transposes[0]),
+            move(sized, "b", given["b"], kernel.b, native="b" in mine, transposed=transposes[1]),
             # the epilogue (alpha, beta*C, bias) runs after the result's move, where C lies
             move(sized, "d", kernel.d, given["d"], native="d" in mine),
         ]
@@ -432,13 +528,14 @@ def choose(
     """
     if algorithm != "auto" and ALGORITHMS[algorithm].refusal(problem):
         raise ValueError(ALGORITHMS[algorithm].refusal(problem))
-    candidates = plans(problem, roles, model, native, kernels, grid_ops)
+    candidates = plans(problem, roles, model, native, kernels, grid_ops, transposes)
     if not candidates:  # (only where schedule() forces a kernel that runs nowhere here)
         raise ValueError(f"no kernel runs these distributions as forced ({forced_schedule()})")
     if algorithm == "auto":
         return candidates[0]
     fit_roles = roles if fit_roles is None else fit_roles
-    as_given = candidates if fit_roles == roles else plans(problem, fit_roles, model, native, kernels, grid_ops)
+    as_given = candidates if fit_roles == roles else plans(
+        problem, fit_roles, model, native, kernels, grid_ops, transposes)
     # a grid algorithm also takes grid operands whose blocking or orientation it must first adjust
     # (transposes, other block sizes on the same grid); every other named algorithm runs on its operands as given
     on_grid, relays = ALGORITHMS[algorithm].grid, ALGORITHMS[algorithm].relays

@@ -10,15 +10,28 @@ import numpy as np
 
 def received_per_rank(hlo: str, p: int) -> np.ndarray:
     """Bytes each of ``p`` devices receives in a compiled module's collective-permutes,
-    all-gathers and reduce-scatters (``(g - 1)`` output blocks from the group's
-    others), a loop body's counted as often as the loop runs."""
+    all-gathers, all-to-alls (``(g - 1) / g`` of the output from the group's others)
+    and reduce-scatters (``(g - 1)`` output blocks), a loop body's counted as
+    often as the loop runs."""
     sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
     bodies = {}
     for block in hlo.split("\n\n"):
         head = block.lstrip().split(" ", 2)
-        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = block.splitlines()
+        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = block.strip("\n").splitlines()
 
     def groups_of(line):
+        mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\]T\(([\d,]+)\)\))? \{([^}]*)\}",
+                         line)
+        if mesh:  # mesh['x'=2,'y'=4] {'y'}: the devices varying along the named axes, the others fixed
+            names = re.findall(r"'(\w+)'=(\d+)", mesh[1])
+            ids = np.arange(p)
+            if mesh[2]:  # device_ids=([4,2]T(1,0)): the mesh's positions hold an iota's transpose
+                ids = ids.reshape([int(x) for x in mesh[2].split(",")]).transpose([int(x) for x in mesh[3].split(",")])
+            ids = ids.reshape([int(n) for _, n in names])
+            inside = [i for i, (name, _) in enumerate(names) if f"'{name}'" in mesh[4]]
+            outside = [i for i in range(len(names)) if i not in inside]
+            size = int(np.prod([int(names[i][1]) for i in inside]))
+            return ids.transpose(outside + inside).reshape(-1, size).tolist()
         groups = re.search(r"replica_groups=(\{\{[\d,{}]*\}\}|\[\d+,\d+\]<=\[[\d,]+\]\S*)", line)[1]
         if groups.startswith("["):  # iota: [groups, size]<=[dims]T(perm)
             n, _, dims, perm = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", groups).groups()
@@ -34,7 +47,7 @@ def received_per_rank(hlo: str, p: int) -> np.ndarray:
             if " collective-permute(" in line:
                 for src, dst in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1]):
                     got[int(dst)] += nbytes * (src != dst)
-            elif " all-gather(" in line:
+            elif " all-gather(" in line or " all-to-all(" in line:
                 for g in groups_of(line):
                     got[g] += nbytes * (len(g) - 1) / len(g)
             elif " reduce-scatter(" in line:

@@ -941,12 +941,14 @@ _ONE_SHOT_LAYOUTS = [(X, Y, X), (X, X, X), (X, Y, Y), (Y, Y, Y), (Y, X, X), (Y, 
 def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit(
     dists, schedule, said, tmp_path, monkeypatch
 ):
-    """Each one-shot kernel (forced: the model would pick it for these sizes
-    anyway) and each ring run both ways (forced, under a model whose whole
-    collectives are slow: else a one-shot move and a local GEMM win), on
-    uneven sizes over 3 ranks (padding; a bidirectional ring's odd blocks
+    """Each one-shot kernel and each ring run both ways (the schedule forced,
+    the algorithm named, the operands laid out so the kernel takes them as
+    given: the stored layouts giving the kernel's roles under each transpose),
+    on uneven sizes over 3 ranks (padding; a bidirectional ring's odd blocks
     split 2 + 1, a block of 1 travels one way), every transpose: the product,
-    its vjp and its jit against numpy, and explain() says what ran."""
+    its vjp and its jit against numpy, and explain() says what ran. (Left to
+    auto, some transposed layouts rightly run otherwise at these sizes: a and
+    b both stored row-split gather in two all-gathers to a local GEMM.)"""
     from dmatmul import _cost, _plan
 
     if schedule == "bidirectional":
@@ -955,15 +957,21 @@ def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit
 
     rng = np.random.default_rng(1)
     m, n, k = 7, 5, 4
+    roles = _plan.roles_of(dists, (False, False), 3)
+    kern = next(kern for kern in _plan.KERNELS
+                if kern.schedule == schedule and (kern.a, kern.b, kern.d) == (roles["a"], roles["b"], roles["d"]))
     for ta, tb in itertools.product((False, True), repeat=2):
         a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
         b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
         g = rng.standard_normal((m, n)).astype(np.float32)
         opa, opb = (a.T if ta else a), (b.T if tb else b)
-        kw = dict(distribution=dists, transpose_a=ta, transpose_b=tb, devices=3, precision="highest")
+        stored = tuple(_plan.role_dist(op, roles[op], t) for op, t in zip(_plan.OPERANDS, (ta, tb, False)))
+        kw = dict(distribution=stored, transpose_a=ta, transpose_b=tb, devices=3, precision="highest",
+                  algorithm=kern.algorithm)
         with _plan.schedule(schedule):
             with dm.Matmul(a, b, **kw) as mm:
-                assert said in mm.explain(), mm.explain()
+                mm.plan()
+                assert mm._plan.cost.kernel == kern and said in mm.explain(), mm.explain()
                 assert_close(mm.execute(), opa @ opb, "float32")
 
             got = _vjp_and_jit(lambda x, y: dm.matmul(x, y, **kw), a, b, g)
@@ -1096,8 +1104,10 @@ def test_rings_run_both_ways_where_the_model_says_two_rings_pay(tmp_path, monkey
                                                  duplex=True)})
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((61, 47)).astype(np.float32), rng.standard_normal((47, 39)).astype(np.float32)
+    # (each ring kernel named: at these sizes auto may rightly take another kernel after a cheap exchange,
+    # e.g. Y, Y, Y as reduce_scatter with b re-laid; the schedule, both ways or not, stays the model's choice)
     for dists, algorithm in (((X, Y, X), "allgather"), ((Y, X, Y), "reduce_scatter"), ((Y, Y, Y), "allgather")):
-        with dm.Matmul(a, b, distribution=dists, devices=8) as mm:
+        with dm.Matmul(a, b, distribution=dists, devices=8, algorithm=algorithm) as mm:
             assert "both ways" in mm.explain() and mm.algorithm == algorithm, mm.explain()
             assert_close(mm.execute(), reference(a, b), "float32")
         # (traced, the global operands could be multiplied whole on every device: the algorithm named)

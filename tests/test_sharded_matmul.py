@@ -138,7 +138,8 @@ def test_the_relayed_layout_is_the_cost_models_choice(family):
     np.testing.assert_allclose(np.asarray(got), a @ b, rtol=tol * 10, atol=tol * 10)
     assert "the plan takes a as Slab.Y " in told, told
     assert "chosen by the cost model, the cheapest of 3 candidates" in told, told
-    assert "runner-up a as Slab.X" in told, told
+    # (the runner-up, Slab.X or Replicated(), is the model's: test_the_layout_chosen_is_the_cheapest_modelled)
+    assert "runner-up a as Slab.X" in told or "runner-up a as Replicated()" in told, told
     assert mm.algorithm == "reduce_scatter"
 
 
@@ -169,7 +170,9 @@ def test_the_layout_chosen_is_the_cheapest_modelled():
     spec = Spec.of(a_shape, b_shape, "float32", distribution=dists)
     problem, model = spec.sizes(8, pads=True), _cost.model_for("cpu", 8)
     choice = _relay.choose(spec, 8, problem, model, None)
-    assert [r[3][0] for r in choice.ranked] == [dm.Slab.Y, dm.Slab.X, dm.Replicated()]
+    layouts = [r[3][0] for r in choice.ranked]
+    assert layouts[0] == dm.Slab.Y and sorted(map(repr, layouts)) == ["Replicated()", "Slab.X", "Slab.Y"], layouts
+    assert [r[0] for r in choice.ranked] == sorted(r[0] for r in choice.ranked)  # cheapest first
     for total, relays, inner, triple in choice.ranked:
         route = _relay.Route.of(dists[0], triple[0], a_shape, 8)
         nbytes = max(route.received(r) for r in range(8)) * 4

@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from ._layout import Geometry, Placement
+from ._layout import DimMap, Geometry, Placement
 
 __all__ = ["redistribute"]
 
@@ -192,10 +192,29 @@ def _gather_columns(x: jax.Array, src: Placement, geom: Geometry) -> jax.Array:
     return jax.shard_map(gather, mesh=geom.mesh, in_specs=src.spec, out_specs=PartitionSpec(), check_vma=False)(x)
 
 
+def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | None:
+    """Where ``src`` splits columns (a column slab, a grid) and ``dst`` is
+    replicated: the row slab of ``dst``'s space that the move goes through, or
+    None. XLA gathers a split of columns (a minor dimension) with a
+    transposing copy of what it gathers (of the whole matrix, or for a grid of
+    its block and of every gathered row of blocks, element by element), where
+    an exchange into row blocks (:func:`_exchange`) and one all-gather of rows
+    copy in runs: 2048x2048 float32 on 8 simulated CPU devices, Slab.Y -> R
+    62 -> 38 ms and a 2x4 grid -> R 102 -> 39 ms (measured paired, under load;
+    an all-gather of rows alone: 25 ms)."""
+    rows = dst.maps[0]
+    if not dst.replicated or src.axes[1] is None or not rows.identity or rows.size % geom.nranks:
+        return None
+    return Placement((DimMap.slab(rows.size, geom.nranks), dst.maps[1]), (geom.rank_axis, None))
+
+
 def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
     """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
     if src == dst:
         return x
+    via = _row_slab(src, dst, geom)
+    if via is not None:
+        return redistribute(redistribute(x, src, via, geom), via, dst, geom)
     if src.maps == dst.maps or (dst.replicated and _same_space(src, dst)):
         # only the split changes: XLA's own collective (slice/all-gather/all-to-all)
         if dst.replicated and src.axes[0] is None:

@@ -245,5 +245,5 @@ class ExecutingProduct(CompiledProduct):
             size = pr.elements(op) * pr.itemsize
             # an element exchange from a grid to a 1-D split, as _plan.move prices one
             out.append(_plan.Move(op, "G", "M" if op != "b" else "K", "all-to-all (another grid)",
-                                  size / pr.p, pr.p - 1, copied=2 * size / pr.p))
+                                  size / pr.p, pr.p - 1, copied=3 * size / pr.p))
         return out

@@ -191,7 +191,7 @@ class PlannedProduct:
         )
         if grid is not None:
             rows, cols = grid.shape  # the product's grid is 2-D
-            self.problem = dataclasses.replace(self.problem, grid=(rows, cols))
+            self.problem = dataclasses.replace(self.problem, grid=(rows, cols), grid_order=grid.layout)
         return grid, (pa, pb, pd)
 
     def _choose(
@@ -229,7 +229,7 @@ class PlannedProduct:
             # auto weighs SUMMA at the traffic its kernel here has (:meth:`_summa_cost`), as explain() reports it,
             # not at the planner's neutral count: otherwise it takes a SUMMA schedule that its own costs put last
             found = _plan.plans(self.problem, roles, self.model, native, kernels=self._runnable(grid),
-                                grid_ops=on_grid | fit_grid)
+                                grid_ops=on_grid | fit_grid, transposes=(spec.transpose_a, spec.transpose_b))
             costed = [self._summa_cost(pl, summa) if ALGORITHMS[pl.algorithm].grid else pl for pl in found]
             order = list(ALGORITHMS)
             self.plan = min(costed, key=lambda pl: (pl.time, len(pl.moves), order.index(pl.algorithm)))
