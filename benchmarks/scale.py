@@ -11,7 +11,7 @@ from dmatmul.cli.plan import project
 
 
 def scaling(machine: str = "h100-nvl8", n: int = 65536, dtype: str = "bfloat16") -> str:
-    """Per GPU count: the planner's choice with the layout free (distribution=None: 1-D layouts), and
+    """Per GPU count: the planner's choice with the layout free (distribution=None: 1-D layouts and 2-D grids), and
     SUMMA on its best grid (``--layout G,G,G``)."""
     prof = _machines.PROFILES[machine]
     lines = ["| GPUs | nodes | free layout: algorithm | time | of peak | vs bound | SUMMA grid | time | of peak "
@@ -22,10 +22,12 @@ def scaling(machine: str = "h100-nvl8", n: int = 65536, dtype: str = "bfloat16")
         pr = project(n, n, n, p, dtype, model)
         summa = next(c for c in pr.runners_up + (pr.chosen,) if c.plan.algorithm == "summa")
         cells = []
-        for c in (pr.chosen, summa):
+        for free, c in ((True, pr.chosen), (False, summa)):
             pl = c.plan
-            what = (f"{pl.algorithm} ({pl.kernel.schedule.replace('_', '-')}, {c.layout})" if c is pr.chosen
-                    else f"{c.grid[0]}x{c.grid[1]} ({pl.kernel.schedule.replace('_', '-')})" if c.grid else "-")
+            sched = pl.kernel.schedule.replace("_", "-")
+            grid = f"{c.grid[0]}x{c.grid[1]}" if c.grid and "G" in c.layout else None
+            what = (f"{pl.algorithm} ({sched}, {grid + ' grid' if grid else c.layout})" if free
+                    else f"{grid} ({sched})" if grid else "-")
             bound = "n/a (b replicated)" if "R" in c.layout else f"{pl.nbytes / pr.bound:.2f}x"
             cells.append(f"{what} | {pl.time * 1e3:.2f} ms | {pl.flops / pl.time / prof.peak_for(dtype):.0%} "
                          f"| {bound}")
