@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 from . import _cost
 from ._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
-from ._plan import ALGORITHMS, OPERANDS, Kernel, Plan, Problem1D, grid_kernels, plans, role_dist, role_of, roles_of
+from ._plan import ALGORITHMS, OPERANDS, Kernel, Plan, Problem1D, grid_kernels, plans
+from ._roles import role_dist, role_of, roles_of
 from .algorithms import kernels as registered_kernels
 
 __all__ = ["Fixed", "Weighed", "cheapest", "choose_distributions", "choose_grid", "grid_shapes", "weigh"]

@@ -13,14 +13,14 @@ planned here (:class:`RelayProduct`, standing in for the backend as
 * each such operand is taken by the plan in a 2-D layout and re-laid into
   it, the result out of it into the result's Sharded: its own 2-D form where
   only the batch is split; else the one the cost model prices lowest
-  (:func:`choose`: ``Slab.X``, ``Slab.Y`` or ``Replicated()``, or next to a
+  (:func:`dmatmul._relay_choice.choose`: ``Slab.X``, ``Slab.Y`` or ``Replicated()``, or next to a
   2-D grid that grid or ``Replicated()``), counting its re-lay's bytes and
-  the 2-D plan that then runs (:func:`taken_as`'s kind-of-split rule breaks
+  the 2-D plan that then runs (:func:`~dmatmul._relay_choice.taken_as`'s kind-of-split rule breaks
   ties). Only the layouts the backend takes are candidates; where it takes
   none of those, every operand but a Replicated one may be taken as
-  ``Slab.X``, ``Slab.Y`` or ``Replicated()`` too (:func:`_options`'s
+  ``Slab.X``, ``Slab.Y`` or ``Replicated()`` too (:func:`~dmatmul._relay_choice._options`'s
   ``wide``: 1-D layouts run whatever the sizes). Under ``mpiexec`` the ranks exchange exactly the elements each
-  lacks (:func:`exchange`, from ``global_indices``: nothing is gathered
+  lacks (:func:`dmatmul._route.exchange`, from ``global_indices``: nothing is gathered
   whole); in one process the operands are the global arrays, so nothing
   moves but what placing them on the devices moves (a ``jax.Array`` result
   is laid out as the result's Sharded says, or replicated where no
@@ -36,8 +36,6 @@ planned here (:class:`RelayProduct`, standing in for the backend as
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -45,22 +43,21 @@ import numpy as np
 
 from . import _runtime
 from . import backends as _backends
-from ._distribution import BlockNonCyclic, Distribution, Replicated, Slab
+from ._distribution import Distribution
 from ._epilogue import apply as epilogue_apply
 from ._epilogue import work_dtype
-from ._layouts import cheapest
 from ._errors import DistributionError
-from ._plan import Move, Plan, _fmt_bytes
+from ._moves import _fmt_bytes
+from ._plan import Plan
 from ._plans import PLANS
 from ._problem import Spec
+from ._relay_choice import _NAMES, Choice, _on, _options, _taken, choose, refusal, relay_move
+from ._route import Route, as_nd, exchange
 from ._sharded import Sharded
-from ._args import to_numpy
 from ._batched import route
 from ._spec import Operands, array_module, family, numpy_dtype, precise
 
-__all__ = ["Choice", "RelayProduct", "as_given", "check_mesh", "choose", "exchange", "needs_relay", "taken_as"]
-
-_NAMES = ("a", "b", "result")
+__all__ = ["RelayProduct", "as_given", "check_mesh", "needs_relay"]
 
 
 def needs_relay(spec: Spec, backend: Any = None) -> bool:
@@ -74,31 +71,6 @@ def needs_relay(spec: Spec, backend: Any = None) -> bool:
     if any(isinstance(d, Sharded) for d in dists):
         return True
     return backend is not None and spec.spmd and spec.reads_ab and refusal(backend, spec, spec.nprocs) is not None
-
-
-def refusal(backend: Any, spec: Spec, nranks: int) -> str | None:
-    """Why ``backend`` cannot take ``spec``'s 2-D layouts as given on ``nranks``
-    ranks (:meth:`dmatmul.backends.Backend.refuses`), or None where it takes
-    them or refuses the product for another reason (its plan raises that, as
-    without a re-lay). Pure: the same on every rank."""
-    try:
-        return backend.refuses(spec, nranks)
-    except (ValueError, TypeError):
-        return None
-
-
-def _taken(backend: Any, spec: Spec, triple: tuple[Distribution, ...], nranks: int) -> bool:
-    """Whether ``backend`` runs ``spec``'s product on ``triple`` as it is (no refusal of any kind)."""
-    try:
-        return backend.refuses(_on(spec, triple), nranks) is None
-    except (ValueError, TypeError):
-        return False
-
-
-def _on(spec: Spec, triple: tuple[Distribution, ...]) -> Spec:
-    """``spec`` with a, b and the result laid out as ``triple``."""
-    dists = cast(tuple[Distribution, Distribution, Distribution], triple)
-    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, distribution=dists))
 
 
 def _ndims(spec: Spec) -> tuple[int, int, int]:
@@ -141,152 +113,6 @@ def as_given(distribution: Any) -> tuple[Any, ...]:
     if distribution is None:
         return ()
     return (distribution,) * 3 if isinstance(distribution, Distribution) else tuple(distribution)
-
-
-def _matrix(d: Sharded) -> Sharded:
-    return d if d.ndim == 2 else Sharded(d.mesh, d.spec[-2:])
-
-
-def taken_as(d: Distribution) -> Distribution:
-    """The 2-D distribution a plan takes an operand laid out as ``d`` in: ``d``
-    itself where it is one; a Sharded's own 2-D form where only its batch is
-    split; else the 1-D layout of its kind (rows split: ``Slab.X``, columns
-    only: ``Slab.Y``, neither: ``Replicated()``).
-
-    >>> from dmatmul import ProcessMesh
-    >>> mesh = ProcessMesh((2, 2), ("x", "y"))
-    >>> taken_as(Sharded(mesh, ("x", None))), taken_as(Sharded(mesh, (None, None, "y")))
-    (Slab.X, Slab.Y)
-    >>> taken_as(Sharded(mesh, ("x", "y", None)))  # the batch over x, the rows over y
-    Slab.X
-    """
-    if not isinstance(d, Sharded):
-        return d
-    m = _matrix(d)
-    two = m.as_2d()
-    if two is not None:
-        return two
-    split = [bool(m.axes(i)) and m.mesh.sublayout(m.axes(i)).size > 1 for i in range(2)]
-    return Slab.X if split[0] else Slab.Y if split[1] else Replicated()
-
-
-def as_nd(d: Distribution, ndim: int, nranks: int) -> Sharded | Distribution:
-    """``d`` laying out arrays of ``ndim`` dimensions: a Sharded of 2 entries (or
-    a 2-D distribution) with the batch dimensions not split, where it has a
-    Sharded form; else ``d`` (a 2-D distribution, every rank the whole batch)."""
-    s = d if isinstance(d, Sharded) else Sharded.from_2d(d, nranks)
-    if s is None:
-        return d
-    return s if s.ndim == ndim else Sharded(s.mesh, (None,) * (ndim - s.ndim) + s.spec)
-
-
-def _indices(d: Distribution, rank: int, shape: tuple[int, ...], nranks: int) -> tuple[np.ndarray, ...]:
-    """``rank``'s global ids per dimension of an array of ``shape`` laid out as
-    ``d`` (a 2-D one: every batch index, then its matrix's)."""
-    if d.ndim == len(shape):
-        return tuple(d.global_indices(rank, shape, nranks))
-    return (*(np.arange(s) for s in shape[:-2]), *d.global_indices(rank, shape[-2:], nranks))
-
-
-def _key(ids: tuple[np.ndarray, ...]) -> tuple[bytes, ...]:
-    return tuple(np.ascontiguousarray(i, dtype=np.int64).tobytes() for i in ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """Which rank sends which part to which (the same tables on every rank):
-    ``parts[s]``: ``(sender, ids per dimension)`` of the parts rank ``s`` gets."""
-
-    src: tuple[tuple[np.ndarray, ...], ...]
-    dst: tuple[tuple[np.ndarray, ...], ...]
-    parts: tuple[tuple[tuple[int, tuple[np.ndarray, ...]], ...], ...]
-
-    @classmethod
-    def of(cls, src: Distribution, dst: Distribution, shape: tuple[int, ...], nranks: int) -> Route:
-        s_ids = tuple(_indices(src, r, shape, nranks) for r in range(nranks))
-        d_ids = tuple(_indices(dst, r, shape, nranks) for r in range(nranks))
-        holders: dict[tuple[bytes, ...], list[int]] = {}  # the ranks that hold one same block
-        for r, ids in enumerate(s_ids):
-            holders.setdefault(_key(ids), []).append(r)
-        parts = []
-        for s in range(nranks):
-            got = []
-            for group in holders.values():
-                sender = s if s in group else group[s % len(group)]  # spread the replicas' sends
-                common = tuple(np.intersect1d(a, b, assume_unique=True) for a, b in zip(s_ids[group[0]], d_ids[s]))
-                if all(len(c) for c in common):
-                    got.append((sender, common))
-            parts.append(tuple(got))
-        return cls(s_ids, d_ids, tuple(parts))
-
-    def received(self, rank: int) -> int:
-        """The elements ``rank`` gets from other ranks."""
-        return sum(int(np.prod([len(c) for c in ids])) for sender, ids in self.parts[rank] if sender != rank)
-
-    @functools.cached_property
-    def moves(self) -> bool:
-        """Whether any rank gets any element from another (the same answer on
-        every rank: where none does, the ranks skip the collective alike)."""
-        return any(self.received(r) for r in range(len(self.parts)))
-
-
-def _positions(held: tuple[np.ndarray, ...], ids: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    return tuple(np.searchsorted(h, i) for h, i in zip(held, ids))
-
-
-def _size(ids: tuple[np.ndarray, ...]) -> int:
-    return int(np.prod([len(i) for i in ids]))
-
-
-def _displacements(counts: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(counts.dtype)
-
-
-def exchange(x: Any, route: Route, rank: int, comm: Any, dtype: Any) -> np.ndarray:
-    """This rank's block ``x`` under ``route``'s source layout -> its block under
-    the destination's: one ``Alltoallv`` of exactly the parts each rank lacks
-    (its own parts copied here), packed into one contiguous buffer per side.
-
-    The buffers go as bytes (counts scaled by the itemsize): exact for every
-    dtype, those MPI has no type for (bfloat16, FP8, complex in some MPIs)
-    included, and nothing is pickled."""
-    # a CuPy block goes through the host: the MPI under mpi4py is not assumed CUDA-aware
-    x = x.get() if family(x) == "cupy" else to_numpy(x, "x")
-    dt = np.dtype(dtype)
-    x = x.astype(dt, copy=False)
-    size = len(route.parts)
-    out = np.empty(tuple(len(i) for i in route.dst[rank]), dtype=dt)
-    for sender, ids in route.parts[rank]:
-        if sender == rank:
-            out[np.ix_(*_positions(route.dst[rank], ids))] = x[np.ix_(*_positions(route.src[rank], ids))]
-    if size == 1 or not route.moves:
-        return out
-    # the parts rank s gets from this rank, in route.parts[s]'s order (the order s unpacks them in)
-    outgoing = [[ids for sender, ids in route.parts[s] if sender == rank] for s in range(size)]
-    outgoing[rank] = []
-    incoming = [[ids for sender, ids in route.parts[rank] if sender == s] for s in range(size)]
-    incoming[rank] = []
-    send_n = np.array([sum(_size(ids) for ids in parts) for parts in outgoing], dtype=np.int64)
-    recv_n = np.array([sum(_size(ids) for ids in parts) for parts in incoming], dtype=np.int64)
-    send = np.empty(int(send_n.sum()), dtype=dt)
-    at = 0
-    for parts in outgoing:
-        for ids in parts:
-            n = _size(ids)
-            send[at:at + n] = x[np.ix_(*_positions(route.src[rank], ids))].reshape(-1)
-            at += n
-    recv = np.empty(int(recv_n.sum()), dtype=dt)
-    item = dt.itemsize
-    send_b, recv_b = send_n * item, recv_n * item
-    comm.Alltoallv([send.view(np.uint8), (send_b, _displacements(send_b))],
-                   [recv.view(np.uint8), (recv_b, _displacements(recv_b))])
-    at = 0
-    for parts in incoming:
-        for ids in parts:
-            n = _size(ids)
-            out[np.ix_(*_positions(route.dst[rank], ids))] = recv[at:at + n].reshape(tuple(len(i) for i in ids))
-            at += n
-    return out
 
 
 def _in_family(x: np.ndarray, like: str) -> Any:
@@ -401,202 +227,6 @@ def _relay_header(spec: Spec, inner: Spec, choice: Choice) -> list[str]:
         lines.append(f"re-laid:    the plan takes {taken}: the backend cannot run the product on them as given "
                      f"({choice.refused})")
     return lines
-
-
-def _free(d: Distribution) -> bool:
-    """Whether the layout the plan takes ``d`` in is a choice: a Sharded whose
-    matrices have no 2-D form (one that has is taken in it: only its batch moves)."""
-    return isinstance(d, Sharded) and _matrix(d).as_2d() is None
-
-
-def _options(dists: Sequence[Distribution], wide: Spec | None = None) -> list[list[Distribution]]:
-    """The 2-D layouts the plan may take a, b and the result in, the rule's
-    (:func:`taken_as`) first. Next to a 2-D grid (a given 2-D distribution's, or a
-    Sharded's 2-D form) the product runs on it: a Sharded is taken on that grid
-    (cuBLASMp takes one block size per dimension), or, one of no 2-D form,
-    replicated. Else one of no 2-D form is taken as ``Slab.X``, ``Slab.Y`` or
-    ``Replicated()``. ``wide`` (the spec, where the backend takes none of
-    those): every operand but a Replicated one may be taken next to a grid on
-    it block-cyclic (:func:`_on_grid`: one block size per dimension, every
-    process a part), and as ``Slab.X``, ``Slab.Y`` or ``Replicated()``, which
-    the backends' 1-D paths run whatever the sizes.
-
-    >>> from dmatmul import BlockNonCyclic, ProcessGrid
-    >>> grid = BlockNonCyclic(ProcessGrid((2, 2)))
-    >>> spec = Spec.of((5, 6), (6, 7), "float64")
-    >>> _options([grid, Slab.Y, Replicated()], wide=spec)  # doctest: +NORMALIZE_WHITESPACE
-    [[BlockNonCyclic(ProcessGrid((2, 2), layout='row')), BlockCyclic(ProcessGrid((2, 2), layout='row'), (2, 3)),
-      Slab.X, Slab.Y, Replicated()],
-     [Slab.Y, BlockCyclic(ProcessGrid((2, 2), layout='row'), (3, 3)), Slab.X, Replicated()], [Replicated()]]
-    """
-    taken = [taken_as(d) for d in dists]
-    grid = next((t.grid for d, t in zip(dists, taken) if not _free(d) and t.grid is not None and t.grid.ndim == 2),
-                None)
-    out: list[list[Distribution]] = []
-    for d, t in zip(dists, taken):
-        if grid is not None and isinstance(d, Sharded) and (_free(d) or t.grid != grid):
-            out.append([BlockNonCyclic(grid), Replicated()] if _free(d) else [BlockNonCyclic(grid)])
-        elif _free(d):
-            out.append([t, *(o for o in (Slab.X, Slab.Y, Replicated()) if o != t)])
-        else:
-            out.append([t])
-    if wide is not None:
-        blocks = _on_grid(wide, grid) if grid is not None else None
-        out = [o if isinstance(d, Replicated) else
-               [*o, *(x for x in (*([] if blocks is None else [blocks[i]]), *_ONE_D) if x not in o)]
-               for i, (d, o) in enumerate(zip(dists, out))]
-    return out
-
-
-def _on_grid(spec: Spec, grid: Any) -> tuple[Distribution, Distribution, Distribution] | None:
-    """a, b and the result block-cyclic on ``grid`` with one block size per
-    dimension M, K, N, the largest that leaves no process of an axis holding the
-    dimension without a part (``size // processes``, the most of them); None
-    where a dimension has fewer elements than processes along it."""
-    from ._distribution import BlockCyclic
-
-    stored = {"a": ("K", "M") if spec.transpose_a else ("M", "K"),
-              "b": ("N", "K") if spec.transpose_b else ("K", "N"), "result": ("M", "N")}
-    size = {"M": spec.m, "K": spec.k, "N": spec.n}
-    procs: dict[str, int] = {}
-    for dims in stored.values():
-        for axis, dim in enumerate(dims):
-            procs[dim] = max(procs.get(dim, 1), grid.shape[axis])
-    if any(size[d] < procs[d] for d in procs):
-        return None
-    block = {d: size[d] // procs[d] for d in procs}
-    return cast(tuple[Distribution, Distribution, Distribution],
-                tuple(BlockCyclic(grid, (block[r], block[c])) for r, c in stored.values()))
-
-
-_ONE_D: tuple[Distribution, ...] = (Slab.X, Slab.Y, Replicated())
-
-
-def relay_move(name: str, nbytes: float) -> Move:
-    """An operand's re-lay as the plan counts it: one whole collective (an
-    Alltoallv, as the planner counts its own 1-D all-to-all: :func:`dmatmul._plan.move`),
-    ``nbytes`` received by the busiest rank."""
-    return Move(name if name != "result" else "d", cast(Any, "S"), cast(Any, "S"), "exchange (re-lay)",
-                float(nbytes), 0.0, 1.0)
-
-
-def move_time(model: Any, mv: Move) -> float:
-    """A move's modelled time, as the planner prices its own (:func:`dmatmul._plan.costed_plan`):
-    latency per message and collective, the bytes at a whole collective's rate."""
-    if not mv.nbytes:
-        return 0.0
-    return float(model.time(messages=mv.messages, nbytes=0.0, flops=0.0, collectives=mv.collectives,
-                            collective_bytes=mv.nbytes) + model.mem_beta * mv.copied)
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """The 2-D layouts the plan takes a, b and the result in (``triple``) and,
-    where some were chosen, each candidate triple's modelled time, cheapest
-    first: ``(total, re-lays, the 2-D plan, triple)``; ``relays``: each chosen
-    operand's ``(name, bytes, time)`` per candidate layout."""
-
-    triple: tuple[Distribution, Distribution, Distribution]
-    refused: str | None = None  # why the backend cannot take the layouts as given (its library's limit), if so
-    ranked: tuple[tuple[float, float, float, tuple[Distribution, Distribution, Distribution]], ...] = ()
-    free: tuple[int, ...] = ()  # which of a, b and the result were chosen
-    relays: tuple[tuple[tuple[Distribution, float, float], ...], ...] = ()  # per free operand: (layout, bytes, time)
-
-    def explain(self) -> list[str]:
-        if not self.free:
-            return []
-        total, relays, inner, _ = self.ranked[0]
-        lines = [f"layouts:    chosen by the cost model, the cheapest of {len(self.ranked)} candidates (each re-lay "
-                 f"and the 2-D plan, modelled): {_time(total)} (re-lays {_time(relays)}, the 2-D plan {_time(inner)})"]
-        if len(self.ranked) > 1:
-            second = self.ranked[1]
-            what = ", ".join(f"{_NAMES[i]} as {second[3][i]!r}" for i in self.free)
-            lines[0] += f"; runner-up {what}: {_time(second[0])}"
-        for i, options in zip(self.free, self.relays):
-            chosen = self.triple[i]
-            nbytes, t = next((b, t) for d, b, t in options if d == chosen)
-            others = []
-            for d, _, _ in options:
-                if d != chosen:
-                    times = [r[0] for r in self.ranked if r[3][i] == d]
-                    others.append(f"as {d!r} {_time(min(times))} at best" if times else
-                                  f"as {d!r} not taken by the backend")
-            rest = f"; {', '.join(others)}" if others else ""
-            lines.append(f"  {_NAMES[i]:7s} as {chosen!r}: its re-lay {_fmt_bytes(nbytes)}/rank at most, "
-                         f"{_time(t)}{rest}")
-        return lines
-
-
-def _time(t: float) -> str:
-    return f"{t * 1e3:.3f} ms" if t >= 1e-3 else f"{t * 1e6:.1f} us"
-
-
-@functools.lru_cache(maxsize=64)
-def choose(spec: Spec, p: int, problem: Any, model: Any, kernels: tuple[Any, ...] | None,
-           backend: Any = None) -> Choice:
-    """The layouts of :func:`_options` that ``backend`` takes (``wide`` where it
-    takes none of the others; where it takes none at all, the rule's, which its
-    plan then refuses) whose re-lays (each operand's bytes the
-    busiest rank gets, :class:`Route`; the result's move back, and c's where it
-    is read) plus the 2-D plan of the product on them (the planner's cheapest,
-    :func:`dmatmul._layouts.cheapest`, on ``problem``, each item of a batch)
-    the model prices lowest; ties go to :func:`taken_as`'s. Pure and
-    deterministic: under mpiexec every rank, planning with rank 0's model,
-    chooses alike."""
-    dists = spec.distributions
-    assert dists is not None
-
-    def triples(options: list[list[Distribution]]) -> list[tuple[tuple[int, ...], Any]]:
-        out = []
-        for picks in itertools.product(*(range(len(o)) for o in options)):
-            triple = tuple(o[j] for o, j in zip(options, picks))
-            if backend is None or _taken(backend, spec, triple, p):
-                out.append((picks, triple))
-        return out
-
-    options = _options(dists)
-    candidates = triples(options)
-    refused = None
-    if not candidates and backend is not None:
-        refused = refusal(backend, _on(spec, tuple(o[0] for o in options)), p)
-        options = _options(dists, wide=spec)
-        candidates = triples(options)
-        if not candidates:  # nothing it takes: the rule's layouts, which its plan refuses, saying why
-            return Choice(cast(tuple[Distribution, Distribution, Distribution], tuple(o[0] for o in options)))
-    shapes = {"a": spec.a_shape, "b": spec.b_shape, "c": spec.result_shape, "result": spec.result_shape}
-    out_size = int(np.dtype(numpy_dtype(spec.result_dtype)).itemsize)
-    itemsize = {"a": spec.dtype_info.itemsize, "b": spec.dtype_info.itemsize}
-
-    def relay(name: str, src: Distribution, dst: Distribution) -> tuple[float, float]:
-        shape = shapes[name]
-        route = Route.of(as_nd(src, len(shape), p), as_nd(dst, len(shape), p), shape, p)
-        nbytes = max(route.received(r) for r in range(p)) * itemsize.get(name, out_size)
-        return nbytes, move_time(model, relay_move(name, nbytes))
-
-    priced: list[list[tuple[float, float]]] = []  # per operand, per option: its re-lays' (bytes, time)
-    for i, (name, given) in enumerate(zip(_NAMES, dists)):
-        row = []
-        for d in options[i]:
-            if not isinstance(given, Sharded) and d == given:
-                row.append((0.0, 0.0))
-                continue
-            nbytes, t = relay(name, given, d) if i < 2 else relay("result", d, given)
-            if i == 2 and spec.c_shape is not None and spec.use_c:
-                more = relay("c", given, d)
-                nbytes, t = nbytes + more[0], t + more[1]
-            row.append((nbytes, t))
-        priced.append(row)
-    ranked = []
-    transposes = (spec.transpose_a, spec.transpose_b)
-    for picks, triple in candidates:
-        found = cheapest(problem, model, triple, transposes=transposes, kernels=kernels)
-        inner = float("inf") if found is None else found.time * max(spec.batch_size, 1)
-        moves = sum(priced[i][j][1] for i, j in enumerate(picks))
-        ranked.append((moves + inner, picks, moves, inner, triple))
-    ranked.sort(key=lambda r: (r[0], r[1]))
-    free = tuple(i for i, o in enumerate(options) if len(o) > 1)
-    relays = tuple(tuple((d, *priced[i][j]) for j, d in enumerate(options[i])) for i in free)
-    return Choice(ranked[0][4], refused, tuple((r[0], r[2], r[3], r[4]) for r in ranked), free, relays)
 
 
 def _independent(spec: Spec) -> tuple[str, ...] | None:

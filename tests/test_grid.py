@@ -218,10 +218,10 @@ def test_named_algorithms_on_slab_like_operands_of_two_grids(dists):
     a=BlockNonCyclic((1, 4)) transposed, b=Slab.X, result=BlockNonCyclic((4, 1)),
     algorithm="allgather"). Every algorithm of a kernel that takes the roles runs,
     with nothing re-laid, and gives numpy's product."""
-    plan_ = importlib.import_module("dmatmul._plan")
+    plan_, roles_ = importlib.import_module("dmatmul._plan"), importlib.import_module("dmatmul._roles")
     case = _SLAB_LIKE.index(dists[0]) * 25 + _SLAB_LIKE.index(dists[1]) * 5 + _SLAB_LIKE.index(dists[2])
     ta, tb = TRANSPOSES[case % 4]
-    roles = [plan_.role_of(d, op, t, 4) for d, op, t in zip(dists, "abd", (ta, tb, False))]
+    roles = [roles_.role_of(d, op, t, 4) for d, op, t in zip(dists, "abd", (ta, tb, False))]
     fitting = {kern.algorithm for kern in plan_.KERNELS
                if all(r == w or (r == "R" and i < 2 and w != "G") for i, (r, w) in enumerate(zip(roles, (kern.a, kern.b, kern.d))))}
     a, b, c = operands(case, 9, 7, 6, ta, tb)
@@ -624,13 +624,13 @@ def test_each_move_is_priced_as_it_compiles(src, dst, order, operand, transposed
     exchange to row slabs and an all-gather, where an untransposed b's K is
     its rows' one all-gather), and its grid target is SUMMA's layout of op(b),
     the grid transposed on the stored array (its rows over the grid's columns)."""
-    from dmatmul import _cost, _plan
+    from dmatmul import _cost, _moves, _plan, _roles
     from dmatmul.algorithms.base import Problem1D
 
     shape, n, p = (2, 4), 64, 8
     grid = dm.BlockNonCyclic(dm.ProcessGrid(shape, layout=order))
     geom = _layout.Geometry.create(tuple(jax.devices()[:p]), grid.grid)
-    dims = _plan.stored_dims(operand, transposed)
+    dims = _roles.stored_dims(operand, transposed)
     role = {"X": dims[0], "Y": dims[1], "G": "G", "R": "R"}
     dist = {"X": dm.Slab.X, "Y": dm.Slab.Y, "G": grid, "R": dm.Replicated()}
     a = _layout.placement_of(dist[src], geom, (n, n), (None, None))
@@ -647,7 +647,7 @@ def test_each_move_is_priced_as_it_compiles(src, dst, order, operand, transposed
     rounds = hlo.count(" collective-permute(")
     whole = sum(hlo.count(f" {op}(") for op in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter"))
     problem = Problem1D(n, n, n, p, 4, 4, grid=shape, grid_order=order)
-    mv = _plan.move(problem, operand, role[src], role[dst], transposed=transposed)
+    mv = _moves.move(problem, operand, role[src], role[dst], transposed=transposed)
     assert (mv.messages, mv.collectives, mv.nbytes) == (rounds, whole, got.max()), (mv, rounds, whole, got)
     block = n * n * 4 / p
     if rounds:  # the zeros the new block starts from, the copies around each round, and a rank's own part

@@ -949,7 +949,7 @@ def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit
     its vjp and its jit against numpy, and explain() says what ran. (Left to
     auto, some transposed layouts rightly run otherwise at these sizes: a and
     b both stored row-split gather in two all-gathers to a local GEMM.)"""
-    from dmatmul import _cost, _plan
+    from dmatmul import _cost, _plan, _roles
 
     if schedule == "bidirectional":
         monkeypatch.setenv(_cost.MODEL_ENV, str(tmp_path / "model.json"))
@@ -957,7 +957,7 @@ def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit
 
     rng = np.random.default_rng(1)
     m, n, k = 7, 5, 4
-    roles = _plan.roles_of(dists, (False, False), 3)
+    roles = _roles.roles_of(dists, (False, False), 3)
     kern = next(kern for kern in _plan.KERNELS
                 if kern.schedule == schedule and (kern.a, kern.b, kern.d) == (roles["a"], roles["b"], roles["d"]))
     for ta, tb in itertools.product((False, True), repeat=2):
@@ -965,7 +965,7 @@ def test_one_shot_and_bidirectional_schedules_match_numpy_with_gradients_and_jit
         b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
         g = rng.standard_normal((m, n)).astype(np.float32)
         opa, opb = (a.T if ta else a), (b.T if tb else b)
-        stored = tuple(_plan.role_dist(op, roles[op], t) for op, t in zip(_plan.OPERANDS, (ta, tb, False)))
+        stored = tuple(_roles.role_dist(op, roles[op], t) for op, t in zip(_plan.OPERANDS, (ta, tb, False)))
         kw = dict(distribution=stored, transpose_a=ta, transpose_b=tb, devices=3, precision="highest",
                   algorithm=kern.algorithm)
         with _plan.schedule(schedule):
@@ -1046,7 +1046,7 @@ def test_the_model_costs_a_collective_as_one_call_and_picks_the_schedule_by_size
     all-gather or all-to-all call; auto picks the one-shot schedule for small
     products and the ring for large ones on the 8-device CPU model (its
     prediction, not a threshold: both are costed)."""
-    from dmatmul import _cost, _plan
+    from dmatmul import _cost, _moves, _plan
 
     model = _cost.model_for("cpu", 8)
     xyx = {"a": "M", "b": "N", "d": "M"}
@@ -1060,7 +1060,7 @@ def test_the_model_costs_a_collective_as_one_call_and_picks_the_schedule_by_size
     assert _plan.plans(large, xyx, model)[0].kernel.schedule == "ring"
     psum = next(pl for pl in _plan.plans(small, {"a": "K", "b": "K", "d": "R"}, model) if pl.algorithm == "allreduce")
     assert (psum.messages, psum.collectives) == (0, 1)
-    gather = _plan.move(small, "d", "M", "R")
+    gather = _moves.move(small, "d", "M", "R")
     assert (gather.messages, gather.collectives) == (0, 1)
     with _plan.schedule("ring"):
         assert _plan.plans(small, xyx, model)[0].kernel.schedule == "ring"

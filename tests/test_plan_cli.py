@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from dmatmul import _cost, _layouts, _machines, _plan, _world
+from dmatmul import _cost, _layouts, _machines, _plan, _roles, _world
 from dmatmul.cli import main
 from dmatmul.cli import plan as plan_cli
 from dmatmul.cli.bench import calibration
@@ -37,7 +37,7 @@ def test_plan_prints_the_planners_own_choice(capsys):
     on_grid = frozenset("abd") if grid is not None else frozenset()
     chosen = _plan.choose(
         problem if grid is None else dataclasses.replace(problem, grid=grid.shape),
-        _plan.roles_of(triple, (False, False), 8), algorithm="auto", model=model, transposes=(False, False),
+        _roles.roles_of(triple, (False, False), 8), algorithm="auto", model=model, transposes=(False, False),
         native=on_grid, grid_ops=on_grid, kernels=None if grid is None else _plan.grid_kernels(_plan.KERNELS))
     assert f"algorithm: {chosen.algorithm} (" in out
     names = [f"BlockNonCyclic({d.grid.shape[0]}x{d.grid.shape[1]} grid)" if d.grid is not None else repr(d)

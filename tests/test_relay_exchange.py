@@ -1,4 +1,4 @@
-"""dmatmul._relay.exchange on every rank of a simulated communicator: each
+"""dmatmul._route.exchange on every rank of a simulated communicator: each
 rank's block re-laid from one Sharded to another through one buffer-based
 ``Alltoallv`` of bytes (no pickling ``alltoall``: the fake communicator has
 none), for dtypes MPI has no type for, uneven layouts and ranks that get
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import dmatmul as dm
-from dmatmul._relay import Route, as_nd, exchange
+from dmatmul._route import Route, as_nd, exchange
 from dmatmul._spec import numpy_dtype
 
 MESH = dm.ProcessMesh((2, 2), ("x", "y"))

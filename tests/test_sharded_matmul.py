@@ -162,21 +162,21 @@ def test_the_layout_chosen_is_the_cheapest_modelled():
     """The choice's ranking is the model's: each candidate's re-lay bytes are
     the busiest rank's (Route) and its total the re-lay plus the planner's
     cheapest 2-D plan on that triple."""
-    from dmatmul import _cost, _layouts, _relay
+    from dmatmul import _cost, _layouts, _relay_choice, _route
     from dmatmul._problem import Spec
 
     (sa, db, dd), a_shape, b_shape = CHOSEN
     dists = (_sharded(sa), db, dd)
     spec = Spec.of(a_shape, b_shape, "float32", distribution=dists)
     problem, model = spec.sizes(8, pads=True), _cost.model_for("cpu", 8)
-    choice = _relay.choose(spec, 8, problem, model, None)
+    choice = _relay_choice.choose(spec, 8, problem, model, None)
     layouts = [r[3][0] for r in choice.ranked]
     assert layouts[0] == dm.Slab.Y and sorted(map(repr, layouts)) == ["Replicated()", "Slab.X", "Slab.Y"], layouts
     assert [r[0] for r in choice.ranked] == sorted(r[0] for r in choice.ranked)  # cheapest first
     for total, relays, inner, triple in choice.ranked:
-        route = _relay.Route.of(dists[0], triple[0], a_shape, 8)
+        route = _route.Route.of(dists[0], triple[0], a_shape, 8)
         nbytes = max(route.received(r) for r in range(8)) * 4
-        assert relays == _relay.move_time(model, _relay.relay_move("a", nbytes))
+        assert relays == _relay_choice.move_time(model, _relay_choice.relay_move("a", nbytes))
         assert inner == _layouts.cheapest(problem, model, triple, transposes=(False, False)).time
         assert total == relays + inner
     assert choice.ranked[0][0] < choice.ranked[1][0] / 1.3  # clearly cheaper, not a tie broken
@@ -350,7 +350,7 @@ def test_layouts_cublasmp_refuses_are_relaid_into_layouts_it_takes(dists, sizes,
     the same on every rank): Backend.refuses names cuBLASMp's limit, and the
     re-lay's choice is a triple it takes (the cost model's cheapest of those),
     saying why; the JAX backend takes them as given."""
-    from dmatmul import _relay
+    from dmatmul import _relay_choice
     from dmatmul._problem import Spec
     from dmatmul.backends.jax import BACKEND as jax_backend
     from dmatmul.backends.nvmath import BACKEND as nvmath
@@ -360,8 +360,8 @@ def test_layouts_cublasmp_refuses_are_relaid_into_layouts_it_takes(dists, sizes,
     assert why is not None and limit in why and "cuBLASMp" in why, why
     assert jax_backend.refuses(spec, 4) is None
     problem, model, kernels = nvmath.planner(spec, None, 4)
-    choice = _relay.choose(spec, 4, problem, model, tuple(kernels), nvmath)
+    choice = _relay_choice.choose(spec, 4, problem, model, tuple(kernels), nvmath)
     assert choice.refused == why
-    assert choice.triple != dists and nvmath.refuses(_relay._on(spec, choice.triple), 4) is None
-    assert all(nvmath.refuses(_relay._on(spec, r[3]), 4) is None for r in choice.ranked)
+    assert choice.triple != dists and nvmath.refuses(_relay_choice._on(spec, choice.triple), 4) is None
+    assert all(nvmath.refuses(_relay_choice._on(spec, r[3]), 4) is None for r in choice.ranked)
     assert [r[0] for r in choice.ranked] == sorted(r[0] for r in choice.ranked)

@@ -73,7 +73,7 @@ class Problem1D:
     acc_itemsize: int
     grid: tuple[int, int] | None = None  # (rows, cols) of the process grid, when one is in use
     #: the grid's rank order (``ProcessGrid.layout``): "row" (rank = r*cols + c) or "col" (rank = r + c*rows); which
-    #: ranks keep a part of their own block in a move between the grid and a 1-D split (:func:`dmatmul._plan.move`)
+    #: ranks keep a part of their own block in a move between the grid and a 1-D split (:func:`dmatmul._moves.move`)
     grid_order: str = "row"
     #: the backend pads every dimension it splits to a whole number of equal blocks (JAX shards evenly), so
     #: padding travels and is multiplied like data: a plan is costed on the padded sizes (:meth:`padded`)

@@ -110,7 +110,7 @@ class Backend:
     * ``planner(spec, operands, nranks)``: the sizes, machine model and
       kernels (None: every registered one) its planner costs a product of
       ``spec`` on ``nranks`` ranks with, for a planner outside it (the
-      re-lay's choice of layouts, :mod:`dmatmul._relay`); pure, nothing
+      re-lay's choice of layouts, :mod:`dmatmul._relay_choice`); pure, nothing
       compiled. Default: the spec's sizes on the default CPU model.
     * ``fits(spec, operands)``: raise what :meth:`plan` raises when
       ``spec``'s named algorithm does not fit its distributions (asked for

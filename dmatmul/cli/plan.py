@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from .. import _cost, _layouts, _machines, _memory, _plan
+from .. import _cost, _layouts, _machines, _memory, _plan, _roles
 from .._distribution import BlockNonCyclic, Distribution, ProcessGrid, Replicated, Slab
 from .._spec import DTYPE_INFO, DTYPES
 from .common import at_least
@@ -114,7 +114,7 @@ def _plans_on(problem: _plan.Problem1D, layout: str, model: _cost.MachineModel) 
     dists = _dists(layout, problem.p)
     grid = _grid(problem.p) if "G" in layout else None
     sized = dataclasses.replace(problem, grid=grid)
-    roles = _plan.roles_of(dists, (False, False), problem.p)
+    roles = _roles.roles_of(dists, (False, False), problem.p)
     ops = frozenset(op for op, c in zip(_plan.OPERANDS, layout) if c == "G")
     return [Candidate(pl, layout, grid) for pl in _plan.plans(sized, roles, model, native=ops, grid_ops=ops)]
 

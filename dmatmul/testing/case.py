@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _plan
+from .. import _plan, _roles
 from .._distribution import Distribution, ProcessGrid
 from .._sharded import Sharded
 from .._epilogue import TABLE, EpilogName, has_bias
@@ -568,7 +568,7 @@ def _fitting_algorithms(
     its shape: a BlockNonCyclic on a (P, 1) grid has a 1-D role, and is on the
     grid all the same). These must run (docs/guide.md: a named algorithm that does
     not fit raises); a refusal of any other is accepted."""
-    roles = [_plan.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
+    roles = [_roles.role_of(d, op, t, nranks) or "G" for d, op, t in zip(dists, _plan.OPERANDS, (ta, tb, False))]
     grids = {d.grid for d in dists}
     one_grid = len(grids) == 1 and None not in grids
     out = []

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from ... import _plan
+from ..._moves import Move
 from ..._problem import Spec
 from ..._spec import Operands
 from ._arrays import in_trace as in_jax_trace
@@ -237,13 +237,13 @@ class ExecutingProduct(CompiledProduct):
             devices=self.devices, rank=rank,
         )
 
-    def _foreign_moves(self) -> list[_plan.Move]:
+    def _foreign_moves(self) -> list[Move]:
         """The all-to-alls that bring operands on another grid to Slab.X (and the result back)."""
         pr = self.problem
         out = []
         for op in self.foreign:
             size = pr.elements(op) * pr.itemsize
-            # an element exchange from a grid to a 1-D split, as _plan.move prices one
-            out.append(_plan.Move(op, "G", "M" if op != "b" else "K", "all-to-all (another grid)",
-                                  size / pr.p, pr.p - 1, copied=3 * size / pr.p))
+            # an element exchange from a grid to a 1-D split, as dmatmul._moves.move prices one
+            out.append(Move(op, "G", "M" if op != "b" else "K", "all-to-all (another grid)",
+                            size / pr.p, pr.p - 1, copied=3 * size / pr.p))
         return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 
-from ... import _cost, _plan
+from ... import _cost, _moves, _plan, _roles
 from ...algorithms import ALGORITHMS, summa25d
 from ..._distribution import Replicated
 from . import _layered
@@ -91,9 +91,9 @@ class ExplainedProduct(ExecutingProduct):
         replicated = [op for op, d in zip("ab", self.planned) if isinstance(d, Replicated)]
         ratio = _plan.versus_bound(nbytes, lb, replicated)
         lines += [
-            f"modelled:   {_plan._fmt_bytes(nbytes)} received per rank in {counted.describe_messages()}, "
+            f"modelled:   {_moves._fmt_bytes(nbytes)} received per rank in {counted.describe_messages()}, "
             f"{plan.flops / 1e9:.3g} GFLOP per rank",
-            f"lower bound: {_plan._fmt_bytes(lb)} per rank (memory-independent); {ratio}",
+            f"lower bound: {_moves._fmt_bytes(lb)} per rank (memory-independent); {ratio}",
             *self._memory_bound(nbytes, replicated),
             f"predicted:  {plan.time * 1e3:.3g} ms ({self.model.source} {self.devices[0].platform} model)",
         ]
@@ -113,14 +113,14 @@ class ExplainedProduct(ExecutingProduct):
         vacuous = (" (0 here: a rank holds enough that the memory does not bind, as on few ranks)"
                    if dependent <= 0 else "")
         return [
-            f"bound:      {_plan._fmt_bytes(max(dependent, independent))} per rank = max(memory-dependent "
-            f"{_plan._fmt_bytes(dependent)}, memory-independent {_plan._fmt_bytes(independent)}): the {binds} "
+            f"bound:      {_moves._fmt_bytes(max(dependent, independent))} per rank = max(memory-dependent "
+            f"{_moves._fmt_bytes(dependent)}, memory-independent {_moves._fmt_bytes(independent)}): the {binds} "
             f"one binds; summa25d's bytes: {_plan.versus_bound(nbytes, max(dependent, independent), replicated)}",
             f"            memory-dependent: {summa25d.BOUND_FORMULA}, M = "
-            f"{_plan._fmt_bytes(words * pr.itemsize)} held per rank{vacuous} ({summa25d.BOUND_SOURCE})",
+            f"{_moves._fmt_bytes(words * pr.itemsize)} held per rank{vacuous} ({summa25d.BOUND_SOURCE})",
             f"            memory-independent: {summa25d.INDEPENDENT_FORMULA} ({summa25d.INDEPENDENT_SOURCE})",
         ]
 
     def _role_name(self, op: str) -> _plan.Role:
         t = {"a": self.spec.transpose_a, "b": self.spec.transpose_b, "d": False}[op]
-        return _plan.role_of(self.planned["abd".index(op)], op, t, self.nranks) or "G"  # type: ignore[arg-type]
+        return _roles.role_of(self.planned["abd".index(op)], op, t, self.nranks) or "G"  # type: ignore[arg-type]

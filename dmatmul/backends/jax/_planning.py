@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from ... import _cost, _layouts, _memory, _plan
+from ... import _cost, _layouts, _memory, _plan, _roles
 from ...algorithms import ALGORITHMS
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 from ..._problem import Spec
@@ -172,9 +172,9 @@ class PlannedProduct:
         # Slab.X it would lose its role, and a named algorithm that fits it would be refused)
         as_slab: dict[str, Distribution] = {}
         for op in _plan.OPERANDS:
-            role = _plan.role_of(self.foreign[op], op, spec.transposes[op], p) if op in self.foreign else None
+            role = _roles.role_of(self.foreign[op], op, spec.transposes[op], p) if op in self.foreign else None
             if role is not None:
-                as_slab[op] = _plan.role_dist(op, role, spec.transposes[op])
+                as_slab[op] = _roles.role_dist(op, role, spec.transposes[op])
                 del self.foreign[op]
         pa, pb, pd = (Slab.X if op in self.foreign else as_slab.get(op, d) for op, d in zip("abd", self.distributions))
         if self.replicated_result is not None:
@@ -262,7 +262,7 @@ class PlannedProduct:
         transposes, shapes = spec.transposes, spec.shapes
 
         def placement(op: str, dist: Distribution) -> _layout.Placement:
-            dims = _plan.stored_dims(op, transposes[op])  # type: ignore[arg-type]
+            dims = _roles.stored_dims(op, transposes[op])  # type: ignore[arg-type]
             return _layout.placement_of(dist, self.geom, shapes[op], (shared[dims[0]], shared[dims[1]]))
 
         self.given = {op: placement(op, d) for op, d in zip("abd", self.planned)}
@@ -277,7 +277,7 @@ class PlannedProduct:
             self.kernel, schedule = _layered.placements(spec, *_layered.layers(self.problem))
         else:
             self.kernel = {
-                op: placement(op, _plan.role_dist(op, kern.role(op), transposes[op])) for op in _plan.OPERANDS
+                op: placement(op, _roles.role_dist(op, kern.role(op), transposes[op])) for op in _plan.OPERANDS
             }
             schedule = None
         return schedule
@@ -393,7 +393,7 @@ class PlannedProduct:
 
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
-        return _plan.roles_of(dists, (self.spec.transpose_a, self.spec.transpose_b), self.nranks)
+        return _roles.roles_of(dists, (self.spec.transpose_a, self.spec.transpose_b), self.nranks)
 
     def _on_grid(
         self, dists: tuple[Distribution, Distribution, Distribution], grid: ProcessGrid | None,

@@ -228,7 +228,7 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
     layout for an ``n``-cube on ``p`` ranks: bytes each rank sends and receives,
     point-to-point messages, whole collectives, flops and extra memory per
     rank, the predicted time, and the lower bounds."""
-    from ... import _plan
+    from ... import _plan, _roles
 
     itemsize = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
     acc = 4 if itemsize == 2 else itemsize
@@ -256,7 +256,7 @@ def format_costs(n: int, p: int, dtype: str = "float32", platform_name: str = "c
             plan = next(pl for pl in _plan.plans(problem, roles, model) if pl.kernel == kernel)
         except StopIteration:
             continue
-        names = [_plan.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]
+        names = [_roles.dist_for_role(op, roles[op], False) for op in ("a", "b", "d")]
         extra = _cost.extra_memory_bytes(kernel.algorithm, n, n, n, p, itemsize, acc, moving=kernel.moving,
                                          one_shot=kernel.schedule == "one_shot")
         name = kernel.algorithm + ("" if kernel.schedule == "ring" else f":{kernel.schedule}")

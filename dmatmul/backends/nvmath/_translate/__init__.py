@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .... import _plan
+from .... import _plan, _roles
 from ...._errors import DistributionError
 from ._epilog import FP8Refused, refused_epilog, upcast
 from ._one_d import one_d, one_rank
@@ -190,7 +190,7 @@ def _translate(problem: Problem) -> Translation:
         return one_rank(problem)
     p = problem
     roles = tuple(
-        _plan.role_of(d, op, t, p.nranks)  # type: ignore[arg-type]
+        _roles.role_of(d, op, t, p.nranks)  # type: ignore[arg-type]
         for d, op, t in zip(p.distributions, ("a", "b", "d"), (p.transpose_a, p.transpose_b, False))
     )
     if None not in roles:

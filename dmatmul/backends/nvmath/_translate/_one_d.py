@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container, Sequence
 
-from .... import _plan
+from .... import _moves, _plan
 from ...._dimmap import DimMap
 from ...._distribution import ProcessGrid, Replicated
 from ._epilog import finish, pick
@@ -32,7 +32,7 @@ def _needs_message(p: Problem) -> str:
 
 def model_plan(
     p: Problem, kernel: _plan.Kernel, gather_from: Role | None, *, grid: tuple[int, int] | None = None,
-    moves: tuple[_plan.Move, ...] = (),
+    moves: tuple[_moves.Move, ...] = (),
 ) -> _plan.Plan:
     """The planner's Plan of ``kernel`` (on ``grid``: SUMMA's process grid), after
     ``moves``, and of dmatmul's allgather of a replicated result computed in role
@@ -40,7 +40,7 @@ def model_plan(
     sizes = dataclasses.replace(p.sizes(), grid=grid)
     nbytes, messages, flops = _plan.kernel_cost(sizes, kernel)
     if gather_from is not None:  # host-staged: device->host, MPI, host->device
-        mv = _plan.move(sizes, "d", gather_from, "R")
+        mv = _moves.move(sizes, "d", gather_from, "R")
         moves += (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
     return _plan.costed_plan(sizes, kernel, moves, nbytes, messages, _plan.kernel_collectives(kernel, sizes.p), flops,
                              MODEL)

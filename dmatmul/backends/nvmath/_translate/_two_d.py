@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .... import _plan
+from .... import _moves
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, BlockNonCyclic, Distribution, Replicated, Slab, numroc
 from ._epilog import finish
@@ -252,7 +252,7 @@ def two_d(p: Problem, roles: tuple[Role | None, ...]) -> Translation:
     sizes = p.sizes()
     home = (nvd_user.grid_shape, nvd_user.grid_layout)
     elsewhere = [op for op in ("a", "b") if (nv[op].grid_shape, nv[op].grid_layout) != home]  # type: ignore[union-attr]
-    moves = tuple(_plan.move(sizes, op, "G", "G") for op in elsewhere if path != "SUMMA")
+    moves = tuple(_moves.move(sizes, op, "G", "G") for op in elsewhere if path != "SUMMA")
     cost = model_plan(p, GRID, "G" if gather else None, grid=nvd_user.grid_shape, moves=moves)
     return finish(
         p, algorithm=GRID.algorithm, path=path, engine="cublasmp", frame=frame, roles=tuple(roles),  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from .... import _cost, _layouts, _plan
+from .... import _cost, _layouts, _moves, _plan, _roles
 from ...._dimmap import DimMap
 from ...._distribution import BlockCyclic, Distribution, ProcessGrid, Replicated
 from ...._epilogue import Epilog, has_bias
@@ -139,11 +139,11 @@ class Problem:
 
     def stored(self, operand: str) -> tuple[str, str]:
         """Logical dimensions of the stored operand's (rows, cols)."""
-        return _plan.stored_dims("d" if operand == "c" else operand, self.transposed(operand))  # type: ignore[arg-type]
+        return _roles.stored_dims("d" if operand == "c" else operand, self.transposed(operand))  # type: ignore[arg-type]
 
     def role_dist(self, operand: str, role: Role) -> Distribution:
         """The planner's 1-D distribution of the stored ``operand`` in ``role``."""
-        return _plan.role_dist("d" if operand == "c" else operand, role, self.transposed(operand))  # type: ignore[arg-type]
+        return _roles.role_dist("d" if operand == "c" else operand, role, self.transposed(operand))  # type: ignore[arg-type]
 
     def global_shape(self, operand: str) -> tuple[int, int]:
         r, c = self.stored(operand)
@@ -450,9 +450,9 @@ def describe(t: Translation) -> list[str]:
         replicated = [op for op, d in zip("ab", p.distributions) if d == Replicated()]
         ratio = _plan.versus_bound(t.cost.nbytes, lb, replicated)
         lines.append(
-            f"modelled:   {_plan._fmt_bytes(t.cost.nbytes)} received per rank in {t.cost.describe_messages()}, "
+            f"modelled:   {_moves._fmt_bytes(t.cost.nbytes)} received per rank in {t.cost.describe_messages()}, "
             f"{t.cost.flops / 1e9:.3g} GFLOP per rank ({ratio}: "
-            f"lower bound {_plan._fmt_bytes(lb)} per rank)"
+            f"lower bound {_moves._fmt_bytes(lb)} per rank)"
         )
     lines.append("log:        CUBLASMP_LOG_LEVEL=5 makes cuBLASMp log the path it runs")
     return lines
