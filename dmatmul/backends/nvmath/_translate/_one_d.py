@@ -39,9 +39,11 @@ def model_plan(
     ``gather_from``."""
     sizes = dataclasses.replace(p.sizes(), grid=grid)
     nbytes, messages, flops = _plan.kernel_cost(sizes, kernel)
-    if gather_from is not None:  # host-staged: device->host, MPI, host->device
-        mv = _moves.move(sizes, "d", gather_from, "R")
-        moves += (dataclasses.replace(mv, collective="all-gather (host-staged)", nbytes=_HOST_STAGING * mv.nbytes),)
+    if gather_from is not None:  # host-staged: device->host, one MPI allgather of the blocks, host->device
+        # (not _moves.move, which prices a gather as the JAX backend compiles it: from columns or a grid an
+        # exchange first; MPI gathers any blocks in one call)
+        gathered = (sizes.p - 1) / sizes.p * sizes.elements("d") * sizes.itemsize
+        moves += (_moves.Move("d", gather_from, "R", "all-gather (host-staged)", _HOST_STAGING * gathered, 0.0, 1.0),)
     return _plan.costed_plan(sizes, kernel, moves, nbytes, messages, _plan.kernel_collectives(kernel, sizes.p), flops,
                              MODEL)
 
