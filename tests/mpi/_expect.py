@@ -64,3 +64,18 @@ def finish(rt: Any, problems: list[str]) -> None:
                 print(line, flush=True)
     dm.finalize()
     sys.exit(1 if any(everyone) else 0)
+
+
+def tally(rt: Any, failures: list[str], what: str) -> None:
+    """The end of a checking script: rank 0 prints every rank's failures and
+    ``<what> checks on P processes: N failures``; then ``dm.finalize()`` and
+    exit 1 if any rank failed."""
+    import dmatmul as dm
+
+    everyone = rt.comm.allgather(failures)
+    if rt.rank == 0:
+        for f in (f for fs in everyone for f in fs):
+            print("FAILED", f, flush=True)
+        print(f"{what} checks on {rt.size} processes: {sum(map(len, everyone))} failures", flush=True)
+    dm.finalize()
+    sys.exit(1 if any(everyone) else 0)

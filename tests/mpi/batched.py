@@ -5,8 +5,8 @@ whose batches differ raise on every rank."""
 
 from __future__ import annotations
 
-import sys
 
+import _expect
 import numpy as np
 
 import dmatmul as dm
@@ -63,10 +63,4 @@ except dm.DistributionError as e:
     if "a: the ranks' blocks have different batch dimensions" not in str(e):
         failures.append(f"rank {me}: {e}")
 
-everyone = rt.comm.allgather(failures)
-if me == 0:
-    for f in (f for fs in everyone for f in fs):
-        print("FAILED", f)
-    print(f"batched checks on {rt.size} processes: {sum(map(len, everyone))} failures", flush=True)
-dm.finalize()
-sys.exit(1 if any(everyone) else 0)
+_expect.tally(rt, failures, "batched")

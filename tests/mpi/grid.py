@@ -4,8 +4,8 @@ dm.redistribute between every pair of layouts, each rank checking its own block.
 from __future__ import annotations
 
 import itertools
-import sys
 
+import _expect
 import numpy as np
 
 import dmatmul as dm
@@ -58,10 +58,4 @@ for shape in ((0, 10), (13, 0)):  # nothing to move: each rank gets its empty bl
         if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
             failures.append(f"rank {me}: redistribute {shape} {src} -> {dst}: got {got!r}, want {want.shape}")
 
-everyone = rt.comm.allgather(failures)
-if me == 0:
-    for f in (f for fs in everyone for f in fs):
-        print("FAILED", f)
-    print(f"grid checks on {rt.size} processes: {sum(map(len, everyone))} failures", flush=True)
-dm.finalize()
-sys.exit(1 if any(everyone) else 0)
+_expect.tally(rt, failures, "grid")

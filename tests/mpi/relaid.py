@@ -11,7 +11,6 @@ failure.
 
 from __future__ import annotations
 
-import sys
 
 import _expect
 
@@ -82,10 +81,4 @@ check("summa on an uneven grid", (20, 65), (20, 109), (dm.BlockNonCyclic(dm.Proc
 # a batch: every item re-laid alike
 check("batched, uneven grid", (2, 9, 6), (2, 6, 10), (dm.BlockNonCyclic(grid),) * 3, told_has=uneven)
 
-count = rt.comm.allreduce(len(failures))
-for f in failures:
-    print(f, flush=True)
-if me == 0:
-    print(f"relaid checks on {rt.size} processes: {count} failures", flush=True)
-dm.finalize()
-sys.exit(1 if count else 0)
+_expect.tally(rt, failures, "relaid")

@@ -12,7 +12,6 @@ failure.
 
 from __future__ import annotations
 
-import sys
 
 import _expect
 
@@ -89,10 +88,4 @@ except dm.DistributionError as e:
     if "distribution of b: Sharded(" not in str(e) or "spans 8 ranks" not in str(e) or "4 processes" not in str(e):
         failures.append(f"the Slab's mesh-size error says: {e}")
 
-count = rt.comm.allreduce(len(failures))
-for f in failures:
-    print(f, flush=True)
-if me == 0:
-    print(f"sharded checks on {rt.size} processes: {count} failures", flush=True)
-dm.finalize()
-sys.exit(1 if count else 0)
+_expect.tally(rt, failures, "sharded")
