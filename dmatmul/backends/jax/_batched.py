@@ -34,7 +34,7 @@ from ..._spec import Operands
 from ..._plans import PLANS
 from .. import Backend, BackendPlan
 from ._execute import concrete_runner
-from ._kernels.common import PRECISIONS, Epilogue, contract, finish
+from ._kernels.common import item_product
 from ._mesh import _tracing, mesh_of, plan_devices
 from ._planning import _x64
 from ._xla import XlaPlan, left_to_xla
@@ -95,19 +95,6 @@ def _array(x: Any) -> Any:
     return x if x is None or isinstance(x, jax.Array) else jnp.asarray(x)
 
 
-def _item_function(item: Spec) -> Any:
-    """``epilog(alpha * op(a) @ op(b) + beta * c + bias)`` of one item's matrices."""
-    ka = 0 if item.transpose_a else 1
-    kb = 1 if item.transpose_b else 0
-    precision, acc = PRECISIONS[item.precision], jnp.dtype(item.dtype_info.accumulator)
-    ep = Epilogue(item)
-
-    def f(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
-        return finish(ep, contract(a, b, ka, kb, precision, acc), c, bias)
-
-    return f
-
-
 def _on_explicit(spec: PartitionSpec, explicit: frozenset[str]) -> PartitionSpec:
     """``spec`` naming the ``explicit`` mesh axes only (a value's type names no Auto axis)."""
     kept = [tuple(a for a in ((e,) if isinstance(e, str) else e or ()) if a in explicit) for e in spec]
@@ -133,7 +120,7 @@ class BatchSplitPlan(BackendPlan):
         axes = tuple(mesh.axis_names)
         split, whole = PartitionSpec(axes), PartitionSpec()
         explicit = frozenset(mesh.explicit_axes) if self.user_mesh is not None else frozenset()
-        item = _item_function(spec.item())
+        item = item_product(spec.item())
 
         def run(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
             xs = [_flat(x, batch, count) for x in (a, b, c, bias)]

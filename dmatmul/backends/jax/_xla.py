@@ -24,7 +24,7 @@ from ..._problem import Spec
 from ..._spec import Operands
 from .. import BackendPlan
 from ._arrays import in_program
-from ._kernels.common import PRECISIONS, Epilogue, contract, finish
+from ._kernels.common import item_product
 from ._mesh import _explicit, _staging, user_mesh
 from ._planning import _x64
 from ._shardings import _layout_of
@@ -53,13 +53,7 @@ def _product(spec: Spec) -> Any:
     batch, as ``jnp.matmul`` computes it: each batch dimension a batch
     dimension of one ``dot_general`` (``jax.vmap``), none flattened, so that
     XLA keeps a split batch dimension where it is."""
-    item = spec.item()
-    ka, kb = (0 if item.transpose_a else 1), (1 if item.transpose_b else 0)
-    precision, acc, ep = PRECISIONS[item.precision], jnp.dtype(item.dtype_info.accumulator), Epilogue(item)
-    batch = spec.batch_shape
-
-    def one(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
-        return finish(ep, contract(a, b, ka, kb, precision, acc), c, bias)
+    one, batch = item_product(spec.item()), spec.batch_shape
 
     def run(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
         xs = [None if x is None else jnp.asarray(x) for x in (a, b, c, bias)]

@@ -176,3 +176,16 @@ def _rounds_in_the_gemm(ep: Epilogue, acc_dtype: Any) -> bool:
     out = jnp.dtype(ep.out_dtype)
     return (ep.alpha == 1 and not ep.use_c and not ep.has_bias and ep.epilog is None and out.itemsize == 2
             and out != jnp.dtype(acc_dtype) and traced_platform() != "cpu")
+
+
+def item_product(item: Spec) -> Any:
+    """``epilog(alpha * op(a) @ op(b) + beta * c + bias)`` of one item's matrices."""
+    ka = 0 if item.transpose_a else 1
+    kb = 1 if item.transpose_b else 0
+    precision, acc = PRECISIONS[item.precision], jnp.dtype(item.dtype_info.accumulator)
+    ep = Epilogue(item)
+
+    def f(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+        return finish(ep, contract(a, b, ka, kb, precision, acc), c, bias)
+
+    return f
