@@ -29,7 +29,7 @@ from .algorithms.base import OPERANDS, SCHEDULES, Kernel, Operand, Problem1D, Ro
 __all__ = [
     "Role", "Operand", "OPERANDS", "Kernel", "KERNELS", "Plan", "Problem1D", "kernel_cost", "gemm_calls",
     "model_time", "plans", "choose", "needs", "needs_message", "ALGORITHMS", "Schedule", "SCHEDULES",
-    "forced_schedule", "schedule", "kernel_collectives", "costed_plan", "grid_kernels",
+    "forced_schedule", "schedule", "kernel_collectives", "costed_plan", "grid_kernels", "TERMS", "time_terms", "kernel_copied",
 ]
 
 
@@ -78,6 +78,10 @@ class Plan:
     time: float
     #: whole collectives of the kernel (:func:`kernel_collectives`; its bytes then travel in them)
     kernel_collectives: float = 0.0
+    #: what the modelled time multiplies each constant of :data:`TERMS` by, in that order (:func:`time_terms`)
+    terms: tuple[float, ...] = dataclasses.field(default=(), compare=False)
+    #: the bytes the kernel itself copies in memory (:meth:`dmatmul.algorithms.base.Algorithm.copied`)
+    kernel_copied: float = 0.0
 
     @property
     def algorithm(self) -> str:
@@ -136,6 +140,19 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
     return nbytes, messages, flops
 
 
+def kernel_copied(problem: Problem1D, kernel: Kernel, transposes: tuple[bool, bool] = (False, False)) -> float:
+    """Bytes the kernel copies in a rank's memory besides its GEMMs
+    (:meth:`dmatmul.algorithms.base.Algorithm.copied`); none on one rank, or
+    where every operand is whole.
+
+    >>> kernel_copied(Problem1D(1024, 1024, 1024, 8, 4, 4), Kernel("allgather", "K", "N", "N", moving="a", schedule="one_shot"))
+    4194304.0
+    """
+    if problem.p <= 1 or (kernel.a, kernel.b, kernel.d) == ("R", "R", "R"):
+        return 0.0
+    return ALGORITHMS[kernel.algorithm].copied(problem, kernel, transposes)
+
+
 def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, float], ...]:
     """``(count, flops, bytes)`` of the local GEMMs a rank runs in ``kernel``:
     ``bytes`` are the memory one call touches (its operands read, its output
@@ -166,28 +183,64 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
     return ((count, 2.0 * mc * nc * kc, nbytes),)
 
 
+#: The constants of :class:`dmatmul._cost.MachineModel` a plan's modelled time is linear in, by the name of
+#: the attribute that reads each (:func:`time_terms`)
+TERMS: tuple[str, ...] = ("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta")
+
+
+def time_terms(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
+               nbytes: float, collectives: float = 0.0, collective_bytes: float = 0.0,
+               overlapped_bytes: float = 0.0, copied: float = 0.0) -> dict[str, float]:
+    """What :func:`model_time` multiplies each constant of :data:`TERMS` by:
+    messages, whole collectives, bytes received point to point and in whole
+    collectives, the flops of the GEMMs bound by compute and the bytes of
+    those bound by memory plus the bytes copied (which side of the roofline
+    each GEMM is on is ``model``'s). Where the model does not overlap
+    transfers with GEMMs, the time is ``sum(getattr(model, t) * terms[t])``,
+    so a calibration can fit the constants to measured plans
+    (:func:`dmatmul._cost.fit_terms`).
+
+    >>> pr, kern = Problem1D(1024, 1024, 1024, 8, 4, 4), Kernel("allgather", "M", "N", "M", moving="b")
+    >>> m = _cost.model_for("cpu", 8, calibrated=False)
+    >>> t = time_terms(pr, kern, m, messages=7, nbytes=3.5 * 2**20)
+    >>> t["alpha"], t["gamma"] == 2 * 1024**3 / 8
+    (7.0, True)
+    >>> abs(sum(getattr(m, k) * v for k, v in t.items()) - model_time(pr, kern, m, messages=7, nbytes=3.5 * 2**20)) < 1e-12
+    True
+    """
+    calls = gemm_calls(problem, kernel)
+    flops = sum(count * f for count, f, touched in calls if model.gamma * f >= model.mem_beta * touched)
+    touched = sum(count * t for count, f, t in calls if model.gamma * f < model.mem_beta * t)
+    # the ring's own bytes, at half the rate each way where two rings run on full-duplex links
+    ring = model.ring_beta(problem.p, both_ways=kernel.schedule == "bidirectional") / model.beta \
+        if model.beta else 1.0
+    return {"alpha": float(messages), "calpha": float(collectives),
+            "beta": float(nbytes - overlapped_bytes + ring * overlapped_bytes), "cbeta": float(collective_bytes),
+            "gamma": float(flops), "mem_beta": float(touched + copied)}
+
+
 def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
                nbytes: float, collectives: float = 0.0, collective_bytes: float = 0.0,
                overlapped_bytes: float = 0.0, copied: float = 0.0) -> float:
     """A plan's modelled time: latency and bytes received (``messages``
     point-to-point steps and ``nbytes`` in them, ``collectives`` whole ones
-    receiving ``collective_bytes``), the bytes its moves copy in memory
-    besides (``copied``: :attr:`Move.copied`), plus its local GEMMs on the roofline
-    (:func:`gemm_calls`). Where the model overlaps a ring's transfers with
-    its GEMMs, the ``overlapped_bytes`` of ``nbytes`` (the ring's own) take
-    the longer of the two, plus one step of the shorter, not their sum."""
-    calls = gemm_calls(problem, kernel)
-    local = sum(count * model.gemm(flops, touched) for count, flops, touched in calls)
-    # the ring's own bytes, half each way where two rings run on full-duplex links
-    both_ways = kernel.schedule == "bidirectional"
-    ring = model.ring_beta(problem.p, both_ways=both_ways) * overlapped_bytes
-    comm = model.beta * (nbytes - overlapped_bytes) + ring
+    receiving ``collective_bytes``), the bytes its moves and kernel copy in
+    memory besides (``copied``: :attr:`Move.copied`), plus its local GEMMs on
+    the roofline (:func:`gemm_calls`): each constant times its
+    :func:`time_terms`. Where the model overlaps a ring's transfers with its
+    GEMMs, the ``overlapped_bytes`` of ``nbytes`` (the ring's own) take the
+    longer of the two, plus one step of the shorter, not their sum."""
+    terms = time_terms(problem, kernel, model, messages=messages, nbytes=nbytes, collectives=collectives,
+                       collective_bytes=collective_bytes, overlapped_bytes=overlapped_bytes, copied=copied)
+    time = sum(getattr(model, name) * terms[name] for name in TERMS)
     if model.overlap and overlapped_bytes and kernel.schedule != "one_shot":
+        calls = gemm_calls(problem, kernel)
+        both_ways = kernel.schedule == "bidirectional"
+        ring = model.ring_beta(problem.p, both_ways=both_ways) * overlapped_bytes
+        local = sum(count * model.gemm(flops, touched) for count, flops, touched in calls)
         steps = max(calls[0][0] // (2 if both_ways else 1), 1)  # (both ways: two GEMMs a step)
-        comm -= ring
-        local = max(ring, local) + min(ring, local) / steps
-    return (model.alpha * messages + model.calpha * collectives + comm + model.cbeta * collective_bytes + local
-            + model.mem_beta * copied)
+        time += max(ring, local) + min(ring, local) / steps - ring - local
+    return time
 
 
 def grid_kernels(kernels: Sequence[Kernel]) -> list[Kernel]:
@@ -240,24 +293,27 @@ def plans(
         kb, km, flops = kernel_cost(sized, kernel)
         kc = kernel_collectives(kernel, sized.p)
         moves = tuple(mv for mv in candidates if mv.collective != "none")
-        out.append(costed_plan(sized, kernel, moves, kb, km, kc, flops, model))
+        out.append(costed_plan(sized, kernel, moves, kb, km, kc, flops, model, kernel_copied(sized, kernel, transposes)))
     order = {name: i for i, name in enumerate(ALGORITHMS)}
     out.sort(key=lambda pl: (pl.time, len(pl.moves), order[pl.algorithm]))
     return out
 
 
 def costed_plan(problem: Problem1D, kernel: Kernel, moves: tuple[Move, ...], kb: float, km: float, kc: float,
-            flops: float, model: _cost.MachineModel) -> Plan:
+                flops: float, model: _cost.MachineModel, copied: float = 0.0) -> Plan:
     """The plan of ``kernel`` (its bytes ``kb``, messages ``km``, collectives
-    ``kc``: :func:`kernel_cost`, :func:`kernel_collectives`) and ``moves``, with
-    its modelled time: the bytes of whole collectives (``kc``, a move's
-    ``collectives``) at their own cost, the ring's own beside its GEMMs."""
+    ``kc``: :func:`kernel_cost`, :func:`kernel_collectives`; the bytes it copies
+    in memory, ``copied``) and ``moves``, with its modelled time: the bytes of
+    whole collectives (``kc``, a move's ``collectives``) at their own cost, the
+    ring's own beside its GEMMs."""
     ring_bytes = sum(mv.nbytes for mv in moves if not mv.collectives) + (0.0 if kc else kb)
     coll_bytes = sum(mv.nbytes for mv in moves if mv.collectives) + (kb if kc else 0.0)
-    time = model_time(problem, kernel, model, messages=km + sum(mv.messages for mv in moves), nbytes=ring_bytes,
-                      collectives=kc + sum(mv.collectives for mv in moves), collective_bytes=coll_bytes,
-                      overlapped_bytes=0.0 if kc else kb, copied=sum(mv.copied for mv in moves))
-    return Plan(kernel, moves, kb, km, flops, time, kc)
+    counts = dict(messages=km + sum(mv.messages for mv in moves), nbytes=ring_bytes,
+                  collectives=kc + sum(mv.collectives for mv in moves), collective_bytes=coll_bytes,
+                  overlapped_bytes=0.0 if kc else kb, copied=copied + sum(mv.copied for mv in moves))
+    terms = time_terms(problem, kernel, model, **counts)
+    return Plan(kernel, moves, kb, km, flops, model_time(problem, kernel, model, **counts), kc,
+                tuple(terms[t] for t in TERMS), copied)
 
 
 def choose(

@@ -59,3 +59,28 @@ def received_per_rank(hlo: str, p: int) -> np.ndarray:
         return got
 
     return visit(next(name for name, lines in bodies.items() if lines and lines[0].startswith("ENTRY")))
+
+
+def laid_out_bytes(hlo: str) -> float:
+    """Bytes the module's entry computation writes outside its GEMMs and
+    collectives: its fusions that hold no dot, and its copies, transposes and
+    concatenations (each materializes its output once), arrays only."""
+    sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
+    bodies = {}
+    for block in hlo.split("\n\n"):
+        head = block.lstrip().split(" ", 2)
+        bodies[(head[1] if head[0] == "ENTRY" else head[0]).lstrip("%")] = (head[0] == "ENTRY", block)
+    dots = {name for name, (_, text) in bodies.items() if " dot(" in text}
+    total = 0.0
+    for entry, text in bodies.values():
+        if not entry:
+            continue
+        for line in text.splitlines():
+            op = re.search(r"= (\w+)\[([\d,]+)\]\{[\d,]*\} (fusion|copy|transpose|concatenate)\(", line)
+            if not op or "," not in op[2]:
+                continue
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            if op[3] == "fusion" and called and called[1] in dots:
+                continue
+            total += sizes[op[1]] * int(np.prod([int(x) for x in op[2].split(",")]))
+    return total

@@ -679,12 +679,12 @@ def test_auto_does_not_re_lay_a_large_result_onto_a_grid_when_its_small_operands
 @pytest.mark.parametrize("family", ["numpy", "jax"])
 def test_a_free_layout_is_a_2d_grid_where_the_model_says_so(family):
     """distribution=None weighs a and b ``BlockNonCyclic`` on each 2-D grid
-    (SUMMA there) as it weighs the 1-D triples: for 1000x700 @ 700x1002 on 8
+    (SUMMA there) as it weighs the 1-D triples: for 1000x1500 @ 1500x1002 on 8
     devices the (default) CPU model puts them on the 4x2 grid, whose SUMMA it
     prices below every 1-D plan; the result is numpy's, and a jax.Array
     result carries the grid's layout as its sharding (1000/4 and 1002/2 split
     evenly, as ``deliverable`` requires)."""
-    a, b, _ = operands(21, 1000, 1002, 700, False, False)
+    a, b, _ = operands(21, 1000, 1002, 1500, False, False)
     grid = dm.BlockNonCyclic(dm.ProcessGrid((4, 2)))
     x, y = (a, b) if family == "numpy" else (jnp.asarray(a), jnp.asarray(b))
     with dm.Matmul(x, y, devices=8) as mm:

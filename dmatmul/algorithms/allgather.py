@@ -4,7 +4,7 @@ all-gather and one GEMM; bidirectional, two rings, half of each block each way).
 
 from __future__ import annotations
 
-from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D, Role, ring_schedules
+from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D, Role, leads, ring_schedules
 
 _RINGS = (
     Kernel("allgather", "M", "N", "M", moving="b"),
@@ -22,6 +22,13 @@ class AllGather(Algorithm):
     def cost(self, problem: Problem1D, kernel: Kernel, steps: float) -> tuple[float, float]:
         p = problem.p
         return (p - 1) / p * problem.elements(kernel.moving or "b") * problem.itemsize, steps
+
+    def copied(self, problem: Problem1D, kernel: Kernel, transposes: tuple[bool, bool]) -> float:
+        # one-shot: the moving operand gathered along an axis that does not lead is laid out whole once
+        x = kernel.moving or "b"
+        if kernel.schedule != "one_shot" or leads(x, kernel.role(x), transposes[x == "b"]):
+            return 0.0
+        return float(problem.elements(x) * problem.itemsize)
 
     def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
         m, n, k, p = problem.m, problem.n, problem.k, problem.p

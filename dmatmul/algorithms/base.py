@@ -18,7 +18,7 @@ from typing import Literal
 
 __all__ = [
     "Role", "Schedule", "SCHEDULES", "Operand", "OPERANDS", "Kernel", "Problem1D", "GemmShape", "Algorithm",
-    "ring_schedules",
+    "ring_schedules", "leads",
 ]
 
 Role = Literal["M", "K", "N", "R", "G"]  # "G": a 2-D block layout on the process grid
@@ -53,6 +53,16 @@ class Kernel:
 
     def role(self, operand: Operand) -> Role:
         return {"a": self.a, "b": self.b, "d": self.d}[operand]
+
+
+def leads(operand: Operand, dim: Role, transposed: bool) -> bool:
+    """Whether ``dim`` is the leading axis of ``operand`` as stored (a: M x K, b: K x N; or transposed).
+
+    >>> leads("a", "K", False), leads("a", "K", True), leads("b", "K", False)
+    (False, True, True)
+    """
+    stored = {"a": "MK", "b": "KN", "d": "MN"}[operand]
+    return dim == (stored[1] if transposed else stored[0])
 
 
 def ring_schedules(rings: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
@@ -154,6 +164,15 @@ class Algorithm:
         """(bytes received, messages) per rank of the kernel itself; ``steps``:
         the ring's point-to-point steps (0 where the kernel runs whole collectives)."""
         return 0.0, 0.0
+
+    def copied(self, problem: Problem1D, kernel: Kernel, transposes: tuple[bool, bool]) -> float:
+        """Bytes the kernel copies within a rank's memory besides its GEMMs, as XLA
+        compiles the JAX kernel (``transposes``: whether a and b are stored
+        transposed). An operand gathered along a stored axis that does not lead
+        arrives as blocks side by side and is laid out once before its GEMM (a
+        collective along the second axis copies strided and is slower still:
+        :func:`dmatmul.backends.jax._kernels.bodies.one_shot`)."""
+        return 0.0
 
     def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
         """The local GEMM calls a rank runs, on operands that are not all replicated."""

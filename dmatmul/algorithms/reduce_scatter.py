@@ -21,6 +21,13 @@ class ReduceScatter(Algorithm):
         p = problem.p
         return (p - 1) / p * problem.m * problem.n * problem.acc_itemsize, steps
 
+    def copied(self, problem: Problem1D, kernel: Kernel, transposes: tuple[bool, bool]) -> float:
+        # one-shot onto columns: the partial product is computed transposed, and the block scattered to a rank
+        # transposed back
+        if kernel.schedule != "one_shot" or kernel.d != "N":
+            return 0.0
+        return problem.m * problem.n / problem.p * problem.acc_itemsize
+
     def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
         m, n, k, p = problem.m, problem.n, problem.k, problem.p
         if kernel.schedule == "one_shot":

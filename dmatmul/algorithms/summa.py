@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D
+from .base import Algorithm, GemmShape, Kernel, Operand, Problem1D, leads
 
 
 class Summa(Algorithm):
@@ -34,6 +34,16 @@ class Summa(Algorithm):
         a_in = (cols - 1) / cols * (m / rows) * k
         b_in = (rows - 1) / rows * k * (n / cols)
         return (a_in + b_in) * problem.itemsize, 0 if kernel.schedule == "one_shot" else rows + cols
+
+    def copied(self, problem: Problem1D, kernel: Kernel, transposes: tuple[bool, bool]) -> float:
+        # one-shot: a panel gathered along its K where K does not lead is laid out whole once (op(A)'s row
+        # panel for an A stored M x K, op(B)'s column panel for a B stored N x K)
+        if kernel.schedule != "one_shot":
+            return 0.0
+        rows, cols = problem.grid or (1, problem.p)
+        a_panel = 0.0 if leads("a", "K", transposes[0]) else problem.m / rows * problem.k
+        b_panel = 0.0 if leads("b", "K", transposes[1]) else problem.k * problem.n / cols
+        return (a_panel + b_panel) * problem.itemsize
 
     def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
         m, n, k, p = problem.m, problem.n, problem.k, problem.p

@@ -86,4 +86,4 @@ def recost(plan: _plan.Plan, problem: _plan.Problem1D, kernel: dict[str, Placeme
         elements, transfers = route.traffic(*((m_loc, n_loc) if route.ring == "a" else (n_loc, m_loc)))
     elements += (c - 1) * piece
     return _plan.costed_plan(problem, plan.kernel, plan.moves, elements * itemsize, transfers,
-                             plan.kernel_collectives, plan.flops, model)
+                             plan.kernel_collectives, plan.flops, model, plan.kernel_copied)

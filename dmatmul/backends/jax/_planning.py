@@ -389,7 +389,7 @@ class PlannedProduct:
             elements, transfers = route.traffic(*((m_loc, n_loc) if route.ring == "a" else (n_loc, m_loc)))
         sized = self.problem.padded(("G",))
         return _plan.costed_plan(sized, plan.kernel, plan.moves, elements * sized.itemsize, transfers,
-                                 plan.kernel_collectives, plan.flops, self.model)
+                                 plan.kernel_collectives, plan.flops, self.model, plan.kernel_copied)
 
     def _roles(self, dists: tuple[Distribution, Distribution, Distribution]) -> dict[str, _plan.Role]:
         """Each operand's role; every grid operand of ``dists`` is on the product's grid."""
