@@ -59,6 +59,7 @@ __all__ = [
     "load_models",
     "save_models",
     "fit",
+    "fit_terms",
     "lower_bound_words",
     "lower_bound_regime",
     "lower_bounds",
@@ -411,28 +412,79 @@ def fit(samples: Iterable[Sequence[float]]) -> tuple[MachineModel, float]:
     rows = np.asarray([tuple(s) for s in samples], dtype=float)
     if rows.ndim != 2 or rows.shape[1] != 4 or len(rows) == 0:
         raise ValueError("fit needs samples (messages, nbytes, flops, seconds)")
-    if (rows[:, 3] <= 0).any():
-        raise ValueError("fit: every sample needs a positive time")
-    w = 1.0 / rows[:, 3]
-    x, y = rows[:, :3] * w[:, None], rows[:, 3] * w
+    (alpha, beta, gamma), res = _nonnegative_fit(rows[:, :3], rows[:, 3], "fit")
+    return MachineModel(float(alpha), float(beta), float(gamma), source="fit"), res
+
+
+def _nonnegative_fit(x: Any, seconds: Any, what: str) -> tuple[Any, float]:
+    """Coefficients ``>= 0`` of the columns of ``x`` that best give ``seconds``,
+    each row weighted by ``1/seconds`` (relative residuals), and the RMS
+    relative residual: the best unconstrained fit over every subset of the
+    columns whose solution is non-negative (exact non-negativity; 63 subsets for
+    six constants). A column that is zero in every row gets 0."""
+    import numpy as np
+
+    x, seconds = np.asarray(x, dtype=float), np.asarray(seconds, dtype=float)
+    if (seconds <= 0).any():
+        raise ValueError(f"{what}: every sample needs a positive time")
+    w = 1.0 / seconds
+    x, y = x * w[:, None], seconds * w
+    width = x.shape[1]
+    live = [c for c in range(width) if x[:, c].any()]
     best: tuple[float, np.ndarray] | None = None
-    for size in range(3, 0, -1):
-        for cols in itertools.combinations(range(3), size):
-            sub = x[:, cols]
-            if not sub.any():
-                continue
-            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
+    for size in range(len(live), 0, -1):
+        for cols in itertools.combinations(live, size):
+            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
             if (coef < 0).any():
                 continue
-            full = np.zeros(3)
+            full = np.zeros(width)
             full[list(cols)] = coef
             res = float(np.sum((x @ full - y) ** 2))
             if best is None or res < best[0] - 1e-15:
                 best = (res, full)
     if best is None:
-        raise ValueError("fit: no non-negative solution (all samples empty?)")
-    res, (alpha, beta, gamma) = best
-    return MachineModel(float(alpha), float(beta), float(gamma), source="fit"), math.sqrt(res / len(rows))
+        raise ValueError(f"{what}: no non-negative solution (all samples empty?)")
+    return best[1], math.sqrt(best[0] / len(y))
+
+
+#: the constants :func:`fit_terms` fits, as :data:`dmatmul._plan.TERMS` names the attribute that reads each, and
+#: the field of :class:`MachineModel` that holds it
+_TERM_FIELDS = {"alpha": "alpha", "calpha": "collective_alpha", "beta": "beta", "cbeta": "collective_beta",
+                "gamma": "gamma", "mem_beta": "mem"}
+
+
+def fit_terms(samples: Iterable[tuple[Sequence[float], float]], names: Sequence[str], base: MachineModel,
+              ) -> tuple[MachineModel, float]:
+    """The constants that best give measured plans' times: ``samples`` of
+    ``(terms, seconds)``, ``terms`` what a plan's modelled time multiplies each
+    constant named in ``names`` by (:func:`dmatmul._plan.time_terms`: messages,
+    whole collectives, bytes of each kind, GEMM flops, bytes copied). The fit
+    is least squares, relative, non-negative (:func:`fit`'s); a constant no
+    sample exercises keeps ``base``'s value, as do ``base``'s flags. Returns the
+    model and the RMS relative residual.
+
+    >>> base = MachineModel(alpha=1e-4, beta=1e-9, gamma=1e-10)
+    >>> names = ("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta")
+    >>> truth = (2e-4, 5e-5, 8e-10, 1.2e-9, 5e-11, 4e-10)
+    >>> terms = [(7, 0, 1e6, 0, 1e8, 2e6), (0, 1, 0, 4e6, 2e8, 0), (14, 1, 2e6, 1e6, 1e8, 1e6),
+    ...          (0, 2, 0, 3e6, 4e8, 8e6), (7, 0, 3e6, 0, 3e8, 0), (21, 3, 1e6, 0, 1e8, 4e6), (0, 1, 5e5, 9e6, 6e8, 1e6)]
+    >>> m, res = fit_terms([(t, sum(c * v for c, v in zip(truth, t))) for t in terms], names, base)
+    >>> [round(getattr(m, f) / c, 6) for f, c in zip(("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta"), truth)]
+    [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    """
+    import numpy as np
+
+    pairs = [(tuple(t), s) for t, s in samples]
+    if not pairs:
+        raise ValueError("fit_terms needs samples (terms, seconds)")
+    x = np.asarray([t for t, _ in pairs], dtype=float)
+    if x.shape[1] != len(names) or any(n not in _TERM_FIELDS for n in names):
+        raise ValueError(f"fit_terms: terms must be one number per constant of {names}, "
+                         f"constants among {sorted(_TERM_FIELDS)}")
+    coef, res = _nonnegative_fit(x, [s for _, s in pairs], "fit_terms")
+    values: dict[str, Any] = {_TERM_FIELDS[n]: float(c) if x[:, i].any() else getattr(base, n)
+                              for i, (n, c) in enumerate(zip(names, coef))}
+    return dataclasses.replace(base, source="fit", **values), res
 
 
 # --------------------------------------------------------------------------- #

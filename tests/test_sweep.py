@@ -183,3 +183,53 @@ def test_auto_takes_the_route_its_own_costs_put_first(layout, shape, monkeypatch
             continue
         assert best.time <= sweep._cost(mm).time * (1 + 1e-12), (sweep._label(kernel), best.kernel)
         mm.free()
+
+
+def test_route_calibration_samples_every_route_with_the_terms_of_its_prediction(monkeypatch):
+    """``dmatmul bench --calibrate`` fits the model to the planner's routes:
+    each route timed gives its terms (what the predicted time multiplies each
+    constant by: they give back the prediction exactly) and its median; a
+    route whose result is wrong gives nothing. With those times made by a
+    known model, the fit finds that model's constants again."""
+    from dmatmul import _cost, _plan
+    from dmatmul.backends.jax._kernels import bodies
+    from dmatmul.cli.bench import calibration
+
+    wrong = bodies.BODIES["allreduce"]
+    monkeypatch.setitem(bodies.BODIES, "allreduce", lambda lp, a, b: wrong(lp, a, b) * 1.5)  # broken
+    monkeypatch.setattr(calibration, "ROUTE_SHAPES", {"square": (40, 48, 56), "outer": (64, 72, 8)})
+    monkeypatch.setattr(calibration, "ROUTE_LAYOUTS", ("XYX", "YYY", "GGG", "GXG"))
+    model = _cost.model_for("cpu", 8)
+    truth = _cost.MachineModel(alpha=3e-4, beta=9e-10, gamma=5e-11, mem=4e-10, collective_alpha=2e-5,
+                               collective_beta=1.1e-9)
+    seen: dict[str, float] = {}
+
+    def timer(runners, reps, warmup, *, check=None, **_):
+        for label, run in runners.items():
+            check(label, run())
+        rng = np.random.default_rng(len(seen))
+        times = {label: [float(x) for x in rng.uniform(1e-3, 2e-3, 3)] for label in runners}
+        for label, ts in times.items():
+            seen[label] = float(np.median(ts))
+        return times, {label: 0.0 for label in runners}
+
+    results = []
+    run_case = sweep.run_case
+    monkeypatch.setattr(sweep, "run_case", lambda *a, **kw: results.append(run_case(*a, **kw)) or results[-1])
+    samples = calibration.route_samples(8, reps=3, timer=timer, say=lambda _: None)
+    assert len(results) == 8 and len(samples) >= 8 * 5
+    for terms, seconds in samples:
+        assert len(terms) == len(_plan.TERMS) and 1e-3 <= seconds <= 2e-3
+    # every route's prediction is its terms times the model's constants (the summa re-cost included), and no
+    # sample comes from the broken allreduce routes
+    routes = [r for res in results for r in res.routes if r.ok]
+    assert len(routes) == len(samples) and not any(r.algorithm == "allreduce" for r in routes)
+    assert any(r.algorithm == "allreduce" for res in results for r in res.routes)
+    for r in routes:
+        assert sum(getattr(model, t) * v for t, v in zip(_plan.TERMS, r.terms)) == pytest.approx(r.predicted_s)
+    # times made by a known model: the fit recovers the constants the routes exercise
+    made = [(terms, sum(getattr(truth, t) * v for t, v in zip(_plan.TERMS, terms))) for terms, _ in samples]
+    fitted, before, after = calibration.fit_routes(model, made)
+    assert after < 1e-6 < before
+    for name in ("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-3), name

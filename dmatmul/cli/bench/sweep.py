@@ -100,6 +100,8 @@ class Route:
     times: list[float] = dataclasses.field(default_factory=list)
     max_rel_err: float | None = None
     note: str | None = None  # "MISMATCH: ..." where its result is wrong (never the fastest then)
+    #: what the predicted time multiplies each constant of the model by (:func:`dmatmul._plan.time_terms`)
+    terms: tuple[float, ...] = ()
 
     @property
     def median(self) -> float:
@@ -269,7 +271,7 @@ def operands(case: Case, p: int) -> tuple[Any, Any, np.ndarray]:
 def _route(label: str, mm: Any) -> Route:
     cost = _cost(mm)
     moves = "; ".join(m.describe() for m in cost.moves)
-    return Route(label, cost.algorithm, cost.kernel.schedule, moves, float(cost.time))
+    return Route(label, cost.algorithm, cost.kernel.schedule, moves, float(cost.time), terms=tuple(cost.terms))
 
 
 #: the runner name of auto's route timed again (:attr:`CaseResult.twin`)
