@@ -97,6 +97,10 @@ class MachineModel:
     #: whether a ring's transfers overlap its GEMMs (GPU, TPU: XLA and cuBLASMp issue the next transfer
     #: beside the step's GEMM); on CPU XLA's collectives are synchronous, so they add up
     overlap: bool = False
+    #: the time per flop a GEMM cut into steps (a ring's P calls, SUMMA's panels) takes beyond ``gamma``: on
+    #: 8 simulated CPU devices a rank's GEMM in a ring's calls ran 1.24-1.56x slower than one call of the same
+    #: flops; 0 where the calibration has not measured it (its micro-benchmark times the ring's calls)
+    step_gamma: float = 0.0
     #: whether a link carries both directions at once, each at ``beta`` (full duplex: NVLink, ICI), so that
     #: two rings in opposite directions move twice the bytes of one (:func:`bidirectional_pays`); simulated
     #: CPU devices copy on the cores they share, and two rings' bytes add up
@@ -154,6 +158,8 @@ class MachineModel:
         for name in ("mem", "collective_alpha", "collective_beta"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.step_gamma:
+            out["step_gamma"] = self.step_gamma
         for name in ("overlap", "duplex"):
             if getattr(self, name):
                 out[name] = True
@@ -167,6 +173,8 @@ class MachineModel:
         if self.collective_alpha is not None or self.collective_beta is not None:
             cbw = f"{1 / self.cbeta / 1e9:.3g} GB/s" if self.cbeta > 0 else "inf GB/s"
             coll = f"; one collective {self.calpha * 1e6:.3g} us + {cbw}"
+        if self.step_gamma and self.gamma:
+            coll += f"; a GEMM cut into steps {self.step_gamma / self.gamma:+.0%} per flop"
         return f"alpha {self.alpha * 1e6:.3g} us, beta {bw}, gamma {speed} per rank{coll} ({self.source})"
 
 
@@ -229,7 +237,7 @@ _loaded: dict[tuple[str, float], tuple[dict[str, MachineModel], dict[str, str]]]
 
 #: the fields of one entry of a calibration file: the constants (s/message, s/byte, s/flop; None: not given)
 #: and the flags (true/false)
-_CONSTANTS = ("alpha", "beta", "gamma", "mem", "collective_alpha", "collective_beta")
+_CONSTANTS = ("alpha", "beta", "gamma", "mem", "collective_alpha", "collective_beta", "step_gamma")
 _FLAGS = ("overlap", "duplex")
 
 
@@ -450,7 +458,7 @@ def _nonnegative_fit(x: Any, seconds: Any, what: str) -> tuple[Any, float]:
 #: the constants :func:`fit_terms` fits, as :data:`dmatmul._plan.TERMS` names the attribute that reads each, and
 #: the field of :class:`MachineModel` that holds it
 _TERM_FIELDS = {"alpha": "alpha", "calpha": "collective_alpha", "beta": "beta", "cbeta": "collective_beta",
-                "gamma": "gamma", "mem_beta": "mem"}
+                "gamma": "gamma", "mem_beta": "mem", "step_gamma": "step_gamma"}
 
 
 def fit_terms(samples: Iterable[tuple[Sequence[float], float]], names: Sequence[str], base: MachineModel,
@@ -469,7 +477,7 @@ def fit_terms(samples: Iterable[tuple[Sequence[float], float]], names: Sequence[
     >>> terms = [(7, 0, 1e6, 0, 1e8, 2e6), (0, 1, 0, 4e6, 2e8, 0), (14, 1, 2e6, 1e6, 1e8, 1e6),
     ...          (0, 2, 0, 3e6, 4e8, 8e6), (7, 0, 3e6, 0, 3e8, 0), (21, 3, 1e6, 0, 1e8, 4e6), (0, 1, 5e5, 9e6, 6e8, 1e6)]
     >>> m, res = fit_terms([(t, sum(c * v for c, v in zip(truth, t))) for t in terms], names, base)
-    >>> [round(getattr(m, f) / c, 6) for f, c in zip(("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta"), truth)]
+    >>> [round(getattr(m, f) / c, 6) for f, c in zip(names, truth)]
     [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     """
     import numpy as np

@@ -185,7 +185,7 @@ def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, fl
 
 #: The constants of :class:`dmatmul._cost.MachineModel` a plan's modelled time is linear in, by the name of
 #: the attribute that reads each (:func:`time_terms`)
-TERMS: tuple[str, ...] = ("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta")
+TERMS: tuple[str, ...] = ("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta", "step_gamma")
 
 
 def time_terms(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
@@ -195,7 +195,8 @@ def time_terms(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
     messages, whole collectives, bytes received point to point and in whole
     collectives, the flops of the GEMMs bound by compute and the bytes of
     those bound by memory plus the bytes copied (which side of the roofline
-    each GEMM is on is ``model``'s). Where the model does not overlap
+    each GEMM is on is ``model``'s), and the flops of GEMMs cut into steps
+    (``step_gamma``: more calls than one). Where the model does not overlap
     transfers with GEMMs, the time is ``sum(getattr(model, t) * terms[t])``,
     so a calibration can fit the constants to measured plans
     (:func:`dmatmul._cost.fit_terms`).
@@ -214,9 +215,10 @@ def time_terms(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
     # the ring's own bytes, at half the rate each way where two rings run on full-duplex links
     ring = model.ring_beta(problem.p, both_ways=kernel.schedule == "bidirectional") / model.beta \
         if model.beta else 1.0
+    stepped = sum(count * f for count, f, _ in calls if count > 1)
     return {"alpha": float(messages), "calpha": float(collectives),
             "beta": float(nbytes - overlapped_bytes + ring * overlapped_bytes), "cbeta": float(collective_bytes),
-            "gamma": float(flops), "mem_beta": float(touched + copied)}
+            "gamma": float(flops), "mem_beta": float(touched + copied), "step_gamma": float(stepped)}
 
 
 def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, messages: float,
@@ -238,6 +240,7 @@ def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
         both_ways = kernel.schedule == "bidirectional"
         ring = model.ring_beta(problem.p, both_ways=both_ways) * overlapped_bytes
         local = sum(count * model.gemm(flops, touched) for count, flops, touched in calls)
+        local += model.step_gamma * terms["step_gamma"]
         steps = max(calls[0][0] // (2 if both_ways else 1), 1)  # (both ways: two GEMMs a step)
         time += max(ring, local) + min(ring, local) / steps - ring - local
     return time

@@ -535,13 +535,27 @@ def test_calibration_measures_and_saves(tmp_path, capsys, monkeypatch):
         _bench.calibration, "calibration_samples",
         lambda p, **kw: _synthetic(MachineModel(1e-5 * p, 1 / 4e9, p / 100e9)),
     )
+    # the routes' times: made by a known model on 4 devices (the fit takes it), none timed on 2 (the
+    # micro-benchmarks' model stays)
+    from dmatmul import _plan
+
+    routes = MachineModel(3e-4, 9e-10, 5e-11, mem=4e-10, collective_alpha=2e-5, collective_beta=1.1e-9,
+                          step_gamma=1e-11)
+    terms = [(7, 0, 1e6, 0, 1e8, 2e6, 1e8), (0, 1, 0, 4e6, 2e8, 0, 0), (14, 1, 2e6, 1e6, 1e8, 1e6, 1e8),
+             (0, 2, 0, 3e6, 4e8, 8e6, 0), (7, 0, 3e6, 0, 3e8, 0, 3e8), (21, 3, 1e6, 0, 1e8, 4e6, 0),
+             (0, 1, 5e5, 9e6, 6e8, 1e6, 0), (7, 0, 1e6, 0, 2e8, 0, 2e8)]
+    timed = [(t, sum(getattr(routes, n) * v for n, v in zip(_plan.TERMS, t))) for t in terms]
+    monkeypatch.setattr(_bench.calibration, "route_samples", lambda p, **kw: timed if p == 4 else [])
     args = parse("--calibrate", "--devices", "2,4", "--model-out", str(path))
     assert _bench.run(args) == 0
-    assert "saved to" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "saved to" in out and "4 devices, 8 routes: predicted/measured RMS deviation" in out
     monkeypatch.setenv(_cost.MODEL_ENV, str(path))
-    assert _cost.model_for("cpu", 4).gamma == pytest.approx(4 / 100e9)
-    assert _cost.model_for("cpu", 2).alpha == pytest.approx(2e-5)
-    assert _cost.model_for("cpu").gamma == pytest.approx(4 / 100e9)  # the largest count calibrated
+    for name in _plan.TERMS:  # fitted to the routes
+        assert getattr(_cost.model_for("cpu", 4), name) == pytest.approx(getattr(routes, name), rel=1e-6), name
+    assert _cost.model_for("cpu", 2).alpha == pytest.approx(2e-5)  # the micro-benchmarks'
+    assert _cost.model_for("cpu", 2).gamma == pytest.approx(2 / 100e9)
+    assert _cost.model_for("cpu").alpha == pytest.approx(3e-4)  # the largest count calibrated
 
 
 def test_mpi_bench_script_names_itself_and_its_defaults():

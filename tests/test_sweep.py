@@ -201,7 +201,7 @@ def test_route_calibration_samples_every_route_with_the_terms_of_its_prediction(
     monkeypatch.setattr(calibration, "ROUTE_LAYOUTS", ("XYX", "YYY", "GGG", "GXG"))
     model = _cost.model_for("cpu", 8)
     truth = _cost.MachineModel(alpha=3e-4, beta=9e-10, gamma=5e-11, mem=4e-10, collective_alpha=2e-5,
-                               collective_beta=1.1e-9)
+                               collective_beta=1.1e-9, step_gamma=1.2e-11)
     seen: dict[str, float] = {}
 
     def timer(runners, reps, warmup, *, check=None, **_):
@@ -231,5 +231,5 @@ def test_route_calibration_samples_every_route_with_the_terms_of_its_prediction(
     made = [(terms, sum(getattr(truth, t) * v for t, v in zip(_plan.TERMS, terms))) for terms, _ in samples]
     fitted, before, after = calibration.fit_routes(model, made)
     assert after < 1e-6 < before
-    for name in ("alpha", "calpha", "beta", "cbeta", "gamma", "mem_beta"):
+    for name in _plan.TERMS:
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-3), name

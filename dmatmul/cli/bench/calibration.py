@@ -181,7 +181,7 @@ def relative_residual(model: _cost.MachineModel, samples: Sequence[tuple[Sequenc
     """The RMS of ``predicted / measured - 1`` over ``samples`` of ``(terms, seconds)``.
 
     >>> m = _cost.MachineModel(alpha=1e-4, beta=1e-9, gamma=1e-10, mem=5e-10)
-    >>> relative_residual(m, [((1, 0, 0, 0, 0, 0), 2e-4)])
+    >>> relative_residual(m, [((1, 0, 0, 0, 0, 0, 0), 2e-4)])
     0.5
     """
     from ... import _plan
@@ -203,9 +203,10 @@ def fit_routes(model: _cost.MachineModel, samples: Sequence[tuple[Sequence[float
 
     >>> from dmatmul import _plan
     >>> truth = _cost.MachineModel(alpha=3e-4, beta=9e-10, gamma=5e-11, mem=4e-10, collective_alpha=2e-5,
-    ...                            collective_beta=1.1e-9)
-    >>> terms = [(7, 0, 1e6, 0, 1e8, 2e6), (0, 1, 0, 4e6, 2e8, 0), (14, 1, 2e6, 1e6, 1e8, 1e6),
-    ...          (0, 2, 0, 3e6, 4e8, 8e6), (7, 0, 3e6, 0, 3e8, 0), (21, 3, 1e6, 0, 1e8, 4e6), (0, 1, 5e5, 9e6, 6e8, 1e6)]
+    ...                            collective_beta=1.1e-9, step_gamma=1e-11)
+    >>> terms = [(7, 0, 1e6, 0, 1e8, 2e6, 1e8), (0, 1, 0, 4e6, 2e8, 0, 0), (14, 1, 2e6, 1e6, 1e8, 1e6, 1e8),
+    ...          (0, 2, 0, 3e6, 4e8, 8e6, 0), (7, 0, 3e6, 0, 3e8, 0, 3e8), (21, 3, 1e6, 0, 1e8, 4e6, 0),
+    ...          (0, 1, 5e5, 9e6, 6e8, 1e6, 0), (7, 0, 1e6, 0, 2e8, 0, 2e8)]
     >>> samples = [(t, sum(getattr(truth, n) * v for n, v in zip(_plan.TERMS, t))) for t in terms]
     >>> fitted, before, after = fit_routes(_cost.DEFAULT_MODELS["cpu/8"], samples)
     >>> round(fitted.alpha / truth.alpha, 6), before > 0.1, after < 1e-6
@@ -214,6 +215,8 @@ def fit_routes(model: _cost.MachineModel, samples: Sequence[tuple[Sequence[float
     from ... import _plan
 
     before = relative_residual(model, samples)
+    if not samples:
+        return model, before, before
     fitted, _ = _cost.fit_terms(samples, _plan.TERMS, model)
     after = relative_residual(fitted, samples)
     if after < before:
