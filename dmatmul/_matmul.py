@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from . import _cost, _memory, _mxfp8, _runtime
+from . import _autotune, _cost, _memory, _mxfp8, _plan, _runtime
 from . import backends as _backends
 from ._distribution import Distribution
 from ._batched import route as _route
@@ -45,6 +45,7 @@ from ._spec import (
     BackendName,
     Operands,
     PrecisionName,
+    in_trace,
     refuse_trace_under_mpi,
     refuse_unusable,
 )
@@ -145,6 +146,7 @@ class Matmul:
         self._fits: Spec | None = None  # the spec judged to fit in memory (:meth:`_planned`)
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
+        self._tuned: tuple[Any, _autotune.Tuning, Any] | None = None  # (plan kept, timings, model's kernel)
         self._hold(self._operands, swapped)
 
     def _routed(self) -> Any:
@@ -290,6 +292,30 @@ class Matmul:
             run = self._plan.repeat(self._operands)
             self._fast = None if run is None else (self._plan, self._operands, run)
         return d
+
+    @_runtime.agreed_arguments("Matmul.autotune")
+    def autotune(self, iterations: int = 3, candidates: int = 4) -> None:
+        """Time the ``candidates`` routes the cost model prices cheapest (one per
+        algorithm and schedule, its own pick among them) on the current
+        operands, ``iterations`` rounds each after one untimed run, and keep the
+        fastest for every later :meth:`execute` (:mod:`dmatmul._autotune`;
+        ``explain()`` lists the timings). Under several processes every rank
+        calls it, and the slowest rank's times decide. The JAX backend only:
+        cuBLASMp runs one algorithm per layout."""
+        for name, value in (("iterations", iterations), ("candidates", candidates)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Matmul.autotune: {name} must be an int >= 1, got {value!r}")
+        self.plan()
+        assert self._plan is not None
+        ops = self._operands
+        model = self._plan.cost if self._backend.name == "jax" else None
+        traced = in_trace(*(x for x in (ops.a, ops.b, ops.c, ops.bias) if x is not None))
+        if not isinstance(model, _plan.Plan) or traced:
+            why = ("inside a JAX trace, where nothing runs to be timed" if traced else
+                   f"the {self._backend.name} backend's plan of this product weighs no routes")
+            raise ValueError(f"Matmul.autotune: {why}; it tunes the JAX backend's products, run eagerly")
+        self._plan, tuning = _autotune.autotune(self._plan, self._backend, self._spec, ops, iterations, candidates)
+        self._tuned, self._fast = (self._plan, tuning, model.kernel), None
 
     def _ready(self, what: str = "execute") -> None:
         """This rank can run (``what``: or plan) the product: the plan is live
@@ -440,7 +466,10 @@ class Matmul:
     def _told_now(self) -> tuple[str, str]:
         """(algorithm, explain()) of the plan made: what a freed plan still tells."""
         assert self._plan is not None
-        return self._plan.algorithm, self._explanation(self._plan.algorithm, self._plan.explain())
+        lines = self._plan.explain()
+        if self._tuned is not None and self._tuned[0] is self._plan:
+            lines += self._tuned[1].explain(self._tuned[2])
+        return self._plan.algorithm, self._explanation(self._plan.algorithm, lines)
 
     def _explanation(self, algorithm: str, lines: list[str]) -> str:
         s = self._spec

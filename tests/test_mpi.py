@@ -193,6 +193,15 @@ def test_sharded_products_on_four_processes(backend):
     assert "sharded checks on 4 processes: 0 failures" in proc.stdout
 
 
+def test_autotune_on_two_processes_keeps_one_route_on_every_rank():
+    """tests/mpi/autotune.py: ranks whose own timings disagree on the fastest
+    route keep the same one (the slowest rank's time decides), which no rank
+    delayed, and their results match numpy."""
+    proc = launch(2, "tests/mpi/autotune.py", "jax", timeout=300)
+    assert proc.returncode == 0, output(proc)
+    assert "autotune checks on 2 processes: 0 failures" in proc.stdout
+
+
 @pytest.mark.parametrize("backend", ["jax", "fake"])
 def test_relaid_2d_products_on_four_processes(backend):
     """tests/mpi/relaid.py: 2-D layouts cuBLASMp cannot take as given (an uneven

@@ -183,6 +183,8 @@ def _add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="--sweep: of each (algorithm, schedule) the route the model prices cheapest, or all")
     p.add_argument("--sweep-filter", default="", metavar="WORDS",
                    help="--sweep: only the cases whose name holds every word (e.g. 'tall bfloat16')")
+    p.add_argument("--sweep-autotune", action="store_true",
+                   help="--sweep: also run Matmul.autotune() on each case and report where its route lands")
     only.add_argument(
         "--calibrate", action="store_true",
         help="measure alpha/beta/gamma on this machine (per device count) and save them for algorithm='auto'",
@@ -215,8 +217,10 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
         elif not str(target) or os.path.isdir(os.path.expanduser(target)):
             via = "argument --model-out" if args.model_out is not None else f"argument --calibrate: {_cost.MODEL_ENV}"
             _usage_error(args, f"{via}: expected a file to save the calibration to, got {str(target)!r}")
-    if not args.sweep and (args.sweep_scale != 1.0 or args.sweep_routes != "best" or args.sweep_filter):
-        _usage_error(args, "arguments --sweep-scale, --sweep-routes, --sweep-filter: only with --sweep")
+    if not args.sweep and (args.sweep_scale != 1.0 or args.sweep_routes != "best" or args.sweep_filter
+                           or args.sweep_autotune):
+        _usage_error(args, "arguments --sweep-scale, --sweep-routes, --sweep-filter, --sweep-autotune: only with "
+                     "--sweep")
     if args.sweep and args.sweep_scale <= 0:
         _usage_error(args, f"argument --sweep-scale: expected a positive factor, got {args.sweep_scale}")
     if args.sweep and args.json == "dmatmul-bench.json":  # its own file: a bench's JSON has other rows

@@ -121,6 +121,8 @@ class CaseResult:
     auto: str  # the label of auto's route
     #: auto's route timed a second time in the same repetitions: how far one route's median moves by noise alone
     twin: list[float] = dataclasses.field(default_factory=list)
+    #: the label of the route ``Matmul.autotune()`` keeps (timed on its own, before the sweep times the routes)
+    tuned: str | None = None
 
     def route(self, label: str) -> Route:
         return next(r for r in self.routes if r.label == label)
@@ -152,6 +154,15 @@ class CaseResult:
         return self.ratio <= 1.0 + tolerance
 
     @property
+    def tuned_ratio(self) -> float:
+        """The autotuned route's median over the fastest's (nan: not tuned)."""
+        fastest = self.fastest
+        if self.tuned is None or fastest is None:
+            return math.nan
+        tuned = self.route(self.tuned)
+        return tuned.median / fastest.median if tuned.ok else math.inf
+
+    @property
     def predicted_fastest(self) -> Route:
         return min(self.routes, key=lambda r: r.predicted_s)
 
@@ -160,7 +171,7 @@ class CaseResult:
         return {
             **dataclasses.asdict(self.case), "kind": self.case.kind, "auto": self.auto,
             "fastest": fastest.label if fastest else None, "auto_over_fastest": self.ratio, "hit": self.hit(),
-            "twin": self.twin, "noise": self.noise,
+            "twin": self.twin, "noise": self.noise, "tuned": self.tuned, "tuned_over_fastest": self.tuned_ratio,
             "routes": [{**dataclasses.asdict(r), "median_s": r.median if r.times else None} for r in self.routes],
         }
 
@@ -182,8 +193,10 @@ def summary(results: Sequence[CaseResult], tolerance: float = TOLERANCE) -> dict
             by[f"{attr}={value}"] = count([r for r in results if getattr(r.case, attr) == value])
     ratios = [r.ratio for r in results if math.isfinite(r.ratio)]
     beyond = [r for r in results if not r.hit(tolerance) and not r.ratio <= r.noise]  # (nan noise: beyond)
+    tuned = [r.tuned_ratio for r in results if not math.isnan(r.tuned_ratio)]
     return {**count(results), "tolerance": tolerance, "by": by, "misses_beyond_noise": len(beyond),
-            "geomean_ratio": float(np.exp(np.mean(np.log(ratios)))) if ratios else None}
+            "geomean_ratio": float(np.exp(np.mean(np.log(ratios)))) if ratios else None,
+            "tuned": {"hits": sum(t <= 1.0 + tolerance for t in tuned), "cases": len(tuned)}}
 
 
 # --------------------------------------------------------------------------- #
@@ -218,6 +231,18 @@ def _planned(a: Any, b: Any, dists: Any, p: int, dtype: str, kernel: Any = None)
     except (ValueError, NotImplementedError):
         return None
     return mm
+
+
+def tuned_route(case: Case, a: Any, b: Any, p: int, iterations: int = 5) -> str:
+    """The label of the route ``Matmul.autotune(iterations)`` keeps for ``case`` (``a``, ``b``: laid out)."""
+    import dmatmul as dm
+
+    from .peers import precision
+
+    with dm.Matmul(a, b, distribution=parse_layout(case.layout, p), backend="jax", devices=p,
+                   precision=precision(case.dtype)) as mm:
+        mm.autotune(iterations=iterations)
+        return _label(_cost(mm).kernel)
 
 
 def plan_routes(case: Case, a: Any, b: Any, p: int, routes: str = "best") -> tuple[dict[str, Any], str]:
@@ -281,14 +306,21 @@ Timer = Callable[..., tuple[dict[str, list[float]], dict[str, float]]]
 
 def run_case(
     case: Case, p: int, *, reps: int, warmup: int, routes: str = "best", timer: Timer = time_interleaved,
-    before: Callable[[], None] | None = None, on_step: Callable[[str], None] | None = None,
+    before: Callable[[], None] | None = None, on_step: Callable[[str], None] | None = None, tune: bool = False,
 ) -> CaseResult:
     """Plan, check and time every route of ``case`` on ``p`` devices (``timer``:
-    :func:`.timing.time_interleaved`'s signature; its ``check`` sees each route's first result)."""
+    :func:`.timing.time_interleaved`'s signature; its ``check`` sees each route's first result); with
+    ``tune``, first the route ``Matmul.autotune()`` keeps (:func:`tuned_route`)."""
     from .timing import blocking
 
     a, b, want = operands(case, p)
     planned, auto = plan_routes(case, a, b, p, routes)
+    tuned = tuned_route(case, a, b, p) if tune else None
+    if tuned is not None and tuned not in planned:  # (a route "best" left out: timed with the others)
+        from ...algorithms import kernels
+
+        kernel = next(k for k in kernels() if _label(k) == tuned)
+        planned[tuned] = _planned(a, b, parse_layout(case.layout, p), p, case.dtype, kernel)
     out = {label: _route(label, mm) for label, mm in planned.items()}
     tol = TOL.get(case.dtype, 1e-2)
 
@@ -311,7 +343,7 @@ def run_case(
     twin = list(times.pop(TWIN, []))
     for label, ts in times.items():
         out[label].times = list(ts)
-    return CaseResult(case, list(out.values()), auto, twin)
+    return CaseResult(case, list(out.values()), auto, twin, tuned)
 
 
 # --------------------------------------------------------------------------- #
@@ -329,6 +361,7 @@ def format_case(result: CaseResult) -> str:
         f" {auto.predicted_s * 1e3:7.1f} {(fastest.predicted_s * 1e3 if fastest else math.nan):7.1f}"
         f" {pred.predicted_s / pred.median if pred.times else math.nan:5.2f} {result.noise:5.2f}{mark}"
         + (f"  wrong: {', '.join(bad)}" if bad else "")
+        + (f"  autotuned: {result.tuned} {result.tuned_ratio:.2f}" if result.tuned is not None else "")
     )
 
 
@@ -347,6 +380,10 @@ def format_summary(results: Sequence[CaseResult], tolerance: float = TOLERANCE) 
         "  " + "; ".join(f"{key} {v['hits']}/{v['cases']}" for key, v in s["by"].items()),
     ]
     lines.append(f"  misses by more than the noise (auto's route against its own twin): {s['misses_beyond_noise']}")
+    if s["tuned"]["cases"]:
+        t = s["tuned"]
+        lines.append(f"after Matmul.autotune() (the model's 4 cheapest routes timed, the fastest kept): within "
+                     f"{tolerance:.0%} of the fastest in {t['hits']}/{t['cases']} cases ({t['hits'] / t['cases']:.0%})")
     misses = [r for r in results if not r.hit(tolerance)]
     if misses:
         lines.append("misses (auto's route, the fastest, auto/fastest, noise):")
@@ -385,7 +422,7 @@ def run_sweep(args: Any) -> int:
     results: list[CaseResult] = []
     for case in chosen:
         results.append(run_case(case, p, reps=args.reps, warmup=args.warmup, routes=args.sweep_routes,
-                                before=waiter))
+                                before=waiter, tune=args.sweep_autotune))
         print(format_case(results[-1]), flush=True)
         if args.json:  # after every case: a long sweep stopped early keeps what it measured
             tmp = f"{args.json}.tmp"

@@ -1,0 +1,111 @@
+"""``Matmul.autotune()``: the cost model's cheapest routes timed, the fastest
+kept (:mod:`dmatmul._autotune`). Which route is fastest is made so by delaying
+routes (never read off this machine's speed); every result is checked against
+numpy. 8 simulated CPU devices."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import dmatmul as dm  # noqa: E402
+from dmatmul import _autotune, _plan  # noqa: E402
+from dmatmul._matmul import plan_of  # noqa: E402
+from dmatmul.testing.reference import assert_close, reference  # noqa: E402
+
+GRID = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
+
+
+def _operands(m=96, n=80, k=64, seed=3):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+
+
+def _delaying(monkeypatch, slow):
+    """Make ``tune`` see the routes for which ``slow(kernel)`` holds 20 ms slower; returns the kernels timed."""
+    real, timed = _autotune.tune, []
+
+    def tune(routes, run, iterations, what="Matmul.autotune"):
+        timed.extend(kernel for kernel, _ in routes)
+
+        def delayed(plan):
+            out = run(plan)
+            if slow(plan.cost.kernel):
+                time.sleep(0.02)
+            return out
+
+        return real(routes, delayed, iterations, what)
+
+    monkeypatch.setattr(_autotune, "tune", tune)
+    return timed
+
+
+@pytest.mark.parametrize("dists", [(GRID, GRID, GRID), (dm.Slab.X, dm.Slab.Y, dm.Slab.X),
+                                   (dm.Slab.Y, dm.Slab.X, dm.Slab.Y)], ids=["grid", "XYX", "YXY"])
+def test_autotune_keeps_the_fastest_route_and_says_so(monkeypatch, dists):
+    """The model's pick made the slowest: another route is kept, runs every
+    later execute() (and after reset_operands), and explain() lists the routes
+    timed, the model's pick marked; the results match numpy."""
+    a, b = _operands()
+    with dm.Matmul(a, b, distribution=dists, devices=8) as mm:
+        mm.plan()
+        modelled = plan_of(mm).cost.kernel
+        timed = _delaying(monkeypatch, lambda kernel: kernel == modelled)
+        mm.autotune(iterations=2, candidates=3)
+        kept = plan_of(mm).cost.kernel
+        assert timed[0] == modelled and kept in timed[1:] and len(timed) == 3
+        told = mm.explain()
+        assert "autotuned:  3 routes timed, median of 2" in told
+        assert f"{_autotune.label(modelled)}" in told and "the model's pick" in told
+        assert told.index(_autotune.label(kept)) < told.index(_autotune.label(modelled))
+        assert mm.algorithm == kept.algorithm
+        assert_close(mm.execute(), reference(a, b), "float32")
+        a2, b2 = _operands(seed=4)
+        mm.reset_operands(a=a2, b=b2)
+        assert plan_of(mm).cost.kernel == kept
+        assert_close(mm.execute(), reference(a2, b2), "float32")
+
+
+def test_autotune_times_the_cheapest_route_of_each_algorithm_and_schedule(monkeypatch):
+    """The candidates: the model's pick first, then the cheapest route of each
+    other (algorithm, schedule), cheapest first; with nothing delayed the
+    kept route is one of them and its timing the least."""
+    a, b = _operands()
+    timed = _delaying(monkeypatch, lambda kernel: False)
+    with dm.Matmul(a, b, distribution=(GRID, GRID, GRID), devices=8) as mm:
+        mm.autotune(iterations=1, candidates=5)
+        assert len(timed) == 5 and len({(k.algorithm, k.schedule) for k in timed}) == 5
+        costs = []
+        for kernel in timed[1:]:
+            with _plan.schedule(kernel), dm.Matmul(a, b, distribution=(GRID, GRID, GRID), devices=8) as forced:
+                costs.append(plan_of(forced).cost.time)
+        assert costs == sorted(costs)
+        assert plan_of(mm).cost.kernel in timed
+        assert_close(mm.execute(), reference(a, b), "float32")
+
+
+@pytest.mark.parametrize("kwargs, says", [({"iterations": 0}, "iterations must be an int >= 1, got 0"),
+                                          ({"candidates": True}, "candidates must be an int >= 1, got True"),
+                                          ({"iterations": 2.0}, "iterations must be an int >= 1, got 2.0")])
+def test_autotune_refuses_bad_counts(kwargs, says):
+    a, b = _operands()
+    with dm.Matmul(a, b, distribution=dm.Slab.X, devices=8) as mm:
+        with pytest.raises(ValueError, match=says):
+            mm.autotune(**kwargs)
+        assert_close(mm.execute(), reference(a, b), "float32")  # (nothing changed)
+
+
+def test_autotune_inside_a_jax_trace_is_refused():
+    a, b = _operands()
+
+    def f(x, y):
+        with dm.Matmul(x, y, devices=8, algorithm="auto") as mm:
+            mm.autotune()
+            return mm.execute()
+
+    with pytest.raises(ValueError, match="Matmul.autotune: inside a JAX trace"):
+        jax.jit(f)(a, b)
