@@ -134,7 +134,9 @@ def autotune(plan: Any, backend: Any, spec: Any, operands: Any, iterations: int,
     """The route to keep among ``count`` candidates of ``backend``'s ``plan`` of
     ``spec`` on ``operands`` (a plan borrowed from the plan cache, each
     candidate's made there with its kernel forced), and the timings; every
-    candidate but the one kept is returned to the cache."""
+    candidate but the one kept is returned to the cache, and the plan cache
+    plans the product with the route kept from now on (:meth:`dmatmul._plans.Plans.tune`).
+    The plan kept tells its timings (its ``tuning``: the timings and the model's pick)."""
 
     def make(kernel: _plan.Kernel | None) -> Any:
         if kernel is None:
@@ -155,4 +157,8 @@ def autotune(plan: Any, backend: Any, spec: Any, operands: Any, iterations: int,
     for _, p in routes:
         if p is not kept:
             p.free()
+    told = (tuning, routes[0][0])
+    # later plans of this product (another Matmul, dm.matmul) take the route kept
+    PLANS.tune(backend, spec, operands, tuning.chosen.kernel, told, modelled=kept is plan)
+    kept.tuning = told
     return kept, tuning

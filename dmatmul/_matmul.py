@@ -146,7 +146,6 @@ class Matmul:
         self._fits: Spec | None = None  # the spec judged to fit in memory (:meth:`_planned`)
         self._freed = False
         self._told: tuple[str, str] | None = None  # (algorithm, explain()) of a freed plan
-        self._tuned: tuple[Any, _autotune.Tuning, Any] | None = None  # (plan kept, timings, model's kernel)
         self._hold(self._operands, swapped)
 
     def _routed(self) -> Any:
@@ -310,12 +309,13 @@ class Matmul:
         ops = self._operands
         model = self._plan.cost if self._backend.name == "jax" else None
         traced = in_trace(*(x for x in (ops.a, ops.b, ops.c, ops.bias) if x is not None))
-        if not isinstance(model, _plan.Plan) or traced:
+        if not isinstance(model, _plan.Plan) or traced or self._backend is not self._runs_on:
             why = ("inside a JAX trace, where nothing runs to be timed" if traced else
-                   f"the {self._backend.name} backend's plan of this product weighs no routes")
+                   f"the {self._backend.name} backend's plan of this product weighs no routes" if
+                   self._backend is self._runs_on else "a batched, re-laid or empty product is not tuned")
             raise ValueError(f"Matmul.autotune: {why}; it tunes the JAX backend's products, run eagerly")
-        self._plan, tuning = _autotune.autotune(self._plan, self._backend, self._spec, ops, iterations, candidates)
-        self._tuned, self._fast = (self._plan, tuning, model.kernel), None
+        self._plan, _ = _autotune.autotune(self._plan, self._backend, self._spec, ops, iterations, candidates)
+        self._fast = None
 
     def _ready(self, what: str = "execute") -> None:
         """This rank can run (``what``: or plan) the product: the plan is live
@@ -467,8 +467,9 @@ class Matmul:
         """(algorithm, explain()) of the plan made: what a freed plan still tells."""
         assert self._plan is not None
         lines = self._plan.explain()
-        if self._tuned is not None and self._tuned[0] is self._plan:
-            lines += self._tuned[1].explain(self._tuned[2])
+        tuned = getattr(self._plan, "tuning", None)  # (a plan autotune kept: _autotune.autotune)
+        if tuned is not None:
+            lines += tuned[0].explain(tuned[1])
         return self._plan.algorithm, self._explanation(self._plan.algorithm, lines)
 
     def _explanation(self, algorithm: str, lines: list[str]) -> str:

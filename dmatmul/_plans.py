@@ -68,6 +68,9 @@ class Borrowed(_backends.BackendPlan):
     """A borrow of a cached plan: what a :class:`dmatmul.Matmul` holds. Its
     ``free()`` returns the borrow; the plan's own attributes read through."""
 
+    #: where Matmul.autotune kept this plan: (its timings, the model's pick), which explain() lists
+    tuning: Any = None
+
     def __init__(self, held: _Held, plans: Plans, backend: str) -> None:
         self._held: _Held | None = held
         self._plans = plans
@@ -117,6 +120,9 @@ class Plans:
         self._shelves: dict[str, _Shelf] = {}
         self._lock = threading.RLock()  # a lookup, its make (collective ones) and evictions are one step
         self._runners: LRU[tuple[_Held, Callable[[Any], Any]]] = LRU()
+        #: the route :meth:`dmatmul.Matmul.autotune` kept for a plan's key, where it is not the model's pick:
+        #: (the kernel, what explain() says of the timings)
+        self._tuned: LRU[tuple[Any, Any]] = LRU()
 
     def _shelf(self, name: str) -> _Shelf:
         with self._lock:
@@ -133,6 +139,14 @@ class Plans:
                 return Borrowed(self._keep(self._shelf(backend.name), backend, spec, None, plan, None), self,
                                 backend.name)
         key = backend.key(spec, operands)
+        tuned = self._tuned.get((backend.name, key))
+        if tuned is not None and tuned[0] is not None:  # the route autotune kept: planned with its kernel forced
+            from . import _plan
+
+            with _plan.schedule(tuned[0]):
+                borrowed = self.borrow(backend, spec, operands)
+            borrowed.tuning = tuned[1]
+            return borrowed
         shelf = self._shelf(backend.name)
         if not backend.plans_collectively:  # made outside the lock: threads plan different problems at once
             held = shelf.plans.get(key)
@@ -210,11 +224,24 @@ class Plans:
         found = self._runners.get(key)
         return None if found is None or found[0].gone else found[1]
 
+    def tune(self, backend: _backends.Backend, spec: Any, operands: Any, kernel: Any, told: Any, *,
+             modelled: bool, bound: int = 256) -> None:
+        """Plan ``spec`` on operands keyed as ``operands`` with ``kernel`` from now on
+        (:meth:`dmatmul.Matmul.autotune` kept it; ``told``: its timings, for
+        explain()), or as the model picks where it kept the model's pick
+        (``modelled``). Runners of recent calls are dropped: they hold the plan
+        made before."""
+        key = (backend.name, backend.key(spec, operands))
+        with self._lock:
+            self._tuned.add(key, (None if modelled else kernel, told), bound=bound)
+            self._runners = LRU()
+
     # -- housekeeping -----------------------------------------------------------------------------------------
     def clear(self, backend: str | None = None) -> None:
         """Free every plan of ``backend`` (of every backend: None), cached or
         left while borrowed: at exit, ``dm.finalize()``, or on request."""
         with self._lock:
+            self._tuned.clear()  # (what autotune kept is planned again as the model picks)
             names = list(self._shelves) if backend is None else [backend]
             held = []
             for name in names:

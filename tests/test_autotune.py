@@ -20,6 +20,16 @@ from dmatmul.testing.reference import assert_close, reference  # noqa: E402
 GRID = dm.BlockNonCyclic(dm.ProcessGrid((2, 4)))
 
 
+@pytest.fixture(autouse=True)
+def _forget_tuning():
+    """What a test's autotune kept is planned for that product from then on (in this process): forgotten after
+    each test, so that no other test's product runs it."""
+    from dmatmul._plans import PLANS
+
+    yield
+    PLANS.clear("jax")
+
+
 def _operands(m=96, n=80, k=64, seed=3):
     rng = np.random.default_rng(seed)
     return rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
@@ -109,3 +119,42 @@ def test_autotune_inside_a_jax_trace_is_refused():
 
     with pytest.raises(ValueError, match="Matmul.autotune: inside a JAX trace"):
         jax.jit(f)(a, b)
+
+
+def test_later_plans_of_the_product_take_the_route_autotune_kept(monkeypatch):
+    """After one Matmul's autotune on jax.Arrays, another Matmul of the same
+    product (same shapes, layouts, options, array family) and dm.matmul run
+    the route it kept (a dm.matmul runner kept from before is dropped), and
+    explain() says it was autotuned; a product that differs (numpy operands,
+    whose plan places them; another alpha) plans as the model picks; clearing the plan cache (as
+    dm.finalize() does) forgets it."""
+    from dmatmul._plans import PLANS
+
+    a, b = _operands(seed=8)
+    ja, jb = jax.numpy.asarray(a), jax.numpy.asarray(b)
+    dists = (dm.Slab.X, dm.Slab.Y, dm.Slab.X)
+    assert_close(dm.matmul(ja, jb, distribution=dists, devices=8), reference(a, b), "float32")  # a runner kept
+    with dm.Matmul(ja, jb, distribution=dists, devices=8) as mm:
+        mm.plan()
+        modelled = plan_of(mm).cost.kernel
+        _delaying(monkeypatch, lambda kernel: kernel == modelled)
+        mm.autotune(iterations=2, candidates=3)
+        kept = plan_of(mm).cost.kernel
+    assert kept != modelled
+    with dm.Matmul(a, b, distribution=dists, devices=8) as numpy_operands:  # (another product: numpy's)
+        assert "autotuned" not in numpy_operands.explain()
+    with dm.Matmul(ja, jb, distribution=dists, devices=8) as again:
+        assert plan_of(again).cost.kernel == kept and "autotuned:  3 routes timed" in again.explain()
+        assert_close(again.execute(), reference(a, b), "float32")
+        cls = type(plan_of(again))
+    ran = []
+    real = cls.execute
+    monkeypatch.setattr(cls, "execute", lambda self, ops: ran.append(self.cost.kernel) or real(self, ops))
+    jnp_out = dm.matmul(ja, jb, distribution=dists, devices=8)
+    assert ran == [kept]  # (not the runner of the model's plan kept by the first call)
+    assert_close(jnp_out, reference(a, b), "float32")
+    with dm.Matmul(ja, jb, distribution=dists, devices=8, alpha=2.0) as other:
+        assert plan_of(other).cost.kernel == modelled and "autotuned" not in other.explain()
+    PLANS.clear("jax")
+    with dm.Matmul(ja, jb, distribution=dists, devices=8) as cleared:
+        assert plan_of(cleared).cost.kernel == modelled
