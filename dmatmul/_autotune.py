@@ -61,8 +61,8 @@ class Tuning:
     def explain(self, modelled: _plan.Kernel) -> list[str]:
         """The lines :meth:`dmatmul.Matmul.explain` adds: each route timed, the model's pick marked."""
         slowest = " (the slowest rank's)" if self.ranks > 1 else ""
-        lines = [f"autotuned:  {len(self.routes)} routes timed, median of {self.iterations}{slowest}; "
-                 f"kept the fastest"]
+        count = f"{len(self.routes)} route{'s' if len(self.routes) > 1 else ''}"
+        lines = [f"autotuned:  {count} timed, median of {self.iterations}{slowest}; kept the fastest"]
         for t in self.routes:
             mark = ", the model's pick" if t.kernel == modelled else ""
             lines.append(f"  {label(t.kernel):36s} {t.measured * 1e3:9.3f} ms measured, "

@@ -109,6 +109,16 @@ def test_autotune_refuses_bad_counts(kwargs, says):
         assert_close(mm.execute(), reference(a, b), "float32")  # (nothing changed)
 
 
+def test_autotune_of_a_batched_product_is_refused():
+    """A batch runs the matrix plan item by item or folded: no route of its own to time."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 16, 8)).astype(np.float32), rng.standard_normal((3, 8, 4)).astype(np.float32)
+    with dm.Matmul(a, b, devices=8) as mm:
+        with pytest.raises(ValueError, match="Matmul.autotune: a batched, re-laid or empty product is not tuned"):
+            mm.autotune()
+        assert_close(mm.execute(), np.matmul(a.astype(np.float64), b.astype(np.float64)), "float32")
+
+
 def test_autotune_inside_a_jax_trace_is_refused():
     a, b = _operands()
 
