@@ -766,3 +766,23 @@ def test_one_device_bench_checks_every_contender(monkeypatch, capsys):
     monkeypatch.setattr(dm, "matmul", lambda *a, **k: right(*a, **k) * 1.01)
     assert one.main(argv[:2] + ["--dtypes", "float32", "--precisions", "highest", "--reps", "1"]) == 1
     assert "MISMATCH float32 highest n=16" in capsys.readouterr().out
+
+
+def test_calibration_leaves_the_model_file_plans_read_as_it_was(tmp_path, monkeypatch):
+    """The routes are planned with the model just measured (its file named in
+    DMATMUL_COST_MODEL while they are timed), and DMATMUL_COST_MODEL is then
+    what it was: later plans in the process read what they read before."""
+    import os
+
+    seen = []
+    monkeypatch.setattr(_bench.calibration, "calibration_samples",
+                        lambda p, **kw: _synthetic(MachineModel(1e-5 * p, 1 / 4e9, p / 100e9)))
+    monkeypatch.setattr(_bench.calibration, "route_samples",
+                        lambda p, **kw: seen.append(os.environ.get(_cost.MODEL_ENV)) or [])
+    path = tmp_path / "model.json"
+    monkeypatch.setenv(_cost.MODEL_ENV, "default")
+    assert _bench.run(parse("--calibrate", "--devices", "4", "--model-out", str(path))) == 0
+    assert seen == [str(path)] and os.environ[_cost.MODEL_ENV] == "default"
+    monkeypatch.delenv(_cost.MODEL_ENV)
+    assert _bench.run(parse("--calibrate", "--devices", "4", "--model-out", str(path))) == 0
+    assert seen == [str(path)] * 2 and _cost.MODEL_ENV not in os.environ

@@ -16,13 +16,14 @@ algorithm on its own layout, against the lower bounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -245,6 +246,20 @@ def _save(models: dict[str, _cost.MachineModel], path: Any, jax: Any) -> Any:
     return _cost.save_models(models, path, meta=meta)
 
 
+@contextlib.contextmanager
+def _planning_with(path: Any) -> Iterator[None]:
+    """Plans read the calibration file ``path`` (``$DMATMUL_COST_MODEL``), then what they read before."""
+    before = os.environ.get(_cost.MODEL_ENV)
+    os.environ[_cost.MODEL_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_cost.MODEL_ENV, None)
+        else:
+            os.environ[_cost.MODEL_ENV] = before
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from ..._runtime import launched_size
 
@@ -270,11 +285,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     models[platform_name] = models[f"{platform_name}/{max(args.devices)}"]
     path = _save(models, args.model_out, jax)
     if not args.quick and platform_name == "cpu":  # (a model that overlaps is not linear in its constants)
-        os.environ[_cost.MODEL_ENV] = str(path)  # the routes are planned with the model just measured
         for p in (p for p in args.devices if p > 1):
             print(f"timing the planner's routes on {p} devices, to fit every constant to them:")
             waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
-            routes[p] = route_samples(p, before=waiter)
+            with _planning_with(path):  # the routes are planned with the model just measured
+                routes[p] = route_samples(p, before=waiter)
             model, before, after = fit_routes(models[f"{platform_name}/{p}"], routes[p])
             kept = "fitted to the routes" if model is not models[f"{platform_name}/{p}"] else "kept the micro-benchmarks'"
             print(f"{p:5d} devices, {len(routes[p])} routes: predicted/measured RMS deviation {before:.2f} -> "
