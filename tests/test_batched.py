@@ -351,3 +351,30 @@ def test_a_batched_k0_product_judges_shardings_as_the_matrix_product_does(a_shap
     fine = jax.device_put(jax.numpy.zeros((0, 40)), NamedSharding(mesh, PartitionSpec(None, ("data", "model"))))
     d = dm.matmul(a, fine, jax.numpy.asarray(c), beta=0.5, backend="jax")
     np.testing.assert_allclose(np.asarray(d), 0.5 * c, rtol=1e-6)
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.parametrize("m, n, k, batch, beta", [(1, 1, 1, 1, 0.0), (3, 4, 5, 2, 0.5), (3, 1, 5, 2, 1.0)])
+def test_numpy_operands_beside_a_batched_jax_array_on_a_users_mesh(explicit, m, n, k, batch, beta):
+    """numpy a and b, c a jax.Array on a 2-device mesh of the user's, a batch
+    and a 1x2 grid named, no devices=: the items run under vmap on that mesh
+    (the numpy operands placed there whole; on the default device they left
+    the items on two places, and each item's plan counted all 8 devices:
+    DistributionError, found by the differential matrix's long run)."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = Mesh(np.array(jax.devices()[:2], dtype=object), ("data",), axis_types=(kind,))
+    rng = np.random.default_rng(12)
+    a, b = random_matrix(rng, (m, k), "float32"), random_matrix(rng, (batch, k, n), "float32")
+    c, bias = random_matrix(rng, (batch, m, n), "float32"), random_matrix(rng, (m, 1), "float32")
+    if beta == 0:
+        c[...] = np.nan  # (beta == 0: c is not read)
+    jc = jax.device_put(c, NamedSharding(mesh, PartitionSpec()))
+    grid = dm.BlockNonCyclic(dm.ProcessGrid((1, 2)))
+    with dm.Matmul(a, b, jc, distribution=(grid, grid, grid), beta=beta, epilog="bias", bias=bias,
+                   backend="jax") as mm:
+        for _ in range(2):
+            want = reference(a, b, None if beta == 0 else c, beta=beta, epilog="bias", bias=bias)
+            assert_close(mm.execute(), want, "float32")

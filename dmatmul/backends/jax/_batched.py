@@ -202,8 +202,15 @@ class VmapPlan(BackendPlan):
             return plan.execute(Operands(a, b, c, bias))
 
         given = (operands.a, operands.b, operands.c if spec.use_c else None, operands.bias if spec.has_bias else None)
+        # numpy operands beside jax.Arrays on a user's mesh go onto that mesh whole, as the matrix plan places
+        # them: on the default device they would leave the vmapped items on two places, and the plan on neither
+        mesh = mesh_of(spec, operands) if not _tracing(operands) else None
+        put: Callable[[Any], Any] = jnp.asarray
+        if isinstance(mesh, Mesh):
+            whole = jax.sharding.NamedSharding(mesh, PartitionSpec())
+            put = lambda x: jax.device_put(x, whole) if isinstance(x, np.ndarray) else jnp.asarray(x)  # noqa: E731
         with _x64(spec.dtype):
-            xs = [None if x is None else _flat(jnp.asarray(x), batch, count) for x in given]
+            xs = [None if x is None else _flat(put(x), batch, count) for x in given]
             d = jax.vmap(one, in_axes=self._in_axes)(*xs)
             d = d.reshape(batch + tuple(d.shape[-2:]))
         # (a copy: the caller owns a numpy result, writeable)
