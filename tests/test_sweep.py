@@ -198,7 +198,7 @@ def test_route_calibration_samples_every_route_with_the_terms_of_its_prediction(
     wrong = bodies.BODIES["allreduce"]
     monkeypatch.setitem(bodies.BODIES, "allreduce", lambda lp, a, b: wrong(lp, a, b) * 1.5)  # broken
     monkeypatch.setattr(calibration, "ROUTE_SHAPES", {"square": (40, 48, 56), "outer": (64, 72, 8)})
-    monkeypatch.setattr(calibration, "ROUTE_LAYOUTS", ("XYX", "YYY", "GGG", "GXG"))
+    monkeypatch.setattr(calibration, "ROUTE_LAYOUTS", ("XYX", "GGG", "GXG"))
     model = _cost.model_for("cpu", 8)
     truth = _cost.MachineModel(alpha=3e-4, beta=9e-10, gamma=5e-11, mem=4e-10, collective_alpha=2e-5,
                                collective_beta=1.1e-9, step_gamma=1.2e-11)
@@ -217,7 +217,7 @@ def test_route_calibration_samples_every_route_with_the_terms_of_its_prediction(
     run_case = sweep.run_case
     monkeypatch.setattr(sweep, "run_case", lambda *a, **kw: results.append(run_case(*a, **kw)) or results[-1])
     samples = calibration.route_samples(8, reps=3, timer=timer, say=lambda _: None)
-    assert len(results) == 8 and len(samples) >= 8 * 5
+    assert len(results) == 6 and len(samples) >= 6 * 5
     for terms, seconds in samples:
         assert len(terms) == len(_plan.TERMS) and 1e-3 <= seconds <= 2e-3
     # every route's prediction is its terms times the model's constants (the summa re-cost included), and no
