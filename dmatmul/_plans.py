@@ -23,6 +23,9 @@ its ``with`` block left by an exception there).
 
 ``dm.matmul``'s shortcut for a call like a recent one (:meth:`Plans.runner`)
 keeps its runners with their plan: a plan that leaves takes them along.
+A route :meth:`dmatmul.Matmul.autotune` kept is planned for its key from then
+on (:meth:`Plans.tune`: the plan made with that kernel forced), until the
+cache is cleared.
 """
 
 from __future__ import annotations
