@@ -233,3 +233,42 @@ def test_route_calibration_samples_every_route_with_the_terms_of_its_prediction(
     assert after < 1e-6 < before
     for name in _plan.TERMS:
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+
+
+def test_the_autotuned_route_is_judged_as_auto_is(monkeypatch):
+    """``--sweep-autotune``: each case's route that ``Matmul.autotune()`` keeps
+    (here made the second route by delaying the model's pick) is named, its
+    median over the fastest's is its ratio, and the summary counts its hits
+    apart from auto's."""
+    import time as _time
+
+    from dmatmul import _autotune
+    from dmatmul._plans import PLANS
+
+    real = _autotune.tune
+
+    def tune(routes, run, iterations, what="Matmul.autotune"):
+        first = routes[0][0]
+        return real(routes, lambda plan: run(plan) if plan.cost.kernel != first else (_time.sleep(0.02), run(plan))[1],
+                    iterations, what)
+
+    monkeypatch.setattr(_autotune, "tune", tune)
+    case = Case("square", 40, 56, 48, "GGG", "float32")
+    injected = {}
+
+    def times_of(labels):
+        for i, label in enumerate(sorted(labels)):
+            injected[label] = [1.0 + 0.1 * i] * 3
+        return injected
+
+    try:
+        res = sweep.run_case(case, 8, reps=3, warmup=0, timer=_fake_timer(times_of), tune=True)
+    finally:
+        PLANS.clear("jax")  # (what autotune kept for this product: no other test's)
+    assert res.tuned in {r.label for r in res.routes} and res.tuned != res.auto
+    fastest = min(float(np.median(ts)) for label, ts in injected.items() if label != sweep.TWIN)
+    assert res.tuned_ratio == pytest.approx(float(np.median(injected[res.tuned])) / fastest)
+    s = sweep.summary([res])
+    assert s["tuned"] == {"hits": int(res.tuned_ratio <= 1.1), "cases": 1}
+    assert "after Matmul.autotune()" in sweep.format_summary([res]) and f"autotuned: {res.tuned}" in sweep.format_case(res)
+    assert sweep.summary([_result("wide", 1.0, 1.0)])["tuned"] == {"hits": 0, "cases": 0}  # not tuned: not counted
