@@ -232,8 +232,14 @@ def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
     :func:`time_terms`. Where the model overlaps a ring's transfers with its
     GEMMs, the ``overlapped_bytes`` of ``nbytes`` (the ring's own) take the
     longer of the two, plus one step of the shorter, not their sum."""
-    terms = time_terms(problem, kernel, model, messages=messages, nbytes=nbytes, collectives=collectives,
-                       collective_bytes=collective_bytes, overlapped_bytes=overlapped_bytes, copied=copied)
+    return _timed(problem, kernel, model, messages=messages, nbytes=nbytes, collectives=collectives,
+                  collective_bytes=collective_bytes, overlapped_bytes=overlapped_bytes, copied=copied)[0]
+
+
+def _timed(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *, overlapped_bytes: float,
+           **counts: float) -> tuple[float, dict[str, float]]:
+    """:func:`model_time` and the :func:`time_terms` it sums, computed once."""
+    terms = time_terms(problem, kernel, model, overlapped_bytes=overlapped_bytes, **counts)
     time = sum(getattr(model, name) * terms[name] for name in TERMS)
     if model.overlap and overlapped_bytes and kernel.schedule != "one_shot":
         calls = gemm_calls(problem, kernel)
@@ -243,7 +249,7 @@ def model_time(problem: Problem1D, kernel: Kernel, model: _cost.MachineModel, *,
         local += model.step_gamma * terms["step_gamma"]
         steps = max(calls[0][0] // (2 if both_ways else 1), 1)  # (both ways: two GEMMs a step)
         time += max(ring, local) + min(ring, local) / steps - ring - local
-    return time
+    return time, terms
 
 
 def grid_kernels(kernels: Sequence[Kernel]) -> list[Kernel]:
@@ -314,9 +320,8 @@ def costed_plan(problem: Problem1D, kernel: Kernel, moves: tuple[Move, ...], kb:
     counts = dict(messages=km + sum(mv.messages for mv in moves), nbytes=ring_bytes,
                   collectives=kc + sum(mv.collectives for mv in moves), collective_bytes=coll_bytes,
                   overlapped_bytes=0.0 if kc else kb, copied=copied + sum(mv.copied for mv in moves))
-    terms = time_terms(problem, kernel, model, **counts)
-    return Plan(kernel, moves, kb, km, flops, model_time(problem, kernel, model, **counts), kc,
-                tuple(terms[t] for t in TERMS), copied)
+    time, terms = _timed(problem, kernel, model, **counts)
+    return Plan(kernel, moves, kb, km, flops, time, kc, tuple(terms[t] for t in TERMS), copied)
 
 
 def choose(

@@ -274,7 +274,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"{'ranks':>5s} {'alpha (us)':>11s} {'1/beta (GB/s)':>14s} {'1/gamma (GFLOP/s/rank)':>23s} "
         f"{'rms rel res':>12s}"
     )
-    routes: dict[int, list[tuple[tuple[float, ...], float]]] = {}
     for p in args.devices:
         waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
         model, res = measure(p, platform_name, quick=args.quick, before=waiter)
@@ -289,10 +288,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
             print(f"timing the planner's routes on {p} devices, to fit every constant to them:")
             waiter = IdleWaiter(args.wait_idle) if args.wait_idle is not None else None
             with _planning_with(path):  # the routes are planned with the model just measured
-                routes[p] = route_samples(p, before=waiter)
-            model, before, after = fit_routes(models[f"{platform_name}/{p}"], routes[p])
+                routes = route_samples(p, before=waiter)
+            model, before, after = fit_routes(models[f"{platform_name}/{p}"], routes)
             kept = "fitted to the routes" if model is not models[f"{platform_name}/{p}"] else "kept the micro-benchmarks'"
-            print(f"{p:5d} devices, {len(routes[p])} routes: predicted/measured RMS deviation {before:.2f} -> "
+            print(f"{p:5d} devices, {len(routes)} routes: predicted/measured RMS deviation {before:.2f} -> "
                   f"{after:.2f} ({kept}): {model.describe()}")
             models[f"{platform_name}/{p}"] = model
         models[platform_name] = models[f"{platform_name}/{max(args.devices)}"]

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._autotune import label as _label
 from .problem import TOL, as_dtype, parse_layout, rel_err
 from .timing import Runner, time_interleaved
 
@@ -209,10 +210,6 @@ def _cost(mm: Any) -> Any:
     cost = plan_of(mm).cost
     assert cost is not None
     return cost
-
-
-def _label(kernel: Any) -> str:
-    return f"{kernel.algorithm}/{kernel.schedule} {kernel.a},{kernel.b}->{kernel.d}"
 
 
 def _planned(a: Any, b: Any, dists: Any, p: int, dtype: str, kernel: Any = None) -> Any:
