@@ -32,6 +32,7 @@ from dmatmul._plans import PLANS
 from dmatmul._spec import FP8_DTYPES
 from dmatmul import testing as ck
 from dmatmul.testing import compare as ck_compare
+from dmatmul.testing.case import TUNE
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -475,8 +476,8 @@ def test_describe_is_the_python_call():
         if case.reset is not None:  # with dm.Matmul(...) as mm: [mm.plan(); ]d1 = mm.execute(); ...
             assert isinstance(stmt, ast.With) and ast.unparse(call.func) == "dm.Matmul"
             steps = [ast.unparse(s) for s in stmt.body]
-            assert steps[: 2 + case.reset.plan] == ["mm.plan()"] * case.reset.plan + ["d1 = mm.execute()",
-                                                                                     "d2 = mm.execute()"]
+            first = ["mm.plan()"] * case.reset.plan + [TUNE] * case.reset.tune
+            assert steps[: 2 + len(first)] == first + ["d1 = mm.execute()", "d2 = mm.execute()"]
             assert steps[-1] == "d3 = mm.execute()" and steps[-2].startswith("mm.reset_operands(")
             reset = stmt.body[-2].value
             rkw = {k.arg: k.value for k in reset.keywords}

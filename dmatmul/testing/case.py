@@ -87,13 +87,16 @@ class Reset:
     the first again after the reset (a result the caller owns). Under
     mpiexec one rank (``told``) may read ``mm.algorithm`` and
     ``mm.explain()`` alone before anything else, and the plan made after must
-    have the algorithm it was told."""
+    have the algorithm it was told. With ``tune``, ``mm.autotune(iterations=1,
+    candidates=2)`` after the plan (where it refuses, only as it must: a
+    product of no routes of the JAX backend's to time)."""
 
     plan: bool = False
     operands: tuple[str, ...] = ()  # of "a", "b", "c", "bias"
     alpha: complex | None = None
     beta: complex | None = None
     told: int | None = None  # under mpiexec, the rank that alone reads mm.algorithm and mm.explain() first
+    tune: bool = False  # mm.autotune(iterations=1, candidates=2) after the plan (never with ``told``)
 
     def call(self, new: Sequence[str]) -> str:
         """The ``reset_operands`` call, ``new`` the source of each new operand."""
@@ -101,6 +104,12 @@ class Reset:
         args += [f"{name}={v!r}" for name, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
         return f"mm.reset_operands({', '.join(args)})"
 
+
+#: how the stateful form is autotuned where :attr:`Reset.tune` says so
+TUNE = "mm.autotune(iterations=1, candidates=2)"
+#: why Matmul.autotune may refuse a product (the only refusals a drawn case accepts): it has no routes of the JAX
+#: backend's to time
+TUNE_REFUSALS = ("backend's plan of this product weighs no routes", "a batched, re-laid or empty product")
 
 #: the JAX transformations drawn around dm.matmul (:class:`Transform`)
 TRANSFORMS = ("vjp", "jvp", "vmap")
@@ -479,7 +488,7 @@ class Case:
                            self.specials and name != "bias", seed=1)
                    for name in r.operands]
             steps = ([] if r.told is None else [f"if rank == {r.told}: print(mm.algorithm, mm.explain())"]) \
-                + ["mm.plan()"] * r.plan + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new), "d3 = mm.execute()"]
+                + ["mm.plan()"] * r.plan + [TUNE] * r.tune + ["d1 = mm.execute()", "d2 = mm.execute()", r.call(new), "d3 = mm.execute()"]
             line = f"with dm.Matmul({', '.join(args + kw)}) as mm: {'; '.join(steps)}"
         elif self.transform is not None and not mpi:
             line = self._transformed_line(args, kw, operand)

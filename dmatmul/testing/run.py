@@ -21,7 +21,7 @@ from .._distribution import Distribution, split
 from .._mxfp8 import BLOCK
 from .._sharded import Sharded
 from .._spec import BackendName, family
-from .case import Case
+from .case import TUNE_REFUSALS, Case
 from .compare import _reduced_precision_slack, _Result, _sharding_problems
 from .operands import _global_operands, _snapshot, lay_out, random_scales
 from .reference import error_ratio, finite_scale, reference, wide
@@ -257,6 +257,12 @@ class _Run:
                     told = (f"{type(e).__name__}: {e}", "")
             if reset.plan:
                 mm.plan()
+            if reset.tune:
+                try:
+                    mm.autotune(iterations=1, candidates=2)
+                except ValueError as e:  # (the refusal of a product with no routes to time; any other raises)
+                    if not any(why in str(e) for why in TUNE_REFUSALS):
+                        raise
             d1 = mm.execute()
             if told is not None and (told[0] != mm.algorithm or "algorithm:" not in told[1]):
                 told_wrong = f"rank {reset.told} alone, before the plan: mm.algorithm {told[0]!r}, " \
