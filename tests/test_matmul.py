@@ -6,6 +6,7 @@ Every result is checked against the float64 numpy reference of dmatmul.testing.
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -877,6 +878,42 @@ def test_half_precision_widens_on_the_devices_it_runs_on(monkeypatch):
     d = dm.matmul(jnp.asarray(a), jnp.asarray(b), distribution=(R, Y, Y), transpose_b=True, devices=3,
                   backend="jax")
     assert_close(np.asarray(d), reference(a, b, transpose_b=True), "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dists", [(dm.BlockNonCyclic(dm.ProcessGrid((2, 4))),) * 3, (Y, X, Y), (X, Y, X), (Y, Y, X)],
+                         ids=["GGG", "YXY", "XYX", "YYX"])
+def test_half_precision_operands_move_as_float32_on_cpu(dtype, dists):
+    """On CPU devices half-precision operands are widened to float32 before
+    anything moves (XLA's CPU copies and collectives carry a 2-byte float
+    through float32 element by element, 1.5-3.5x a float32 move:
+    ``benchmarks/half_moves.py``): every collective the program calls and
+    every one it compiles carries float32, the plan counts 4 bytes an
+    element, and the result is numpy's product, in the operands' dtype."""
+    from dmatmul._matmul import plan_of
+
+    rng = np.random.default_rng(23)
+    a, b, _ = operands(rng, 48, 40, 56, False, False, dtype=dtype)
+    mm = dm.Matmul(a, b, distribution=dists, backend="jax", devices=8)
+    plan = plan_of(mm)
+    assert plan.widened and plan.problem.itemsize == 4
+    args = [jax.ShapeDtypeStruct(plan.given[op].shape, jnp.dtype(dtype), sharding=plan.sharding(op)) for op in "ab"]
+    with plan._own_context():
+        lowered = plan._function("padded").lower(*args, None, None)
+    # the collectives the program calls (XLA's CPU compiler then runs bfloat16 ones through float32 converts) and
+    # those it compiles (XLA adds those of sharding constraints)
+    short = {"bfloat16": "bf16", "float16": "f16"}[dtype]
+    called = [line for line in lowered.as_text().splitlines() if re.search(
+        r"stablehlo\.(collective_permute|all_gather|all_to_all|reduce_scatter|all_reduce)", line)]
+    assert not [line for line in called if f"x{short}>" in line], called
+    hlo = lowered.compile().as_text()
+    kinds = re.findall(r"= (\w+)\[[\d,]*\][^ ]* (?:collective-permute|all-gather|all-to-all|reduce-scatter|all-reduce)"
+                       r"(?:-start)?\(", hlo)
+    assert kinds and set(kinds) == {"f32"}, kinds
+    d = mm.execute()
+    assert str(d.dtype) == dtype
+    assert_close(np.asarray(d), reference(a, b), dtype)
+    mm.free()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

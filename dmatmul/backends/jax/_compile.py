@@ -97,9 +97,13 @@ class CompiledProduct(PlannedProduct):
         names = {"a": "a", "b": "b", "d": "the result"}
         for op in "abd":
             per.append((op, f"{names[op]}'s blocks", float(np.prod(self.given[op].block)) * info.itemsize))
+            widened = self.widened and op != "d"  # (a and b as float32 from the start: _kernels.widens)
+            size = 4 if widened else info.itemsize
             if self.kernel[op] != self.given[op]:
                 laid = "whole on every device" if self.kernel[op].replicated else "re-laid for the kernel"
-                per.append((op, f"{names[op]} {laid}", float(np.prod(self.kernel[op].block)) * info.itemsize))
+                per.append((op, f"{names[op]} {laid}", float(np.prod(self.kernel[op].block)) * size))
+            elif widened:
+                per.append((op, f"{names[op]} as float32", float(np.prod(self.kernel[op].block)) * size))
         if spec.use_c:
             per.append(("c", "c's blocks", float(np.prod(self.given["d"].block)) * info.itemsize))
         pr = self.problem.padded((kern.a, kern.b, kern.d))
@@ -172,8 +176,11 @@ class CompiledProduct(PlannedProduct):
         fused = kern_pl["d"] == given["d"]
         body = _kernels.body(self.local, ep if fused else None)
         redistribute = _exchange.redistribute
+        widen = self.widened
 
         def core(a: jax.Array, b: jax.Array, c: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+            if widen:  # before they move (_kernels.widens)
+                a, b = a.astype(jnp.float32), b.astype(jnp.float32)
             args = [redistribute(a, given["a"], kern_pl["a"], geom), redistribute(b, given["b"], kern_pl["b"], geom)]
             specs = [kern_pl["a"].spec, kern_pl["b"].spec]
             if fused and ep.use_c:

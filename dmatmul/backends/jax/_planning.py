@@ -16,7 +16,7 @@ from ... import _cost, _layouts, _memory, _plan, _roles
 from ...algorithms import ALGORITHMS
 from ..._distribution import Distribution, ProcessGrid, Replicated, Slab
 from ..._problem import Spec
-from ..._spec import Operands, check_fit
+from ..._spec import Operands, check_fit, numpy_dtype
 from . import _kernels, _layered, _layout, _mesh
 from ._mesh import _tracing, mesh_of, plan_devices, trace_mesh
 from ._shardings import _given_distributions, _plain, _sharding_of, _unexpressed
@@ -98,10 +98,15 @@ def sized(spec: Spec, device: Any, p: int) -> tuple[_plan.Problem1D, _cost.Machi
     """The sizes and the machine model a product of ``spec`` on ``p`` devices
     like ``device`` is planned with."""
     model = _cost.model_for(device.platform, p, kind=getattr(device, "device_kind", None))
-    # XLA's CPU compiler carries bfloat16 through its collectives as float32 (and contract() widens it for
-    # the GEMM): on CPU devices a bfloat16 element moves as 4 bytes, which the plan's bytes then count
-    itemsize = 4 if spec.dtype == "bfloat16" and device.platform == "cpu" else None
+    # operands widened to float32 before they move (_kernels.widens) move as 4 bytes an element
+    itemsize = 4 if widened(spec, device.platform) else None
     return spec.sizes(p, itemsize=itemsize, pads=True), model
+
+
+def widened(spec: Spec, platform: str) -> bool:
+    """Whether a product of ``spec`` on ``platform`` widens its operands to
+    float32 before they move (:func:`_kernels.widens`)."""
+    return _kernels.widens(platform, numpy_dtype(spec.dtype), spec.dtype_info.accumulator)
 
 
 class PlannedProduct:
@@ -125,6 +130,8 @@ class PlannedProduct:
             spec, mesh_of(spec, operands) if within is not None else self.user_mesh)
         self.nranks = p = len(self.devices) if within is None else within.nranks
         self.problem, self.model = sized(spec, self.devices[0], p)
+        #: whether the operands are widened to float32 before they move (:func:`widened`)
+        self.widened = widened(spec, self.devices[0].platform)
         if _layered.has_layers(p):  # the memory its layers may take: DMATMUL_MEMORY_FRACTION of the devices'
             self.problem = dataclasses.replace(self.problem, memory=_memory.plan_budget(self.devices))
         grid, laid = self._lay_out(operands)

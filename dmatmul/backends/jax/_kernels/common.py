@@ -27,19 +27,32 @@ def traced_platform() -> str:
     return getattr(device, "platform", None) or jax.default_backend()
 
 
+def widens(platform: str, dtype: Any, acc_dtype: Any) -> bool:
+    """Whether operands of ``dtype`` accumulated in ``acc_dtype`` are widened
+    to float32 on ``platform``: half precisions accumulated in float32, on
+    CPU. XLA's CPU dot thunk refuses some BF16 x BF16 = F32 dots at run time
+    ("UNIMPLEMENTED: Unsupported element type for DotThunk") and the CPU has
+    no half-precision GEMM to lose; its copies and collectives carry a 2-byte
+    float element by element through float32, converting the whole
+    destination again at each update, so a product widens its operands before
+    they move, not only for the GEMM (:meth:`_compile.CompiledProduct._core`;
+    ``python benchmarks/half_moves.py``). Exact: every half-precision value is
+    a float32 one."""
+    dt = jnp.dtype(dtype)
+    return (platform == "cpu" and dt.itemsize == 2 and jnp.issubdtype(dt, jnp.floating)
+            and acc_dtype is not None and jnp.dtype(acc_dtype) == jnp.float32)
+
+
 def contract(a: jax.Array, b: jax.Array, ka: int, kb: int, precision: Any, dtype: Any) -> jax.Array:
     """The 2-D product contracting axis ``ka`` of ``a`` with axis ``kb`` of ``b``
     (``a.T @ b`` is ``contract(a, b, 0, 0, ...)``), no transpose materialized;
     ``precision`` and ``dtype`` (``preferred_element_type``) as ``lax.dot_general``.
 
-    On CPU, half-precision operands accumulated in float32 are widened first:
-    XLA's CPU dot thunk refuses some BF16 x BF16 = F32 dots at run time
-    ("UNIMPLEMENTED: Unsupported element type for DotThunk"), and the CPU has
-    no half-precision GEMM to lose. The platform is the one the product runs
-    on (the mesh being traced), not JAX's default backend: CPU devices of a
-    GPU machine widen too."""
-    if (dtype is not None and jnp.dtype(dtype) == jnp.float32 and traced_platform() == "cpu"
-            and jnp.dtype(a.dtype).itemsize == 2 and jnp.dtype(b.dtype).itemsize == 2):
+    Half-precision operands are widened first where :func:`widens` says, on
+    the platform the product runs on (the mesh being traced), not JAX's
+    default backend: CPU devices of a GPU machine widen too."""
+    platform = traced_platform()
+    if widens(platform, a.dtype, dtype) and widens(platform, b.dtype, dtype):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=precision, preferred_element_type=dtype)
 
