@@ -142,15 +142,22 @@ def kernel_cost(problem: Problem1D, kernel: Kernel) -> tuple[float, float, float
 
 def kernel_copied(problem: Problem1D, kernel: Kernel, transposes: tuple[bool, bool] = (False, False)) -> float:
     """Bytes the kernel copies in a rank's memory besides its GEMMs
-    (:meth:`dmatmul.algorithms.base.Algorithm.copied`); none on one rank, or
-    where every operand is whole.
+    (:meth:`dmatmul.algorithms.base.Algorithm.copied`), and the outputs of
+    GEMMs that XLA's CPU dot transposes
+    (:meth:`~dmatmul.algorithms.base.Algorithm.dot_transposed`); none on one
+    rank, or where every operand is whole.
 
     >>> kernel_copied(Problem1D(1024, 1024, 1024, 8, 4, 4), Kernel("allgather", "K", "N", "N", moving="a", schedule="one_shot"))
     4194304.0
     """
     if problem.p <= 1 or (kernel.a, kernel.b, kernel.d) == ("R", "R", "R"):
         return 0.0
-    return ALGORITHMS[kernel.algorithm].copied(problem, kernel, transposes)
+    alg = ALGORITHMS[kernel.algorithm]
+    copied = alg.copied(problem, kernel, transposes)
+    if alg.dot_transposed(kernel, transposes):  # its GEMMs' outputs, through a transposing copy
+        count, mc, nc, _, _ = alg.gemm_shape(problem, kernel)
+        copied += count * mc * nc * problem.acc_itemsize
+    return copied
 
 
 def gemm_calls(problem: Problem1D, kernel: Kernel) -> tuple[tuple[int, float, float], ...]:

@@ -84,3 +84,16 @@ def laid_out_bytes(hlo: str) -> float:
                 continue
             total += sizes[op[1]] * int(np.prod([int(x) for x in op[2].split(",")]))
     return total
+
+
+def transposed_dot_bytes(hlo: str) -> float:
+    """Bytes of the outputs of the module's 2-D dots that contract their
+    lhs's leading axis and their rhs's trailing one (``x^T y^T``), which
+    XLA's CPU dot runs as the plain GEMM plus a transposing copy of its
+    output (:meth:`dmatmul.algorithms.reduce_scatter.ReduceScatter.copied`)."""
+    sizes = {"f32": 4, "c64": 8, "bf16": 2, "f16": 2, "f64": 8}
+    total = 0.0
+    for op in re.finditer(r"= (\w+)\[(\d+),(\d+)\]\{[\d,]*\} dot\([^)]*\), lhs_contracting_dims=\{0\}, "
+                          r"rhs_contracting_dims=\{1\}", hlo):
+        total += sizes[op[1]] * int(op[2]) * int(op[3])
+    return total

@@ -30,6 +30,13 @@ class AllGather(Algorithm):
             return 0.0
         return float(problem.elements(x) * problem.itemsize)
 
+    def dot_transposed(self, kernel: Kernel, transposes: tuple[bool, bool]) -> bool:
+        # one-shot, a free dimension gathered along an axis that does not lead: one 3-D dot of the blocks
+        x = kernel.moving or "b"
+        if kernel.schedule == "one_shot" and kernel.role(x) != "K" and not leads(x, kernel.role(x), transposes[x == "b"]):
+            return False
+        return super().dot_transposed(kernel, transposes)
+
     def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
         m, n, k, p = problem.m, problem.n, problem.k, problem.p
         if kernel.schedule == "one_shot":

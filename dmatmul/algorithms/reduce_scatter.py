@@ -28,6 +28,12 @@ class ReduceScatter(Algorithm):
             return 0.0
         return problem.m * problem.n / problem.p * problem.acc_itemsize
 
+    def dot_transposed(self, kernel: Kernel, transposes: tuple[bool, bool]) -> bool:
+        # one-shot onto columns: op(B)^T op(A)^T, b the dot's lhs (its K leading as given) and a its rhs
+        if kernel.schedule == "one_shot" and kernel.d == "N":
+            return transposes == (False, False)
+        return super().dot_transposed(kernel, transposes)
+
     def gemm_shape(self, problem: Problem1D, kernel: Kernel) -> GemmShape:
         m, n, k, p = problem.m, problem.n, problem.k, problem.p
         if kernel.schedule == "one_shot":
