@@ -313,6 +313,35 @@ def test_an_even_split_is_gathered_by_all_gather(src):
     assert " transpose(" not in hlo, hlo
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("src, dst", [(dm.BlockNonCyclic(GRID), dm.Slab.X), (dm.Slab.Y, dm.Slab.X),
+                                      (dm.Slab.X, dm.BlockCyclic(OTHER, (1, 1))), (dm.Slab.Y, dm.Replicated())])
+def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst):
+    """On CPU devices a 2-byte float moves as uint16 (XLA's CPU compiler
+    converts a half precision's whole destination to float32 and back at each
+    update of an exchange: columns -> rows 3.5x a float32 move;
+    ``_exchange.moved_as_bits``): every bit pattern arrives, NaN payloads,
+    subnormals and -0.0 included (padded and cut as floats, a subnormal came
+    back 0 and a NaN's payload was lost), and no exchange sends a
+    half-precision float."""
+    import ml_dtypes
+
+    from dmatmul.backends.jax import _redistribute
+
+    shape = (13, 10)
+    bits = np.random.default_rng(3).integers(0, 2**16, shape, dtype=np.uint16)
+    x = bits.view(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+    placed = dm.redistribute(jnp.asarray(x), dm.Replicated(), src, devices=8)
+    got = dm.redistribute(placed, src, dst, devices=8)
+    assert str(got.dtype) == dtype
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), bits)
+    np.testing.assert_array_equal(dm.redistribute(x, src, dst, devices=8).view(np.uint16), bits)
+    (geom, a, b), = _redistribute._steps(src, dst, tuple(jax.devices()[:8]), shape)
+    text = _redistribute._jitted(geom, a, b, pad=True, unpad=True).lower(placed).as_text()
+    permutes = [line for line in text.splitlines() if "stablehlo.collective_permute" in line]
+    assert permutes and all("xui16>" in line for line in permutes), permutes
+
+
 @pytest.mark.parametrize("shape", [(0, 10), (13, 0), (0, 0)])
 def test_redistribute_a_matrix_with_no_elements(shape):
     """Every pair of layouts, numpy and jax: the empty matrix back, in its family

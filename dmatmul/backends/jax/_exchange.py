@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 
 from ._layout import DimMap, Geometry, Placement
 
-__all__ = ["redistribute"]
+__all__ = ["redistribute", "moved_as_bits"]
 
 
 # redistribution: every element moves once
@@ -208,10 +209,29 @@ def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | Non
     return Placement((DimMap.slab(rows.size, geom.nranks), dst.maps[1]), (geom.rank_axis, None))
 
 
+def moved_as_bits(dtype: Any, geom: Geometry) -> bool:
+    """Whether a matrix of ``dtype`` moves as its 16-bit patterns: a 2-byte
+    float on CPU devices. XLA's CPU compiler carries a half precision through
+    its copies by way of float32, and an exchange that updates its destination
+    chunk by chunk converts the whole destination again at each update: 2048 x
+    2048 bfloat16 on 8 simulated devices, columns -> rows 26 ms, as uint16 7 ms
+    (float32: 7 ms); and a conversion keeps neither a NaN's payload nor a
+    subnormal (flushed to 0), which a move must. Bit for bit the same matrix."""
+    dt = jnp.dtype(dtype)
+    if dt.itemsize != 2 or not jnp.issubdtype(dt, jnp.floating):
+        return False
+    mesh = geom.mesh
+    device = mesh.devices.flat[0] if isinstance(mesh, Mesh) else getattr(mesh, "abstract_device", None)
+    return (getattr(device, "platform", None) or jax.default_backend()) == "cpu"
+
+
 def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
     """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
     if src == dst:
         return x
+    if moved_as_bits(x.dtype, geom):
+        bits = redistribute(lax.bitcast_convert_type(x, jnp.uint16), src, dst, geom)
+        return lax.bitcast_convert_type(bits, x.dtype)
     via = _row_slab(src, dst, geom)
     if via is not None:
         return redistribute(redistribute(x, src, via, geom), via, dst, geom)

@@ -6,7 +6,9 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..._distribution import Distribution, Slab
 from . import _exchange, _layout
@@ -37,10 +39,15 @@ def _jitted(
     matrix (out of ``dst`` after), so the whole move is one program."""
 
     def move(v: jax.Array) -> jax.Array:
+        dtype, as_bits = v.dtype, _exchange.moved_as_bits(v.dtype, geom)
+        if as_bits:  # padded and cut as bits too: a conversion would lose NaN payloads and subnormals
+            v = lax.bitcast_convert_type(v, jnp.uint16)
         if pad:
             v = _layout.pad(v, src)
         v = _exchange.redistribute(v, src, dst, geom)
-        return _layout.unpad(v, dst) if unpad else v
+        if unpad:
+            v = _layout.unpad(v, dst)
+        return lax.bitcast_convert_type(v, dtype) if as_bits else v
 
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
     return jax.jit(move, out_shardings=out)
