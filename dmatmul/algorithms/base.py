@@ -171,7 +171,7 @@ class Algorithm:
         transposed). An operand gathered along a stored axis that does not lead
         arrives as blocks side by side and is laid out once before its GEMM (a
         collective along the second axis copies strided and is slower still:
-        :func:`dmatmul.backends.jax._kernels.bodies.one_shot`)."""
+        the one-shot notes in :mod:`dmatmul.backends.jax._kernels.bodies`)."""
         return 0.0
 
     def dot_transposed(self, kernel: Kernel, transposes: tuple[bool, bool]) -> bool:

@@ -18,7 +18,7 @@ depend on it, so the transfer overlaps the multiply.
 
 from __future__ import annotations
 
-from .bodies import BODIES, body, one_shot
+from .bodies import BODIES, body
 from .common import Epilogue, LocalProblem, SummaSchedule, contract, finish, traced_platform, varying_zeros, widens
 from .ring import ring_allgather, ring_allgathers, ring_order, ring_parts, ring_pieces, ring_reduce_scatters
 from .grid import SummaRoute, rooted_broadcast, summa, summa_one_shot, summa_owners, summa_route, summa_tables
@@ -31,7 +31,6 @@ __all__ = [
     "body",
     "contract",
     "finish",
-    "one_shot",
     "ring_allgather",
     "ring_allgathers",
     "ring_order",

@@ -16,28 +16,20 @@ from .grid import _summa
 from .layered import summa25d
 
 
-def one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
-    """AllGather+GEMM or GEMM+ReduceScatter (``lp.kernel``) as one whole
-    collective and one GEMM: the moving operand all-gathered, then multiplied;
-    or the whole partial product, then reduce-scattered (``psum_scatter``).
-    What each rank ends with is what the ring leaves there (the collectives
-    number the ranks as ``lax.axis_index`` of ``lp.axis`` does, as the ring's
-    blocks are numbered). Small products: one collective call instead of the
-    ring's P - 1 (see :mod:`dmatmul._cost`).
-
-    Every collective runs along the leading axis of what it moves: along the
-    second one XLA's CPU collectives copy strided, 4-10x slower at n = 1024
-    (8 simulated devices). A block split along its stored second axis is
-    gathered untiled, as a leading axis of blocks: a gathered free dimension
-    (op(B)'s columns, op(A)'s rows) then lands in the GEMM's result as a
-    reshape, a gathered K is laid out by a local transpose first; a result
-    scattered over its columns is computed transposed (``op(B)^T op(A)^T``),
-    scattered over its rows, and transposed back (one local block)."""
-    return (_reduce_scatter_one_shot if lp.kernel.moving is None else _allgather_one_shot)(lp, a, b)
-
-
+# One-shot schedules: AllGather+GEMM or GEMM+ReduceScatter as one whole collective and one GEMM: the moving
+# operand all-gathered, then multiplied; or the whole partial product, then reduce-scattered (``psum_scatter``).
+# What each rank ends with is what the ring leaves there (the collectives number the ranks as ``lax.axis_index``
+# of ``lp.axis`` does, as the ring's blocks are numbered). Small products: one collective call instead of the
+# ring's P - 1 (see :mod:`dmatmul._cost`).
+#
+# Every collective runs along the leading axis of what it moves: along the second one XLA's CPU collectives copy
+# strided, 4-10x slower at n = 1024 (8 simulated devices). A block split along its stored second axis is gathered
+# untiled, as a leading axis of blocks: a gathered free dimension (op(B)'s columns, op(A)'s rows) then lands in
+# the GEMM's result as a reshape, a gathered K is laid out by a local transpose first; a result scattered over its
+# columns is computed transposed (``op(B)^T op(A)^T``), scattered over its rows, and transposed back (one local
+# block). What these copy is priced by each algorithm's ``copied`` and ``dot_transposed``.
 def _reduce_scatter_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
-    """GEMM+ReduceScatter as one GEMM of the whole partial product and one ``psum_scatter`` (:func:`one_shot`)."""
+    """GEMM+ReduceScatter as one GEMM of the whole partial product and one ``psum_scatter`` (one-shot, above)."""
     kern, ax, axis = lp.kernel, lp.axes, lp.axis
     if kern.d == "M":
         return lax.psum_scatter(lp.mm(a, b), axis, scatter_dimension=0, tiled=True)
@@ -46,7 +38,7 @@ def _reduce_scatter_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> ja
 
 
 def _allgather_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
-    """AllGather+GEMM as one ``all_gather`` of the moving operand and one GEMM (:func:`one_shot`)."""
+    """AllGather+GEMM as one ``all_gather`` of the moving operand and one GEMM (one-shot, above)."""
     kern, ax, axis = lp.kernel, lp.axes, lp.axis
 
     def gathered(x: jax.Array, stored: int) -> jax.Array:

@@ -309,8 +309,8 @@ def summa_one_shot(lp: LocalProblem, a: jax.Array, b: jax.Array) -> jax.Array:
         length = x.shape[axis]
         if axis == 0:
             whole = lax.all_gather(x, over, axis=0, tiled=True)
-        else:  # gathered along the leading axis, then laid side by side (:func:`..bodies.one_shot`: along the
-            # second axis XLA's CPU collectives copy strided, 2-4x slower on a tall operand's K)
+        else:  # gathered along the leading axis, then laid side by side (the one-shot notes in :mod:`.bodies`:
+            # along the second axis XLA's CPU collectives copy strided, 2-4x slower on a tall operand's K)
             blocks = lax.all_gather(x, over, axis=0, tiled=False)
             whole = jnp.moveaxis(blocks, 0, 1).reshape(x.shape[0], -1)
         index = np.concatenate([q * length + o + np.arange(sched.width) for q, o in zip(owners, offsets)])
