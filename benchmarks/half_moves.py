@@ -108,7 +108,8 @@ def redistributions(args: argparse.Namespace, p: int) -> None:
 
     grid = dm.BlockNonCyclic(dm.ProcessGrid(grid_shape(p)))
     pairs = {"grid -> rows": (grid, dm.Slab.X), "columns -> rows": (dm.Slab.Y, dm.Slab.X),
-             "rows -> columns": (dm.Slab.X, dm.Slab.Y), "columns -> all": (dm.Slab.Y, dm.Replicated())}
+             "rows -> columns": (dm.Slab.X, dm.Slab.Y), "columns -> all": (dm.Slab.Y, dm.Replicated()),
+             "rows -> all": (dm.Slab.X, dm.Replicated())}
     x = np.random.default_rng(1).standard_normal((2048, 2048), dtype=np.float32)
     runners = {}
     for name, (src, dst) in pairs.items():

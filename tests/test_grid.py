@@ -315,20 +315,25 @@ def test_an_even_split_is_gathered_by_all_gather(src):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("src, dst", [(dm.BlockNonCyclic(GRID), dm.Slab.X), (dm.Slab.Y, dm.Slab.X),
-                                      (dm.Slab.X, dm.BlockCyclic(OTHER, (1, 1))), (dm.Slab.Y, dm.Replicated())])
-def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst):
+                                      (dm.Slab.X, dm.BlockCyclic(OTHER, (1, 1))), (dm.Slab.Y, dm.Replicated()),
+                                      (dm.Slab.X, dm.Replicated())])
+@pytest.mark.parametrize("shape", [(16, 10), (13, 16)], ids=["rows-even", "columns-even"])
+def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst, shape):
     """On CPU devices a 2-byte float moves as uint16 (XLA's CPU compiler
     converts a half precision's whole destination to float32 and back at each
     update of an exchange: columns -> rows 3.5x a float32 move;
     ``_exchange.moved_as_bits``): every bit pattern arrives, NaN payloads,
     subnormals and -0.0 included (padded and cut as floats, a subnormal came
     back 0 and a NaN's payload was lost), and no exchange sends a
-    half-precision float."""
+    half-precision float; a gather onto every device sends 32-bit words
+    (XLA's CPU all-gather of 16-bit elements is half as fast:
+    ``_exchange._in_words``): an even split of rows by one all-gather of
+    rows, an even split of columns (of rows that do not split evenly) by one
+    all-gather of column blocks."""
     import ml_dtypes
 
     from dmatmul.backends.jax import _redistribute
 
-    shape = (13, 10)
     bits = np.random.default_rng(3).integers(0, 2**16, shape, dtype=np.uint16)
     x = bits.view(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
     placed = dm.redistribute(jnp.asarray(x), dm.Replicated(), src, devices=8)
@@ -338,8 +343,11 @@ def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst):
     np.testing.assert_array_equal(dm.redistribute(x, src, dst, devices=8).view(np.uint16), bits)
     (geom, a, b), = _redistribute._steps(src, dst, tuple(jax.devices()[:8]), shape)
     text = _redistribute._jitted(geom, a, b, pad=True, unpad=True).lower(placed).as_text()
-    permutes = [line for line in text.splitlines() if "stablehlo.collective_permute" in line]
-    assert permutes and all("xui16>" in line for line in permutes), permutes
+    sent = {op: [line for line in text.splitlines() if f"stablehlo.{op}" in line]
+            for op in ("collective_permute", "all_gather")}
+    assert sent["collective_permute"] or sent["all_gather"], text
+    assert all("xui16>" in line for line in sent["collective_permute"]), sent
+    assert all("xui32>" in line for line in sent["all_gather"]), sent
 
 
 @pytest.mark.parametrize("shape", [(0, 10), (13, 0), (0, 0)])
