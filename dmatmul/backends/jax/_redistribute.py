@@ -41,15 +41,17 @@ def _jitted(
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
 
     def move(v: jax.Array) -> jax.Array:
+        # a half precision padded, cut and laid out as ``out`` as its bits: a conversion would lose NaN payloads
+        # and subnormals
         dtype, as_bits = v.dtype, _exchange.moved_as_bits(v.dtype, geom)
-        if not as_bits:
-            v = _exchange.redistribute(_layout.pad(v, src) if pad else v, src, dst, geom)
-            return _layout.unpad(v, dst) if unpad else v
-        # padded, cut and laid out as ``out`` as bits too: a conversion would lose NaN payloads and subnormals
-        v = lax.bitcast_convert_type(v, jnp.uint16)
-        v = _exchange.redistribute(_layout.pad(v, src) if pad else v, src, dst, geom)
-        v = lax.with_sharding_constraint(_layout.unpad(v, dst) if unpad else v, out)
-        return lax.bitcast_convert_type(v, dtype)
+        if as_bits:
+            v = lax.bitcast_convert_type(v, jnp.uint16)
+        if pad:
+            v = _layout.pad(v, src)
+        v = _exchange.redistribute(v, src, dst, geom)
+        if unpad:
+            v = _layout.unpad(v, dst)
+        return lax.bitcast_convert_type(lax.with_sharding_constraint(v, out), dtype) if as_bits else v
 
     return jax.jit(move, out_shardings=out)
 
