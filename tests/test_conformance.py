@@ -352,6 +352,45 @@ def test_auto_where_nvmath_runs_matches_numpy_on_jax_operands(fake_nvmath, data)
     assert outcome.status != "failed", f"{outcome.layout_family}: {outcome.message}\n  reproduce: {outcome.describe()}"
 
 
+@given(data=st.data())
+@settings(max_examples=500 if os.environ.get("DMATMUL_LONG", "") not in ("", "0") else 40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+def test_random_redistributions_move_every_bit(data):
+    """``dm.redistribute`` between two distributions drawn as the differential
+    matrix draws an operand's (every kind, both grid orders, first process,
+    block sizes; uneven, prime, 0 and 1 sizes), of random bit patterns in
+    float32, bfloat16, float16, float64, complex64 and float8_e4m3fn, numpy or
+    jax: every bit arrives (moved as floats, a subnormal came back 0 and a
+    NaN lost its payload or was quieted: ``_exchange.moved_as``), or a grid
+    of another size is refused, typed. On the JAX backend, where
+    ``dm.redistribute`` runs; ``DMATMUL_LONG=1``: 500 cases."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from dmatmul._spec import numpy_dtype
+    from dmatmul.testing import draw as drawing
+
+    chooser = HypothesisChooser(data)
+    nranks = chooser.choice(ck.NRANKS)
+    grids: list[dm.ProcessGrid] = []
+    src, dst = (drawing._draw_distribution(chooser, nranks, grids, []) for _ in range(2))
+    shape = (drawing._draw_dim(chooser, 8), drawing._draw_dim(chooser, 8))
+    dtype = chooser.choice(("float32", "bfloat16", "float16", "float64", "complex64", "float8_e4m3fn"))
+    family = "numpy" if dtype == "float64" else chooser.choice(("numpy", "jax"))  # (JAX without x64: float32)
+    width = np.dtype(numpy_dtype(dtype)).itemsize
+    bits = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed")).integers(
+        0, 256, (*shape, width), dtype=np.uint8)
+    x = bits.view(numpy_dtype(dtype)).reshape(shape)
+    given_x = jnp.asarray(x) if family == "jax" else x
+    if any(g.size != nranks for g in grids):
+        with pytest.raises(dm.DistributionError):
+            dm.redistribute(given_x, src, dst, devices=nranks)
+        return
+    got = np.asarray(dm.redistribute(given_x, src, dst, devices=nranks))
+    assert got.dtype == x.dtype and got.shape == shape, (got.dtype, got.shape)
+    assert np.array_equal(got.view(np.uint8), x.view(np.uint8)), (src, dst, dtype, family, shape)
+
+
 # --------------------------------------------------------------------------- #
 # errors: the front end's, whatever the backend
 # --------------------------------------------------------------------------- #

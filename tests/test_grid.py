@@ -322,7 +322,7 @@ def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst, shape):
     """On CPU devices a 2-byte float moves as uint16 (XLA's CPU compiler
     converts a half precision's whole destination to float32 and back at each
     update of an exchange: columns -> rows 3.5x a float32 move;
-    ``_exchange.moved_as_bits``): every bit pattern arrives, NaN payloads,
+    ``_exchange.moved_as``): every bit pattern arrives, NaN payloads,
     subnormals and -0.0 included (padded and cut as floats, a subnormal came
     back 0 and a NaN's payload was lost), and no exchange sends a
     half-precision float; a gather onto every device sends 32-bit words

@@ -30,7 +30,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._layout import DimMap, Geometry, Placement
 
-__all__ = ["redistribute", "moved_as_bits"]
+__all__ = ["redistribute", "moved_as"]
 
 
 # redistribution: every element moves once
@@ -252,16 +252,20 @@ def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | Non
     return Placement((DimMap.slab(rows.size, geom.nranks), dst.maps[1]), (geom.rank_axis, None))
 
 
-def moved_as_bits(dtype: Any, geom: Geometry) -> bool:
-    """Whether a matrix of ``dtype`` moves as its 16-bit patterns: a 2-byte
-    float on CPU devices. XLA's CPU compiler carries a half precision through
-    its copies by way of float32, and an exchange that updates its destination
-    chunk by chunk converts the whole destination again at each update: 2048 x
-    2048 bfloat16 on 8 simulated devices, columns -> rows 26 ms, as uint16 7 ms
-    (float32: 7 ms); and a conversion keeps neither a NaN's payload nor a
-    subnormal (flushed to 0), which a move must. Bit for bit the same matrix."""
+def moved_as(dtype: Any) -> Any:
+    """The unsigned integer type whose bit patterns a matrix of ``dtype``
+    moves as: that of its width for a real float, None for any other dtype. A
+    move must return every value as it was given, and XLA's selects and
+    updates do not: on CPU they flushed float32 subnormals to 0 (-0 too) and
+    quieted signaling NaNs, and they carry a 2-byte float by way of float32,
+    dropping a NaN's payload and subnormals, and slowly: an exchange that
+    updates its destination chunk by chunk converted the whole destination
+    again at each update (2048 x 2048 bfloat16 on 8 simulated devices,
+    columns -> rows 26 ms; as uint16 7 ms, float32 7 ms)."""
     dt = jnp.dtype(dtype)
-    return dt.itemsize == 2 and bool(jnp.issubdtype(dt, jnp.floating)) and _on_cpu(geom)
+    if not jnp.issubdtype(dt, jnp.floating):
+        return None
+    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}.get(dt.itemsize)
 
 
 def _on_cpu(geom: Geometry) -> bool:
@@ -275,9 +279,11 @@ def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -
     """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
     if src == dst:
         return x
-    if moved_as_bits(x.dtype, geom):
-        bits = redistribute(lax.bitcast_convert_type(x, jnp.uint16), src, dst, geom)
-        return lax.bitcast_convert_type(bits, x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):  # its two real parts, each as its bits
+        return lax.complex(redistribute(lax.real(x), src, dst, geom), redistribute(lax.imag(x), src, dst, geom))
+    bits = moved_as(x.dtype)
+    if bits is not None:
+        return lax.bitcast_convert_type(redistribute(lax.bitcast_convert_type(x, bits), src, dst, geom), x.dtype)
     via = _row_slab(src, dst, geom)
     if via is not None:
         return redistribute(redistribute(x, src, via, geom), via, dst, geom)

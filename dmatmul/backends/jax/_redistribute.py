@@ -41,17 +41,18 @@ def _jitted(
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
 
     def move(v: jax.Array) -> jax.Array:
-        # a half precision padded, cut and laid out as ``out`` as its bits: a conversion would lose NaN payloads
-        # and subnormals
-        dtype, as_bits = v.dtype, _exchange.moved_as_bits(v.dtype, geom)
-        if as_bits:
-            v = lax.bitcast_convert_type(v, jnp.uint16)
+        # a float padded, cut and laid out as ``out`` as its bits (_exchange.moved_as); a complex one as its parts
+        if jnp.issubdtype(v.dtype, jnp.complexfloating):
+            return lax.complex(move(lax.real(v)), move(lax.imag(v)))
+        dtype, bits = v.dtype, _exchange.moved_as(v.dtype)
+        if bits is not None:
+            v = lax.bitcast_convert_type(v, bits)
         if pad:
             v = _layout.pad(v, src)
         v = _exchange.redistribute(v, src, dst, geom)
         if unpad:
             v = _layout.unpad(v, dst)
-        return lax.bitcast_convert_type(lax.with_sharding_constraint(v, out), dtype) if as_bits else v
+        return v if bits is None else lax.bitcast_convert_type(lax.with_sharding_constraint(v, out), dtype)
 
     return jax.jit(move, out_shardings=out)
 
