@@ -350,6 +350,31 @@ def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst, shape):
     assert all("xui32>" in line for line in sent["all_gather"]), sent
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "complex64"])
+@pytest.mark.parametrize("dists", [(dm.BlockCyclic(OTHER, (1, 2)), dm.Slab.Y, dm.Slab.X),
+                                   (dm.Slab.Y, dm.BlockNonCyclic(GRID), dm.Replicated())], ids=["cyclic", "grid"])
+def test_a_moved_operand_is_differentiated_as_the_move_it_is(dtype, dists):
+    """A float moves as its bits (``_exchange.exactly``), and a bitcast to
+    integers has no derivative: the move is differentiated as itself. A
+    product whose operands and result are re-laid: its vjp and jvp are
+    jnp.matmul's (through the bits alone, the gradients were 0)."""
+    rng = np.random.default_rng(4)
+
+    def draw(*shape):
+        x = rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if dtype == "complex64" else 0)
+        return jnp.asarray(x.astype(np.complex64 if dtype == "complex64" else np.float32)).astype(dtype)
+
+    a, b, g, ta, tb = draw(16, 12), draw(12, 10), draw(16, 10), draw(16, 12), draw(12, 10)
+    f = lambda x, y: dm.matmul(x, y, distribution=dists, devices=8)  # noqa: E731
+    got, vjp = jax.vjp(f, a, b)
+    want, vjp_want = jax.vjp(jnp.matmul, a, b)
+    tol = "bfloat16" if dtype == "bfloat16" else "float32"
+    assert_close(np.asarray(got), np.asarray(want), tol)
+    for x, y in zip(vjp(g), vjp_want(g)):
+        assert_close(np.asarray(x), np.asarray(y), tol)
+    assert_close(np.asarray(jax.jvp(f, (a, b), (ta, tb))[1]), np.asarray(jax.jvp(jnp.matmul, (a, b), (ta, tb))[1]), tol)
+
+
 @pytest.mark.parametrize("shape", [(0, 10), (13, 0), (0, 0)])
 def test_redistribute_a_matrix_with_no_elements(shape):
     """Every pair of layouts, numpy and jax: the empty matrix back, in its family

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,7 +31,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._layout import DimMap, Geometry, Placement
 
-__all__ = ["redistribute", "moved_as"]
+__all__ = ["redistribute", "moved", "moved_as", "exactly"]
 
 
 # redistribution: every element moves once
@@ -231,9 +232,9 @@ def _gather_rows_in_words(x: jax.Array, src: Placement, geom: Geometry) -> jax.A
 
 def _moves_in_words(x: jax.Array, columns: int, geom: Geometry) -> bool:
     """Whether blocks of ``x`` with ``columns`` columns are gathered as 32-bit
-    words (:func:`_in_words`): 16-bit elements in blocks of an even number of
-    columns, on CPU devices."""
-    return jnp.dtype(x.dtype).itemsize == 2 and columns % 2 == 0 and _on_cpu(geom)
+    words (:func:`_in_words`): 16-bit patterns (:func:`moved_as`) in blocks
+    of an even number of columns, on CPU devices."""
+    return x.dtype == jnp.uint16 and columns % 2 == 0 and _on_cpu(geom)
 
 
 def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | None:
@@ -275,18 +276,44 @@ def _on_cpu(geom: Geometry) -> bool:
     return (getattr(device, "platform", None) or jax.default_backend()) == "cpu"
 
 
+def exactly(move: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+    """``move`` (a redistribution: linear, each element placed once or a zero
+    filled in) run on a float's bit patterns (:func:`moved_as`; a complex
+    one's two parts each), so that every value arrives as it was given, and
+    differentiated as ``move`` itself on the tangents (a bitcast to integers
+    has no derivative)."""
+
+    @jax.custom_jvp
+    def as_bits(x: jax.Array) -> jax.Array:
+        return lax.bitcast_convert_type(move(lax.bitcast_convert_type(x, moved_as(x.dtype))), x.dtype)
+
+    @as_bits.defjvp
+    def _(primals: tuple[jax.Array], tangents: tuple[jax.Array]) -> tuple[jax.Array, jax.Array]:
+        return as_bits(primals[0]), move(tangents[0])
+
+    def run(x: jax.Array) -> jax.Array:
+        if jnp.issubdtype(x.dtype, jnp.complexfloating):
+            return lax.complex(run(lax.real(x)), run(lax.imag(x)))
+        return move(x) if moved_as(x.dtype) is None else as_bits(x)
+
+    return run
+
+
 def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
-    """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
+    """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh, every bit as it was (:func:`exactly`)."""
     if src == dst:
         return x
-    if jnp.issubdtype(x.dtype, jnp.complexfloating):  # its two real parts, each as its bits
-        return lax.complex(redistribute(lax.real(x), src, dst, geom), redistribute(lax.imag(x), src, dst, geom))
-    bits = moved_as(x.dtype)
-    if bits is not None:
-        return lax.bitcast_convert_type(redistribute(lax.bitcast_convert_type(x, bits), src, dst, geom), x.dtype)
+    return exactly(lambda v: moved(v, src, dst, geom))(x)
+
+
+def moved(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
+    """Traceable: :func:`redistribute`'s move of ``x`` as its dtype's values are (a float's may change: see
+    :func:`moved_as`)."""
+    if src == dst:
+        return x
     via = _row_slab(src, dst, geom)
     if via is not None:
-        return redistribute(redistribute(x, src, via, geom), via, dst, geom)
+        return moved(moved(x, src, via, geom), via, dst, geom)
     if src.maps == dst.maps or (dst.replicated and _same_space(src, dst)):
         # only the split changes: XLA's own collective (slice/all-gather/all-to-all)
         if dst.replicated and src.axes[0] is None:

@@ -6,7 +6,6 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -41,20 +40,13 @@ def _jitted(
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
 
     def move(v: jax.Array) -> jax.Array:
-        # a float padded, cut and laid out as ``out`` as its bits (_exchange.moved_as); a complex one as its parts
-        if jnp.issubdtype(v.dtype, jnp.complexfloating):
-            return lax.complex(move(lax.real(v)), move(lax.imag(v)))
-        dtype, bits = v.dtype, _exchange.moved_as(v.dtype)
-        if bits is not None:
-            v = lax.bitcast_convert_type(v, bits)
+        # padded, cut and laid out as ``out`` as its bits too (_exchange.exactly)
         if pad:
             v = _layout.pad(v, src)
-        v = _exchange.redistribute(v, src, dst, geom)
-        if unpad:
-            v = _layout.unpad(v, dst)
-        return v if bits is None else lax.bitcast_convert_type(lax.with_sharding_constraint(v, out), dtype)
+        v = _exchange.moved(v, src, dst, geom)
+        return lax.with_sharding_constraint(_layout.unpad(v, dst) if unpad else v, out)
 
-    return jax.jit(move, out_shardings=out)
+    return jax.jit(_exchange.exactly(move), out_shardings=out)
 
 
 def redistribute(
