@@ -4,7 +4,7 @@ On CPU XLA carries a 2-byte float through its copies and collectives by way
 of float32: an exchange converted its whole destination again at each update
 (a bfloat16 move took 1.7-3.5x a float32 one), and XLA's all-gather of a
 2-byte type runs at about half a float32 one's speed. An exchange now moves a
-half precision as its 16-bit patterns (``_exchange.moved_as``), and a
+half precision as its 16-bit patterns (``_exchange.moved_as_bits``), and a
 product widens its half-precision operands to float32 before anything moves
 (``_kernels.widens``). This runs each product both ways side by side,
 interleaved in one run, on simulated CPU devices: as dmatmul runs it, and

@@ -322,7 +322,7 @@ def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst, shape):
     """On CPU devices a 2-byte float moves as uint16 (XLA's CPU compiler
     converts a half precision's whole destination to float32 and back at each
     update of an exchange: columns -> rows 3.5x a float32 move;
-    ``_exchange.moved_as``): every bit pattern arrives, NaN payloads,
+    ``_exchange.moved_as_bits``): every bit pattern arrives, NaN payloads,
     subnormals and -0.0 included (padded and cut as floats, a subnormal came
     back 0 and a NaN's payload was lost), and no exchange sends a
     half-precision float; a gather onto every device sends 32-bit words
@@ -354,10 +354,8 @@ def test_half_precisions_move_as_their_bits_on_cpu(dtype, src, dst, shape):
 @pytest.mark.parametrize("dists", [(dm.BlockCyclic(OTHER, (1, 2)), dm.Slab.Y, dm.Slab.X),
                                    (dm.Slab.Y, dm.BlockNonCyclic(GRID), dm.Replicated())], ids=["cyclic", "grid"])
 def test_a_moved_operand_is_differentiated_as_the_move_it_is(dtype, dists):
-    """A float moves as its bits (``_exchange.exactly``), and a bitcast to
-    integers has no derivative: the move is differentiated as itself. A
-    product whose operands and result are re-laid: its vjp and jvp are
-    jnp.matmul's (through the bits alone, the gradients were 0)."""
+    """A product whose operands and result are re-laid (a half precision
+    widened to float32 before it moves): its vjp and jvp are jnp.matmul's."""
     rng = np.random.default_rng(4)
 
     def draw(*shape):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,7 +30,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._layout import DimMap, Geometry, Placement
 
-__all__ = ["redistribute", "moved", "moved_as", "exactly"]
+__all__ = ["redistribute", "moved_as_bits"]
 
 
 # redistribution: every element moves once
@@ -232,9 +231,9 @@ def _gather_rows_in_words(x: jax.Array, src: Placement, geom: Geometry) -> jax.A
 
 def _moves_in_words(x: jax.Array, columns: int, geom: Geometry) -> bool:
     """Whether blocks of ``x`` with ``columns`` columns are gathered as 32-bit
-    words (:func:`_in_words`): 16-bit patterns (:func:`moved_as`) in blocks
-    of an even number of columns, on CPU devices."""
-    return x.dtype == jnp.uint16 and columns % 2 == 0 and _on_cpu(geom)
+    words (:func:`_in_words`): 16-bit elements in blocks of an even number of
+    columns, on CPU devices."""
+    return jnp.dtype(x.dtype).itemsize == 2 and columns % 2 == 0 and _on_cpu(geom)
 
 
 def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | None:
@@ -253,20 +252,16 @@ def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | Non
     return Placement((DimMap.slab(rows.size, geom.nranks), dst.maps[1]), (geom.rank_axis, None))
 
 
-def moved_as(dtype: Any) -> Any:
-    """The unsigned integer type whose bit patterns a matrix of ``dtype``
-    moves as: that of its width for a real float, None for any other dtype. A
-    move must return every value as it was given, and XLA's selects and
-    updates do not: on CPU they flushed float32 subnormals to 0 (-0 too) and
-    quieted signaling NaNs, and they carry a 2-byte float by way of float32,
-    dropping a NaN's payload and subnormals, and slowly: an exchange that
-    updates its destination chunk by chunk converted the whole destination
-    again at each update (2048 x 2048 bfloat16 on 8 simulated devices,
-    columns -> rows 26 ms; as uint16 7 ms, float32 7 ms)."""
+def moved_as_bits(dtype: Any, geom: Geometry) -> bool:
+    """Whether a matrix of ``dtype`` moves as its 16-bit patterns: a 2-byte
+    float on CPU devices. XLA's CPU compiler carries a half precision through
+    its copies by way of float32, and an exchange that updates its destination
+    chunk by chunk converts the whole destination again at each update: 2048 x
+    2048 bfloat16 on 8 simulated devices, columns -> rows 26 ms, as uint16 7 ms
+    (float32: 7 ms); and a conversion keeps neither a NaN's payload nor a
+    subnormal (flushed to 0), which a move must. Bit for bit the same matrix."""
     dt = jnp.dtype(dtype)
-    if not jnp.issubdtype(dt, jnp.floating):
-        return None
-    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}.get(dt.itemsize)
+    return dt.itemsize == 2 and bool(jnp.issubdtype(dt, jnp.floating)) and _on_cpu(geom)
 
 
 def _on_cpu(geom: Geometry) -> bool:
@@ -276,44 +271,16 @@ def _on_cpu(geom: Geometry) -> bool:
     return (getattr(device, "platform", None) or jax.default_backend()) == "cpu"
 
 
-def exactly(move: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
-    """``move`` (a redistribution: linear, each element placed once or a zero
-    filled in) run on a float's bit patterns (:func:`moved_as`; a complex
-    one's two parts each), so that every value arrives as it was given, and
-    differentiated as ``move`` itself on the tangents (a bitcast to integers
-    has no derivative)."""
-
-    @jax.custom_jvp
-    def as_bits(x: jax.Array) -> jax.Array:
-        return lax.bitcast_convert_type(move(lax.bitcast_convert_type(x, moved_as(x.dtype))), x.dtype)
-
-    @as_bits.defjvp
-    def _(primals: tuple[jax.Array], tangents: tuple[jax.Array]) -> tuple[jax.Array, jax.Array]:
-        return as_bits(primals[0]), move(tangents[0])
-
-    def run(x: jax.Array) -> jax.Array:
-        if jnp.issubdtype(x.dtype, jnp.complexfloating):
-            return lax.complex(run(lax.real(x)), run(lax.imag(x)))
-        return move(x) if moved_as(x.dtype) is None else as_bits(x)
-
-    return run
-
-
 def redistribute(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
-    """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh, every bit as it was (:func:`exactly`)."""
+    """Traceable: ``x`` (laid out as ``src``) laid out as ``dst`` on the same mesh."""
     if src == dst:
         return x
-    return exactly(lambda v: moved(v, src, dst, geom))(x)
-
-
-def moved(x: jax.Array, src: Placement, dst: Placement, geom: Geometry) -> jax.Array:
-    """Traceable: :func:`redistribute`'s move of ``x`` as its dtype's values are (a float's may change: see
-    :func:`moved_as`)."""
-    if src == dst:
-        return x
+    if moved_as_bits(x.dtype, geom):
+        bits = redistribute(lax.bitcast_convert_type(x, jnp.uint16), src, dst, geom)
+        return lax.bitcast_convert_type(bits, x.dtype)
     via = _row_slab(src, dst, geom)
     if via is not None:
-        return moved(moved(x, src, via, geom), via, dst, geom)
+        return redistribute(redistribute(x, src, via, geom), via, dst, geom)
     if src.maps == dst.maps or (dst.replicated and _same_space(src, dst)):
         # only the split changes: XLA's own collective (slice/all-gather/all-to-all)
         if dst.replicated and src.axes[0] is None:

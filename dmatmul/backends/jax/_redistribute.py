@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -40,13 +41,17 @@ def _jitted(
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
 
     def move(v: jax.Array) -> jax.Array:
-        # padded, cut and laid out as ``out`` as its bits too (_exchange.exactly)
-        if pad:
-            v = _layout.pad(v, src)
-        v = _exchange.moved(v, src, dst, geom)
-        return lax.with_sharding_constraint(_layout.unpad(v, dst) if unpad else v, out)
+        dtype, as_bits = v.dtype, _exchange.moved_as_bits(v.dtype, geom)
+        if not as_bits:
+            v = _exchange.redistribute(_layout.pad(v, src) if pad else v, src, dst, geom)
+            return _layout.unpad(v, dst) if unpad else v
+        # padded, cut and laid out as ``out`` as bits too: a conversion would lose NaN payloads and subnormals
+        v = lax.bitcast_convert_type(v, jnp.uint16)
+        v = _exchange.redistribute(_layout.pad(v, src) if pad else v, src, dst, geom)
+        v = lax.with_sharding_constraint(_layout.unpad(v, dst) if unpad else v, out)
+        return lax.bitcast_convert_type(v, dtype)
 
-    return jax.jit(_exchange.exactly(move), out_shardings=out)
+    return jax.jit(move, out_shardings=out)
 
 
 def redistribute(
