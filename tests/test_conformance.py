@@ -359,13 +359,16 @@ def test_random_redistributions_move_every_bit(data):
     """``dm.redistribute`` between two distributions drawn as the differential
     matrix draws an operand's (every kind, both grid orders, first process,
     block sizes; uneven, prime, 0 and 1 sizes), of random bit patterns in
-    bfloat16 and float16, numpy or jax: every bit arrives (a half precision
-    moves as its bits: ``_exchange.moved_as_bits``), or a grid of another size
-    is refused, typed. On the JAX backend, where ``dm.redistribute`` runs;
-    ``DMATMUL_LONG=1``: 500 cases. (float32 and complex64 jax.Arrays are not
-    bit-exact on CPU yet: a subnormal comes back 0, a signaling NaN quiet.)"""
+    float32, bfloat16, float16, float64, complex64 and float8_e4m3fn, numpy or
+    jax, a third of them subnormal (or zero) and a third infinite or NaN
+    (signaling ones among them): every bit arrives (moved as floats on CPU, a
+    subnormal came back 0 and a NaN was quieted or lost its payload:
+    ``_exchange.bits_of``), or a grid of another size is refused, typed. On
+    the JAX backend, where ``dm.redistribute`` runs; ``DMATMUL_LONG=1``: 500
+    cases."""
     pytest.importorskip("jax")
     import jax.numpy as jnp
+    import ml_dtypes
 
     from dmatmul._spec import numpy_dtype
     from dmatmul.testing import draw as drawing
@@ -375,12 +378,19 @@ def test_random_redistributions_move_every_bit(data):
     grids: list[dm.ProcessGrid] = []
     src, dst = (drawing._draw_distribution(chooser, nranks, grids, []) for _ in range(2))
     shape = (drawing._draw_dim(chooser, 8), drawing._draw_dim(chooser, 8))
-    dtype = chooser.choice(("bfloat16", "float16"))
-    family = chooser.choice(("numpy", "jax"))
-    width = np.dtype(numpy_dtype(dtype)).itemsize
-    bits = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed")).integers(
-        0, 256, (*shape, width), dtype=np.uint8)
-    x = bits.view(numpy_dtype(dtype)).reshape(shape)
+    dtype = chooser.choice(("float32", "bfloat16", "float16", "float64", "complex64", "float8_e4m3fn"))
+    family = "numpy" if dtype == "float64" else chooser.choice(("numpy", "jax"))  # (JAX without x64: float32)
+    dt = np.dtype(numpy_dtype(dtype))
+    part = np.dtype(np.float32) if dt.kind == "c" else dt  # a complex number's real and imaginary parts
+    info = ml_dtypes.finfo(part)
+    uint = np.dtype(f"uint{8 * part.itemsize}")
+    exponent = uint.type(((1 << info.nexp) - 1) << info.nmant)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    parts = rng.integers(0, np.iinfo(uint).max, (*shape, dt.itemsize // part.itemsize), dtype=uint, endpoint=True)
+    kind = rng.integers(0, 3, parts.shape)  # 0: as drawn, 1: its exponent cleared, 2: its exponent all ones
+    parts[kind == 1] &= ~exponent
+    parts[kind == 2] |= exponent
+    x = parts.view(dt).reshape(shape)
     given_x = jnp.asarray(x) if family == "jax" else x
     if any(g.size != nranks for g in grids):
         with pytest.raises(dm.DistributionError):

@@ -30,7 +30,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._layout import DimMap, Geometry, Placement
 
-__all__ = ["redistribute", "moved_as_bits"]
+__all__ = ["redistribute", "bits_of", "moved_as_bits"]
 
 
 # redistribution: every element moves once
@@ -252,16 +252,29 @@ def _row_slab(src: Placement, dst: Placement, geom: Geometry) -> Placement | Non
     return Placement((DimMap.slab(rows.size, geom.nranks), dst.maps[1]), (geom.rank_axis, None))
 
 
-def moved_as_bits(dtype: Any, geom: Geometry) -> bool:
-    """Whether a matrix of ``dtype`` moves as its 16-bit patterns: a 2-byte
-    float on CPU devices. XLA's CPU compiler carries a half precision through
-    its copies by way of float32, and an exchange that updates its destination
-    chunk by chunk converts the whole destination again at each update: 2048 x
-    2048 bfloat16 on 8 simulated devices, columns -> rows 26 ms, as uint16 7 ms
-    (float32: 7 ms); and a conversion keeps neither a NaN's payload nor a
-    subnormal (flushed to 0), which a move must. Bit for bit the same matrix."""
+def bits_of(dtype: Any) -> Any:
+    """The unsigned integer type whose bit patterns a real float of ``dtype``
+    moves as where a move must not go through float arithmetic (that of its
+    width), or None (any other dtype). XLA's CPU programs treat subnormals as
+    zero: a sum of floats (XLA's all-reduce of zero-filled parts, which re-lays
+    a padded or cut matrix) returns a subnormal as 0, -0.0 as 0.0 and a
+    signaling NaN quiet; a sum of integers returns every pattern."""
     dt = jnp.dtype(dtype)
-    return dt.itemsize == 2 and bool(jnp.issubdtype(dt, jnp.floating)) and _on_cpu(geom)
+    if not jnp.issubdtype(dt, jnp.floating):
+        return None
+    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}.get(dt.itemsize)
+
+
+def moved_as_bits(dtype: Any, geom: Geometry) -> bool:
+    """Whether an exchange moves a matrix of ``dtype`` as its bit patterns
+    (:func:`bits_of`): a 2-byte float on CPU devices, for speed. An exchange
+    that updates its destination chunk by chunk converts a half precision's
+    whole destination by way of float32 again at each update: 2048 x 2048
+    bfloat16 on 8 simulated devices, columns -> rows 26 ms, as uint16 7 ms
+    (float32: 7 ms). Other floats move as they are: an exchange places each
+    value as it was given."""
+    dt = jnp.dtype(dtype)
+    return dt.itemsize == 2 and bits_of(dt) is not None and _on_cpu(geom)
 
 
 def _on_cpu(geom: Geometry) -> bool:

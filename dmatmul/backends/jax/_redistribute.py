@@ -40,16 +40,21 @@ def _jitted(
 
     out = geom.replicated() if unpad and not _layout.expressible(dst) else geom.sharding(dst)
 
+    # XLA re-lays a matrix padded or cut in the program (uneven or cyclic blocks) through all-reduces of
+    # zero-filled parts, and on CPU a sum of floats is not exact (a subnormal comes back 0, -0.0 as 0, a
+    # signaling NaN quiet): such a move runs on the float's bits (_exchange.bits_of), a complex matrix's two
+    # parts each; an exchange alone places every value as it was given
+    exact = (pad and not src.identity) or (unpad and not dst.identity)
+
     def move(v: jax.Array) -> jax.Array:
-        dtype, as_bits = v.dtype, _exchange.moved_as_bits(v.dtype, geom)
-        if not as_bits:
-            v = _exchange.redistribute(_layout.pad(v, src) if pad else v, src, dst, geom)
-            return _layout.unpad(v, dst) if unpad else v
-        # padded, cut and laid out as ``out`` as bits too: a conversion would lose NaN payloads and subnormals
-        v = lax.bitcast_convert_type(v, jnp.uint16)
+        if exact and jnp.issubdtype(v.dtype, jnp.complexfloating):
+            return lax.complex(move(lax.real(v)), move(lax.imag(v)))
+        dtype, bits = v.dtype, _exchange.bits_of(v.dtype) if exact else None
+        if bits is not None:
+            v = lax.bitcast_convert_type(v, bits)
         v = _exchange.redistribute(_layout.pad(v, src) if pad else v, src, dst, geom)
         v = lax.with_sharding_constraint(_layout.unpad(v, dst) if unpad else v, out)
-        return lax.bitcast_convert_type(v, dtype)
+        return v if bits is None else lax.bitcast_convert_type(v, dtype)
 
     return jax.jit(move, out_shardings=out)
 
